@@ -1,0 +1,378 @@
+"""Start N ranks, collect their results, fail fast.
+
+`launch(fn, world_size)` is this course's stand-in for `torchrun`: it forks `world_size` processes,
+initialises `torch.distributed` in each (gloo on CPU, NCCL with one GPU per rank), runs `fn(*args)` and
+returns the results in rank order. Forking (not spawning) is what lets `fn` be a function defined in a
+notebook cell: the children inherit it, nothing is pickled on the way in, and start-up takes ~0.1 s
+because torch is already imported.
+
+Why so much care about failure: in distributed code the usual failure is not an exception but a hang.
+One rank raises, the others wait forever in their next collective. Here the first error (with its rank
+and original traceback) is raised in the caller within seconds and every other rank is killed; a
+collective that some rank skipped ends in a `LaunchTimeout` after `timeout` seconds that shows where each
+stuck rank was waiting. No child outlives `launch`.
+
+Under `torchrun` the same worker runs unchanged: call `init()` first; it reads RANK, WORLD_SIZE,
+LOCAL_RANK and MASTER_ADDR/MASTER_PORT from the environment, as `torch.distributed.run` sets them.
+
+Rendezvous uses a `file://` store in a fresh temporary folder rather than a TCP port: no port can
+collide between launches in a row or in parallel, and it avoids a 5 s reverse-DNS stall that TCPStore
+showed in a few percent of runs on our machines.
+"""
+from __future__ import annotations
+
+import ctypes
+import datetime
+import faulthandler
+import os
+import pickle
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from multiprocessing import get_context
+from multiprocessing.connection import wait
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["launch", "init", "get_device", "LaunchError", "LaunchTimeout"]
+
+BACKENDS = ("gloo", "nccl")
+_LOG_TAIL_LINES = 40
+_GRACE_S = 1.0  # after a first error: time to collect the others and pick the earliest
+_PG_TIMEOUT_MARGIN_S = 30.0
+
+
+class LaunchError(RuntimeError):
+    """A rank failed. `.rank` is the first rank that failed; `.remote_traceback` is its traceback."""
+
+    def __init__(self, message: str, rank: int | None = None, remote_traceback: str = ""):
+        super().__init__(message)
+        self.rank = rank
+        self.remote_traceback = remote_traceback
+
+
+class LaunchTimeout(LaunchError, TimeoutError):
+    """Ranks did not finish within `timeout` seconds: usually ranks that disagree on collectives."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# Inside a rank
+
+
+def _default_backend() -> str:
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def get_device() -> torch.device:
+    """The device this rank computes on: `cuda:LOCAL_RANK` under NCCL, the CPU under gloo."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device("cpu")
+
+
+def init(backend: str | None = None, timeout: float = 600.0) -> tuple[int, int]:
+    """Initialise `torch.distributed` from torchrun's environment and return `(rank, world_size)`.
+
+    Inside `launch` (already initialised) this only returns the rank. Under `torchrun` it reads RANK,
+    WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT (the `env://` convention). Run as a plain script
+    (none of them set) it forms a world of one process, so the same script works everywhere.
+    """
+    if not dist.is_initialized():
+        backend = _check_backend(backend)
+        kwargs: dict[str, Any] = {"timeout": datetime.timedelta(seconds=timeout)}
+        if "RANK" in os.environ:
+            kwargs["init_method"] = "env://"
+        else:  # a plain `python script.py`: a world of one, no port needed
+            folder = tempfile.mkdtemp(prefix="fsdp_mini_")
+            kwargs.update(init_method=f"file://{folder}/store", rank=0, world_size=1)
+            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group(backend, **kwargs)
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (Ctrl-C'd notebook, killed test)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the parent's `finally` still cleans up
+        pass
+
+
+def _redirect_output(folder: str, rank: int) -> None:
+    """Send this rank's stdout/stderr (Python and C level alike) to per-rank log files.
+
+    At the file-descriptor level, so that warnings printed by gloo or C++ code land in the same place
+    under Jupyter, nbval and a terminal; the parent replays the logs in rank order.
+    """
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        log = os.open(os.path.join(folder, f"rank{rank}.{name}"), os.O_WRONLY | os.O_CREAT, 0o644)
+        os.dup2(log, fd)
+        os.close(log)
+
+
+def _child(fn, args, rank, world_size, local_world_size, backend, timeout, folder, capture, conn):
+    _die_with_parent()
+    os.setpgrp()  # own process group: the parent can kill grandchildren (e.g. DataLoader workers)
+    if capture:
+        _redirect_output(folder, rank)
+    # Python-level streams onto fds 1/2: a forked Jupyter kernel's own streams must not be used here.
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    # Dump every thread's Python stack on SIGUSR1: the parent asks before killing a hung rank.
+    faulthandler.register(signal.SIGUSR1, file=2, all_threads=True)
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank % local_world_size),
+        LOCAL_WORLD_SIZE=str(local_world_size), GROUP_RANK=str(rank // local_world_size),
+    )
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # The forked child inherits the parent's thread pool: set it, an env var alone is read too late.
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    try:
+        if backend == "nccl":
+            torch.cuda.set_device(rank % local_world_size)
+        dist.init_process_group(
+            backend, init_method=f"file://{folder}/store", rank=rank, world_size=world_size,
+            # Longer than the caller's deadline, so that a hang is reported by the caller, with stacks.
+            timeout=datetime.timedelta(seconds=timeout + _PG_TIMEOUT_MARGIN_S),
+        )
+        result = fn(*args)
+        try:
+            payload = pickle.dumps(("ok", result))
+        except Exception as exc:  # noqa: BLE001 - say which rank returned what
+            raise TypeError(f"the return value of rank {rank} cannot be pickled: {exc}") from exc
+        ok = True
+    except BaseException as exc:  # noqa: BLE001 - everything is reported to the parent
+        payload = pickle.dumps(("error", time.time(), f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+        ok = False
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Plain pickle bytes, not torch's multiprocessing pickler: its shared-memory tensors can vanish
+    # when this process exits right after sending.
+    conn.send_bytes(payload)
+    conn.close()
+    if ok:
+        # Stay alive until the parent has every result: a rank that exits early would break the
+        # collectives its peers are still in ("Connection closed by peer") and hide the real problem.
+        while True:
+            time.sleep(3600)
+    os._exit(1)  # skip atexit handlers inherited from the parent (pytest, Jupyter)
+
+
+# ---------------------------------------------------------------------------------------------------
+# In the caller
+
+
+def _check_backend(backend: str | None, world_size: int = 1, local_world_size: int | None = None) -> str:
+    backend = _default_backend() if backend is None else backend
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}: use one of {BACKENDS} or None (auto)")
+    if backend == "nccl":
+        needed = min(world_size, local_world_size or world_size)
+        available = torch.cuda.device_count()
+        if available < needed:
+            raise ValueError(f"backend 'nccl' needs {needed} GPUs (one per rank), this machine has {available}")
+    return backend
+
+
+def _validate(fn, world_size, args, timeout, local_world_size) -> None:
+    if not callable(fn):
+        raise ValueError(f"fn must be callable, got {type(fn).__name__}")
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
+    if not isinstance(args, (tuple, list)):
+        raise ValueError(f"args must be a tuple of positional arguments, got {type(args).__name__}")
+    if not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if not isinstance(local_world_size, int) or local_world_size < 1 or world_size % local_world_size:
+        raise ValueError(f"local_world_size ({local_world_size!r}) must be >= 1 and divide world_size ({world_size})")
+
+
+def _tail(folder: str, rank: int, name: str, lines: int = _LOG_TAIL_LINES) -> str:
+    try:
+        with open(os.path.join(folder, f"rank{rank}.{name}"), errors="replace") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return ""
+    return "\n".join(text.rstrip("\n").splitlines()[-lines:])
+
+
+def _replay_logs(folder: str, world_size: int) -> None:
+    """Print what each rank wrote, grouped by rank, in rank order: deterministic in a notebook."""
+    for name, stream in (("stdout", sys.stdout), ("stderr", sys.stderr)):
+        for rank in range(world_size):
+            text = _tail(folder, rank, name, lines=10**9)
+            if text:
+                prefix = f"[rank {rank}] " if world_size > 1 else ""
+                stream.write("".join(f"{prefix}{line}\n" for line in text.splitlines()))
+        stream.flush()
+
+
+def _kill(procs) -> None:
+    """Kill each rank's whole process group, then reap it."""
+    for p in procs:
+        if p.pid is not None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    for p in procs:
+        p.join(5)
+
+
+def _failure_message(rank: int, headline: str, remote_tb: str, folder: str, capture: bool) -> str:
+    parts = [f"rank {rank} failed: {headline}"]
+    if remote_tb:
+        parts.append(f"--- traceback of rank {rank} ---\n{remote_tb.rstrip()}")
+    if capture:
+        for name in ("stdout", "stderr"):
+            tail = _tail(folder, rank, name)
+            if tail:
+                parts.append(f"--- last lines of rank {rank}'s {name} ---\n{tail}")
+    return "\n".join(parts)
+
+
+def launch(
+    fn: Callable[..., Any],
+    world_size: int,
+    args: Sequence[Any] = (),
+    backend: str | None = None,
+    timeout: float = 120.0,
+    local_world_size: int | None = None,
+    capture_output: bool = True,
+) -> list[Any]:
+    """Run `fn(*args)` on `world_size` ranks with `torch.distributed` initialised; results in rank order.
+
+    backend: "gloo" (CPU processes), "nccl" (one GPU per rank) or None: NCCL when CUDA is available.
+    timeout: seconds for the whole run; also the process group's timeout, so a collective that some
+        rank never joins fails instead of hanging.
+    local_world_size: ranks per simulated node (default: all on one node). Sets LOCAL_RANK,
+        LOCAL_WORLD_SIZE and GROUP_RANK as torchrun would on several nodes, e.g. for hybrid sharding.
+    capture_output: collect each rank's stdout/stderr and print them after the run, grouped by rank
+        (what a notebook wants); False lets ranks write straight to the terminal, as under torchrun.
+
+    Raises ValueError for bad arguments before any process starts, `LaunchError` naming the first
+    failing rank with its traceback, `LaunchTimeout` when ranks do not finish in time.
+    """
+    local_world_size = world_size if local_world_size is None else local_world_size
+    _validate(fn, world_size, args, timeout, local_world_size)
+    backend = _check_backend(backend, world_size, local_world_size)
+    if backend == "nccl" and torch.cuda.is_initialized():
+        raise ValueError("CUDA is already initialised in this process, so ranks cannot be forked from it: "
+                         "call launch() before touching the GPU, or run the script under torchrun")
+
+    ctx = get_context("fork")  # explicit: Python 3.14 changes the default start method
+    folder = tempfile.mkdtemp(prefix="fsdp_mini_launch_")
+    procs, conns = [], []
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        for rank in range(world_size):
+            recv_end, send_end = ctx.Pipe(duplex=False)
+            p = ctx.Process(
+                target=_child, name=f"fsdp_mini-rank{rank}", daemon=True,
+                args=(fn, tuple(args), rank, world_size, local_world_size, backend, timeout,
+                      folder, capture_output, send_end),
+            )
+            p.start()
+            send_end.close()
+            procs.append(p)
+            conns.append(recv_end)
+        results = _collect(procs, conns, timeout, folder, capture_output)
+        if capture_output:
+            _replay_logs(folder, world_size)
+        return results
+    finally:
+        _kill(procs)
+        for c in conns:
+            c.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _collect(procs, conns, timeout, folder, capture) -> list[Any]:
+    """Wait for every rank's report; raise on the first failure or at the deadline."""
+    world_size = len(procs)
+    results: dict[int, Any] = {}
+    errors: dict[int, tuple[float, str, str]] = {}
+    pending = {c: r for r, c in enumerate(conns)}
+    sentinels = {p.sentinel: r for r, p in enumerate(procs)}
+    deadline = time.monotonic() + timeout
+    first_error_at = None
+    while pending:
+        now = time.monotonic()
+        until = deadline if first_error_at is None else min(deadline, first_error_at + _GRACE_S)
+        if now >= until:
+            break
+        ready = wait(list(pending) + [s for s, r in sentinels.items() if r in pending.values()], until - now)
+        for obj in ready:
+            rank = pending.get(obj, sentinels.get(obj))
+            conn = conns[rank]
+            if conn not in pending or (obj is not conn and conn.poll()):
+                continue  # already handled, or its report is waiting on the pipe
+            pending.pop(conn)
+            try:
+                msg = pickle.loads(conn.recv_bytes()) if obj is conn else None
+            except EOFError:  # the pipe closed with nothing in it
+                msg = None
+            if msg is None:
+                procs[rank].join(1)
+                # A silent death is the likeliest cause of the others' errors: sort it first (time 0).
+                errors[rank] = (0.0, f"process exited with code {procs[rank].exitcode} "
+                                "without reporting (killed, segfault or os._exit?)", "")
+            elif msg[0] == "ok":
+                results[rank] = msg[1]
+            else:
+                errors[rank] = msg[1:]
+        if errors and first_error_at is None:
+            first_error_at = time.monotonic()
+    if errors:
+        # The rank that failed first is the cause; the others typically report "Connection closed by peer".
+        rank = min(errors, key=lambda r: errors[r][0])
+        _, headline, remote_tb = errors[rank]
+        others = sorted(set(errors) - {rank})
+        msg = _failure_message(rank, headline, remote_tb, folder, capture)
+        if others:
+            msg += f"\n(ranks {others} failed after it; ranks still running were killed)"
+        raise LaunchError(msg, rank=rank, remote_traceback=remote_tb)
+    if pending:
+        raise _timeout_error(procs, sorted(pending.values()), sorted(results), timeout, folder, capture)
+    return [results[r] for r in range(world_size)]
+
+
+def _stack_of_fn(dump: str) -> str:
+    """Cut a faulthandler dump below `_child`: the frames under it are the launcher's, forked from the
+    caller, and say nothing about the hang."""
+    out, skipping = [], False
+    for line in dump.splitlines():
+        if line.lstrip().startswith(("Thread 0x", "Current thread 0x")):
+            skipping = False
+        elif "launch.py" in line and "in _child" in line:
+            skipping = True
+        if not skipping:
+            out.append(line)
+    return "\n".join(out)
+
+
+def _timeout_error(procs, stuck, done, timeout, folder, capture) -> LaunchTimeout:
+    """Ask each stuck rank for its Python stack (faulthandler), then describe where it waits."""
+    for r in stuck:
+        try:
+            os.kill(procs[r].pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
+    time.sleep(0.3)
+    lines = [f"ranks {stuck} did not finish within {timeout:g} s"
+             + (f" (ranks {done} returned)" if done else "")
+             + ": do all ranks call the same collectives in the same order?"]
+    if capture:
+        for r in stuck:
+            tail = _stack_of_fn(_tail(folder, r, "stderr", lines=60))
+            if tail:
+                lines.append(f"--- rank {r}, last lines of stderr (its stack) ---\n{tail}")
+    return LaunchTimeout("\n".join(lines), rank=stuck[0])

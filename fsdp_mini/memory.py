@@ -1,0 +1,121 @@
+"""How many bytes of model states each rank holds under a sharding strategy.
+
+This is the arithmetic behind the ZeRO paper's Figure 1 and the first question to ask before choosing
+a strategy: does the model fit? With mixed-precision Adam every parameter costs 2 bytes (fp16/bf16
+weight) + 2 bytes (gradient) + K = 12 bytes (fp32 master weight, momentum, variance). Replicated,
+7.5B parameters need 120 GB on *every* rank; a state sharded over a group of G ranks costs only
+ceil(num_params / G) elements per rank, so sharding all three over 64 ranks needs 1.9 GB.
+
+Only model states are counted, in their steady state: not activations, not the temporary buffers that
+hold one FSDP unit's all-gathered parameters or unsharded gradients, not allocator fragmentation.
+Those are real, and they are why a model that fits on paper can still run out of memory.
+
+Units are decimal (1 GB = 1e9 bytes), as in the ZeRO paper, so its numbers can be checked digit for
+digit; `format_bytes` prints them that way.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fsdp_mini.strategy import StrategyLike, is_hybrid, sharded_states
+
+__all__ = ["MemoryEstimate", "estimate_memory", "format_bytes"]
+
+_UNITS = ("B", "kB", "MB", "GB", "TB", "PB")
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Per-rank bytes of each model state; `total` is their sum (checked, so an estimate is consistent)."""
+
+    params: int
+    grads: int
+    optimizer: int
+    total: int
+
+    def __post_init__(self) -> None:
+        if self.total != self.params + self.grads + self.optimizer:
+            raise ValueError(
+                f"total={self.total} is not params + grads + optimizer = "
+                f"{self.params} + {self.grads} + {self.optimizer}"
+            )
+
+    def __str__(self) -> str:
+        return (
+            f"params {format_bytes(self.params)} + grads {format_bytes(self.grads)} + "
+            f"optimizer {format_bytes(self.optimizer)} = {format_bytes(self.total)} per rank"
+        )
+
+
+def estimate_memory(
+    num_params: int,
+    world_size: int,
+    strategy: StrategyLike,
+    shard_size: int | None = None,
+    param_bytes: int = 2,
+    grad_bytes: int = 2,
+    optimizer_bytes: int = 12,
+) -> MemoryEstimate:
+    """Per-rank bytes of parameters, gradients and optimizer states for `num_params` parameters.
+
+    `strategy` is a `ShardingStrategy` (or its name) or `ZERO1`. A sharded state is split over all
+    `world_size` ranks, except for the hybrid strategies, which split it over a shard group of
+    `shard_size` ranks and replicate it across the `world_size // shard_size` groups; that is why
+    `shard_size` is required for them and meaningless (so rejected) for the others.
+
+    The byte defaults are mixed-precision Adam (ZeRO's K = 12); for plain fp32 Adam pass
+    `param_bytes=4, grad_bytes=4, optimizer_bytes=8`. `num_params` may be an integral float such as
+    7.5e9, as papers write it.
+    """
+    num_params = _check_int("num_params", num_params, minimum=0)
+    world_size = _check_int("world_size", world_size, minimum=1)
+    param_bytes = _check_int("param_bytes", param_bytes, minimum=0)
+    grad_bytes = _check_int("grad_bytes", grad_bytes, minimum=0)
+    optimizer_bytes = _check_int("optimizer_bytes", optimizer_bytes, minimum=0)
+    sharded = sharded_states(strategy)
+    group = _shard_group_size(strategy, world_size, shard_size)
+
+    def per_rank(state: str, bytes_per_element: int) -> int:
+        # -(-a // b) is ceil(a / b) in exact integer arithmetic (a float division would round).
+        elements = -(-num_params // group) if state in sharded else num_params
+        return elements * bytes_per_element
+
+    params = per_rank("params", param_bytes)
+    grads = per_rank("grads", grad_bytes)
+    optimizer = per_rank("optimizer", optimizer_bytes)
+    return MemoryEstimate(params, grads, optimizer, params + grads + optimizer)
+
+
+def format_bytes(nbytes: int | float) -> str:
+    """Human-readable decimal size: `"512 B"`, `"1.9 GB"`, `"31.4 GB"` (1 kB = 1000 B, as in ZeRO)."""
+    if not nbytes >= 0:
+        raise ValueError(f"nbytes must be >= 0, got {nbytes!r}")
+    if nbytes < 1000:
+        return f"{nbytes:g} B"
+    value, unit = float(nbytes), 0
+    while unit < len(_UNITS) - 1 and round(value, 1) >= 1000:
+        value, unit = value / 1000, unit + 1
+    return f"{value:.1f} {_UNITS[unit]}"
+
+
+def _shard_group_size(strategy: StrategyLike, world_size: int, shard_size: int | None) -> int:
+    if not is_hybrid(strategy):
+        if shard_size is not None:
+            raise ValueError(f"shard_size={shard_size!r} is only meaningful for the hybrid strategies")
+        return world_size
+    if shard_size is None:
+        raise ValueError("shard_size is required for the hybrid strategies (ranks per shard group)")
+    shard_size = _check_int("shard_size", shard_size, minimum=1)
+    if world_size % shard_size != 0:
+        raise ValueError(f"shard_size={shard_size} does not divide world_size={world_size}")
+    return shard_size
+
+
+def _check_int(name: str, value: int | float, minimum: int) -> int:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value

@@ -1,0 +1,127 @@
+"""What each sharding strategy splits across ranks, and what it keeps whole.
+
+Data-parallel training keeps three *model states* per parameter: the parameter itself, its gradient and
+the optimizer state (for mixed-precision Adam: fp32 master copy, momentum, variance). Plain DDP
+replicates all three on every rank; the ZeRO paper (Rajbhandari et al., 2020) removes that redundancy
+in stages, and PyTorch FSDP exposes the stages as a `ShardingStrategy`:
+
+    stage   PyTorch name                  sharded states
+    DDP     NO_SHARD                      none
+    ZeRO-1  (no FSDP strategy)            optimizer
+    ZeRO-2  SHARD_GRAD_OP                 optimizer, grads
+    ZeRO-3  FULL_SHARD                    optimizer, grads, params
+
+Each stage saves memory and pays for it in communication: ZeRO-3 must all-gather parameters before
+every use, ZeRO-2 only once per step. The hybrid strategies apply a stage inside a *shard group*
+(typically one node, with fast links) and replicate across groups, so the expensive all-gathers stay
+on the fast links.
+
+`ShardingStrategy` mirrors PyTorch's member names exactly, so code written against fsdp_mini reads
+the same as code written against `torch.distributed.fsdp`, and `as_strategy` accepts either enum.
+ZeRO-1 is not an FSDP strategy: fsdp_mini implements it separately (`fsdp_mini.zero`), and only the
+functions here that describe memory accept the extra name `ZERO1`.
+"""
+from __future__ import annotations
+
+import enum
+from typing import Union
+
+__all__ = [
+    "ShardingStrategy",
+    "ZERO1",
+    "MODEL_STATES",
+    "as_strategy",
+    "sharded_states",
+    "is_hybrid",
+]
+
+ZERO1 = "ZERO1"
+"""ZeRO stage 1: only optimizer states are sharded. Not a PyTorch FSDP strategy (FSDP has none that
+shards the optimizer but not the gradients); fsdp_mini implements it as `fsdp_mini.zero`. Accepted,
+case-insensitively, by `sharded_states`, `is_hybrid` and `fsdp_mini.memory.estimate_memory` only,
+so that lessons can compare all four ZeRO stages side by side."""
+
+MODEL_STATES = frozenset({"params", "grads", "optimizer"})
+"""The three per-parameter model states that a strategy may shard (activations are not model states)."""
+
+
+class ShardingStrategy(enum.Enum):
+    """PyTorch FSDP's sharding strategies, same names, same order (`torch.distributed.fsdp`)."""
+
+    FULL_SHARD = enum.auto()
+    """ZeRO-3: parameters, gradients and optimizer states are all sharded over every rank. Each FSDP
+    unit all-gathers its parameters just before forward, frees them, all-gathers them again for
+    backward, then reduce-scatters the gradients. Least memory, most communication."""
+
+    SHARD_GRAD_OP = enum.auto()
+    """ZeRO-2: gradients and optimizer states are sharded; parameters are gathered once for forward
+    and kept whole until backward ends (sharded only between steps). Saves the backward all-gather
+    at the cost of holding full parameters during compute."""
+
+    NO_SHARD = enum.auto()
+    """DDP: nothing is sharded; every rank holds everything and gradients are all-reduced. The
+    baseline that the other strategies are measured against."""
+
+    HYBRID_SHARD = enum.auto()
+    """ZeRO-3 inside a shard group (usually one node), replication across groups: parameters,
+    gradients and optimizer states are sharded over the group, and each gradient shard is then
+    all-reduced across the groups' replicas. Per-rank memory is that of FULL_SHARD on one group."""
+
+    _HYBRID_SHARD_ZERO2 = enum.auto()
+    """ZeRO-2 inside a shard group, replication across groups: like HYBRID_SHARD but parameters stay
+    whole during compute, as in SHARD_GRAD_OP. The leading underscore is PyTorch's: it is private
+    and experimental there."""
+
+
+_SHARDED = {
+    ShardingStrategy.NO_SHARD: frozenset(),
+    ZERO1: frozenset({"optimizer"}),
+    ShardingStrategy.SHARD_GRAD_OP: frozenset({"grads", "optimizer"}),
+    ShardingStrategy._HYBRID_SHARD_ZERO2: frozenset({"grads", "optimizer"}),
+    ShardingStrategy.FULL_SHARD: MODEL_STATES,
+    ShardingStrategy.HYBRID_SHARD: MODEL_STATES,
+}
+_HYBRID = frozenset({ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2})
+
+StrategyLike = Union[ShardingStrategy, enum.Enum, str]
+
+
+def as_strategy(value: StrategyLike) -> ShardingStrategy:
+    """Return the `ShardingStrategy` that `value` names.
+
+    Accepts a member, its name as a string in any case (`"full_shard"`), or a member of another enum
+    with the same name, which is how PyTorch's own `ShardingStrategy` converts without fsdp_mini
+    importing torch. Anything else is a ValueError that lists the valid names, so a typo in a config
+    file fails at start-up rather than deep inside training.
+    """
+    if isinstance(value, ShardingStrategy):
+        return value
+    name = value.name if isinstance(value, enum.Enum) else value
+    if isinstance(name, str):
+        for member in ShardingStrategy:
+            if member.name.lower() == name.lower():
+                return member
+    valid = ", ".join(member.name for member in ShardingStrategy)
+    hint = " (ZeRO-1 is not an FSDP strategy: see fsdp_mini.zero)" if _is_zero1(name) else ""
+    raise ValueError(f"unknown sharding strategy {value!r}{hint}; valid names: {valid}")
+
+
+def sharded_states(strategy: StrategyLike) -> frozenset[str]:
+    """The model states (a subset of `MODEL_STATES`) that `strategy` shards; `ZERO1` is accepted.
+
+    The states not returned are replicated in full on every rank of the (shard) group.
+    """
+    return _SHARDED[_as_strategy_or_zero1(strategy)]
+
+
+def is_hybrid(strategy: StrategyLike) -> bool:
+    """True if `strategy` shards within a shard group and replicates across groups; `ZERO1` is accepted."""
+    return _as_strategy_or_zero1(strategy) in _HYBRID
+
+
+def _is_zero1(value: object) -> bool:
+    return isinstance(value, str) and value.upper() == ZERO1
+
+
+def _as_strategy_or_zero1(value: StrategyLike) -> ShardingStrategy | str:
+    return ZERO1 if _is_zero1(value) else as_strategy(value)
