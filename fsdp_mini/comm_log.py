@@ -1,0 +1,126 @@
+"""CommLog: what every collective sent, and when.
+
+FSDP is a schedule of collectives, so the course's main instrument is a log of them. Every collective
+issued through `fsdp_mini.collectives` (hand-written ring ops and wrappers of the builtins alike) appends
+a `CommRecord` to each active `CommLog` of its process:
+
+    with CommLog() as log:
+        ring_all_reduce(t)
+    print(log.table())
+
+`nbytes` is S, the full tensor (all-reduce: the tensor; reduce-scatter: its input; all-gather: its
+output). `sent` is what this rank put on the wire: counted send by send for the hand-written ops, and
+the ring model for builtins, whose algorithm we cannot see (all-reduce 2(n-1)/n·S, reduce-scatter and
+all-gather (n-1)/n·S). A ring splits S into n equal chunks, padding the last, so the model counts
+2(n-1)·ceil(numel/n) elements for an all-reduce: padding is counted, exactly as the ring sends it.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+__all__ = ["CommLog", "CommRecord", "ring_model_sent", "scope"]
+
+_active: list["CommLog"] = []
+_lock = threading.Lock()
+_scope = threading.local()
+
+
+@dataclass(frozen=True)
+class CommRecord:
+    op: str  # "all_reduce", "reduce_scatter" or "all_gather"
+    impl: str  # "ring", "naive" (hand-written) or "builtin" (torch.distributed)
+    nbytes: int  # S: the full tensor
+    sent: int  # bytes this rank sent
+    group_size: int
+    rank: int  # global rank of the process that logged it
+    start: float  # time.time() at issue
+    end: float  # time.time() when it was complete (waited, for async ops)
+    label: str = ""  # the caller's `scope(...)` at issue time, e.g. an FSDP unit's name
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+
+def ring_model_sent(op: str, numel: int, element_size: int, n: int) -> int:
+    """Bytes one rank sends in a ring `op` over n ranks; numel is S's element count.
+
+    all_reduce: 2(n-1) chunks of ceil(numel/n); reduce_scatter and all_gather: (n-1) chunks of numel/n
+    (there numel is always a multiple of n: input = n x output).
+    """
+    chunk = -(-numel // n)
+    steps = {"all_reduce": 2 * (n - 1), "reduce_scatter": n - 1, "all_gather": n - 1}[op]
+    return steps * chunk * element_size
+
+
+@contextmanager
+def scope(label: str):
+    """Label the collectives issued inside (e.g. "layers.0 forward"); shown by `CommLog.table`."""
+    previous = getattr(_scope, "label", "")
+    _scope.label = label
+    try:
+        yield
+    finally:
+        _scope.label = previous
+
+
+class _Pending:
+    """One collective in flight: created when issued, appended to the logs when finished."""
+
+    __slots__ = ("op", "impl", "nbytes", "group_size", "rank", "start", "label", "sent")
+
+    def __init__(self, op, impl, nbytes, group_size, rank, sent=0):
+        self.op, self.impl, self.nbytes, self.group_size, self.rank = op, impl, nbytes, group_size, rank
+        self.sent = sent
+        self.start = time.time()
+        self.label = getattr(_scope, "label", "")
+
+    def finish(self) -> None:
+        if not _active:
+            return
+        rec = CommRecord(self.op, self.impl, self.nbytes, self.sent, self.group_size, self.rank,
+                         self.start, time.time(), self.label)
+        with _lock:
+            for log in _active:
+                log.records.append(rec)
+
+
+@dataclass
+class CommLog:
+    """Context manager collecting `CommRecord`s of this process; nest or reuse freely."""
+
+    records: list[CommRecord] = field(default_factory=list)
+
+    def __enter__(self) -> "CommLog":
+        with _lock:
+            _active.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with _lock:
+            _active.remove(self)
+
+    def summary(self) -> dict[tuple[str, str], dict[str, int]]:
+        """Per (op, impl): number of calls, total S bytes, total bytes this rank sent."""
+        out: dict[tuple[str, str], dict[str, int]] = {}
+        for r in self.records:
+            row = out.setdefault((r.op, r.impl), {"calls": 0, "nbytes": 0, "sent": 0})
+            row["calls"] += 1
+            row["nbytes"] += r.nbytes
+            row["sent"] += r.sent
+        return out
+
+    @property
+    def sent(self) -> int:
+        """All bytes this rank sent."""
+        return sum(r.sent for r in self.records)
+
+    def table(self) -> str:
+        """A plain-text summary, one row per (op, impl), byte counts exact."""
+        lines = [f"{'op':<16}{'impl':<9}{'calls':>6}{'S bytes':>14}{'sent bytes':>14}"]
+        for (op, impl), row in sorted(self.summary().items()):
+            lines.append(f"{op:<16}{impl:<9}{row['calls']:>6}{row['nbytes']:>14,}{row['sent']:>14,}")
+        return "\n".join(lines)
