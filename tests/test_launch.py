@@ -1,0 +1,203 @@
+"""launch(): results in rank order, output grouped by rank, and the three ways to fail, each fast."""
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from fsdp_mini import LaunchError, LaunchTimeout, init, launch
+
+pytestmark = pytest.mark.usefixtures("no_orphans")
+
+
+def _rank_info(offset):
+    t = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(t)
+    return {"rank": dist.get_rank(), "world": dist.get_world_size(), "sum": t.item(), "offset": offset,
+            "env": {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                                               "GROUP_RANK", "OMP_NUM_THREADS")},
+            "threads": torch.get_num_threads()}
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_results_in_rank_order(world_size):
+    out = launch(_rank_info, world_size, args=(7,))
+    assert [o["rank"] for o in out] == list(range(world_size))
+    for o in out:
+        assert o["world"] == world_size and o["offset"] == 7
+        assert o["sum"] == sum(range(world_size))
+        assert o["env"]["RANK"] == str(o["rank"]) and o["env"]["WORLD_SIZE"] == str(world_size)
+        assert o["env"]["OMP_NUM_THREADS"] == "1" and o["threads"] == 1
+
+
+def test_simulated_nodes_set_local_ranks():
+    out = launch(_rank_info, 4, args=(0,), local_world_size=2)
+    assert [(o["env"]["LOCAL_RANK"], o["env"]["GROUP_RANK"]) for o in out] == \
+        [("0", "0"), ("1", "0"), ("0", "1"), ("1", "1")]
+    assert {o["env"]["LOCAL_WORLD_SIZE"] for o in out} == {"2"}
+
+
+def test_closure_and_output_grouped_by_rank(capsys):
+    secret = {"x": 41}
+
+    def talk():  # a closure: works because ranks are forked, nothing is pickled on the way in
+        r = dist.get_rank()
+        time.sleep(0.05 * (3 - r))  # ranks finish in reverse order; output must still be in rank order
+        print(f"first line of {r}")
+        print(f"second line of {r}")
+        return secret["x"] + 1
+
+    assert launch(talk, 3) == [42, 42, 42]
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [f"[rank {r}] {w} line of {r}" for r in range(3) for w in ("first", "second")]
+
+
+def test_function_from_a_main_script(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import torch, torch.distributed as dist
+        from fsdp_mini import launch
+
+        def work(scale):  # lives in __main__: a spawn-based launcher could not find it
+            t = torch.ones(3) * (dist.get_rank() + 1) * scale
+            dist.all_reduce(t)
+            return t.tolist()
+
+        if __name__ == "__main__":
+            print("RESULT", launch(work, 2, args=(10,)))
+    """))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "RESULT [[30.0, 30.0, 30.0], [30.0, 30.0, 30.0]]" in proc.stdout
+
+
+def _raise_on_rank_2():
+    if dist.get_rank() == 2:
+        raise KeyError("a very particular problem")
+    dist.all_reduce(torch.zeros(1))
+
+
+def test_a_raising_rank_is_reported_with_its_traceback():
+    start = time.monotonic()
+    with pytest.raises(LaunchError) as info:
+        launch(_raise_on_rank_2, 4, timeout=50)
+    assert time.monotonic() - start < 10
+    err = info.value
+    assert err.rank == 2 and not isinstance(err, LaunchTimeout)
+    assert "rank 2 failed: KeyError: 'a very particular problem'" in str(err)
+    assert 'raise KeyError("a very particular problem")' in err.remote_traceback
+
+
+def _skip_a_collective():
+    if dist.get_rank() != 1:
+        dist.all_reduce(torch.zeros(1))
+    return dist.get_rank()
+
+
+def test_ranks_that_disagree_on_collectives_time_out_with_their_stacks():
+    start = time.monotonic()
+    with pytest.raises(LaunchTimeout) as info:
+        launch(_skip_a_collective, 3, timeout=3)
+    elapsed = time.monotonic() - start
+    assert 3 <= elapsed < 15
+    msg = str(info.value)
+    assert "ranks [0, 2] did not finish within 3 s (ranks [1] returned)" in msg
+    assert "in _skip_a_collective" in msg and "in all_reduce" in msg  # where each rank waits
+
+
+def _die_silently():
+    if dist.get_rank() == 1:
+        os._exit(7)
+    dist.all_reduce(torch.zeros(1))
+
+
+def test_a_rank_that_dies_without_reporting_is_named():
+    start = time.monotonic()
+    with pytest.raises(LaunchError, match="rank 1 failed: process exited with code 7"):
+        launch(_die_silently, 2, timeout=50)
+    assert time.monotonic() - start < 10
+
+
+def _unpicklable():
+    return threading.Lock()
+
+
+def test_unpicklable_result_is_a_clear_error():
+    with pytest.raises(LaunchError, match="return value of rank 0 cannot be pickled"):
+        launch(_unpicklable, 1)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"world_size": 0}, "world_size must be an integer >= 1"),
+    ({"world_size": 2.0}, "world_size must be an integer >= 1"),
+    ({"fn": 3}, "fn must be callable"),
+    ({"backend": "mpi"}, "unknown backend 'mpi'"),
+    ({"timeout": 0}, "timeout must be a positive number"),
+    ({"world_size": 4, "local_world_size": 3}, r"local_world_size \(3\) must be >= 1 and divide world_size"),
+    ({"args": 5}, "args must be a tuple"),
+])
+def test_bad_arguments_raise_before_any_process_starts(kwargs, match, monkeypatch):
+    import multiprocessing.context
+
+    def no_start(self):  # any attempt to start a rank fails the test
+        raise AssertionError("a process was started")
+    monkeypatch.setattr(multiprocessing.context.ForkProcess, "start", no_start)
+    call = {"fn": _rank_info, "world_size": 2, "args": (0,)} | kwargs
+    with pytest.raises(ValueError, match=match):
+        launch(**call)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="this machine has GPUs")
+def test_nccl_without_enough_gpus_is_a_value_error():
+    with pytest.raises(ValueError, match="backend 'nccl' needs 2 GPUs"):
+        launch(_rank_info, 2, args=(0,), backend="nccl")
+
+
+def test_launches_in_parallel_do_not_collide():
+    results, errors = {}, []
+
+    def run(i):
+        try:
+            results[i] = launch(_rank_info, 2, args=(i,))
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    assert {i: [o["offset"] for o in out] for i, out in results.items()} == {0: [0, 0], 1: [1, 1], 2: [2, 2]}
+
+
+def test_init_inside_launch_returns_the_rank():
+    assert launch(init, 2) == [(0, 2), (1, 2)]
+
+
+WORKER = """
+import torch, torch.distributed as dist
+import fsdp_mini
+rank, world = fsdp_mini.init()
+t = torch.ones(5) * (rank + 1)
+fsdp_mini.collectives.ring_all_reduce(t)
+print(f"rank {rank}/{world} local {__import__('os').environ['LOCAL_RANK']} sum {t.tolist()}")
+"""
+
+
+def test_same_worker_runs_under_torchrun_and_as_a_plain_script(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert plain.returncode == 0, plain.stderr
+    assert "rank 0/1 local 0 sum [1.0, 1.0, 1.0, 1.0, 1.0]" in plain.stdout
+    tr = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                         str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert tr.returncode == 0, tr.stderr
+    for r in range(2):
+        assert f"rank {r}/2 local {r} sum [3.0, 3.0, 3.0, 3.0, 3.0]" in tr.stdout
