@@ -133,14 +133,14 @@ def _rs(out: torch.Tensor, inp: torch.Tensor, op, g: _Group, pending: _Pending) 
         out.copy_(chunks[0])
         return
     bufs = (_buffer(0, out.numel(), out), _buffer(1, out.numel(), out))
+    # In pieces: the transport fills piece k+1 while this thread adds piece k (a pipeline).
+    pieces = [(i, min(i + _PIECE_ELEMS, out.numel())) for i in range(0, out.numel(), _PIECE_ELEMS)]
     send = chunks[(r - 1) % n]
     for step in range(n - 1):
         recv = bufs[step % 2]
         # recv gets the partial sum of chunk j over ranks r-step-1..r-1; this rank adds its part.
         j = (r - step - 2) % n
         target = out if step == n - 2 else recv  # at the last step j == r: write the result in place
-        # In pieces: the transport fills piece k+1 while this thread adds piece k (a pipeline).
-        pieces = [(i, min(i + _PIECE_ELEMS, out.numel())) for i in range(0, out.numel(), _PIECE_ELEMS)]
         sends = [dist.isend(send[a:b], group=g.pg, group_dst=g.right) for a, b in pieces]
         recvs = [dist.irecv(recv[a:b], group=g.pg, group_src=g.left) for a, b in pieces]
         for (a, b), req in zip(pieces, recvs):
