@@ -10,6 +10,10 @@ Only model states are counted, in their steady state: not activations, not the t
 hold one FSDP unit's all-gathered parameters or unsharded gradients, not allocator fragmentation.
 Those are real, and they are why a model that fits on paper can still run out of memory.
 
+The estimate has a measured twin: `MemoryTracker` counts the bytes of unsharded parameters that the
+FSDP engine really holds at each moment and their peak, and `optimizer_state_bytes` sums what an
+optimizer really allocated, so a lesson can set the prediction beside the measurement.
+
 Units are decimal (1 GB = 1e9 bytes), as in the ZeRO paper, so its numbers can be checked digit for
 digit; `format_bytes` prints them that way.
 """
@@ -19,7 +23,7 @@ from dataclasses import dataclass
 
 from fsdp_mini.strategy import StrategyLike, is_hybrid, sharded_states
 
-__all__ = ["MemoryEstimate", "estimate_memory", "format_bytes"]
+__all__ = ["MemoryEstimate", "estimate_memory", "format_bytes", "MemoryTracker", "tensor_bytes", "optimizer_state_bytes"]
 
 _UNITS = ("B", "kB", "MB", "GB", "TB", "PB")
 
@@ -119,3 +123,42 @@ def _check_int(name: str, value: int | float, minimum: int) -> int:
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return value
+
+
+class MemoryTracker:
+    """Live and peak bytes of one kind of buffer, counted where the engine allocates and frees them.
+
+    Tracked, not guessed: FSDP calls `alloc` when it materialises a unit's gathered parameters and
+    `free` when it releases them, so `peak` is the largest amount of unsharded parameter memory that
+    was ever alive at once on this rank (for FULL_SHARD with prefetch: about two units, not the model).
+    """
+
+    def __init__(self) -> None:
+        self.current = 0
+        self.peak = 0
+
+    def alloc(self, nbytes: int) -> None:
+        self.current += nbytes
+        self.peak = max(self.peak, self.current)
+
+    def free(self, nbytes: int) -> None:
+        if nbytes > self.current:
+            raise RuntimeError(f"freeing {nbytes} bytes but only {self.current} are tracked")
+        self.current -= nbytes
+
+    def reset_peak(self) -> None:
+        self.peak = self.current
+
+    def __repr__(self) -> str:
+        return f"MemoryTracker(current={self.current}, peak={self.peak})"
+
+
+def tensor_bytes(tensors) -> int:
+    """Bytes held by the given tensors (None entries are skipped)."""
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def optimizer_state_bytes(optimizer) -> int:
+    """Bytes of every tensor in a torch optimizer's state (Adam: exp_avg, exp_avg_sq, step)."""
+    return tensor_bytes(v for state in optimizer.state.values() for v in state.values()
+                        if hasattr(v, "element_size"))

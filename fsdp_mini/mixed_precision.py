@@ -1,0 +1,32 @@
+"""Mixed precision for FSDP: compute in a low-precision copy, keep the fp32 shard as the master.
+
+Why it fits FSDP so well: the all-gathered parameters are a temporary copy anyway, so gathering them
+in bf16 halves both the AllGather bytes and the unsharded memory, while the optimizer keeps updating
+the fp32 shard it owns. Gradients come out of backward in the compute dtype and are cast to
+`reduce_dtype` before the ReduceScatter: averaging many ranks' gradients in bf16 loses precision, so
+fp32 reduction is the common choice. Same field names as `torch.distributed.fsdp.MixedPrecision`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["MixedPrecision"]
+
+
+@dataclass(frozen=True)
+class MixedPrecision:
+    """`param_dtype`: dtype of gathered parameters and of compute (None: the parameters' own dtype).
+    `reduce_dtype`: dtype in which gradients are reduced (None: `param_dtype`).
+    `cast_forward_inputs`: cast floating-point inputs of the root forward to `param_dtype`."""
+
+    param_dtype: torch.dtype | None = None
+    reduce_dtype: torch.dtype | None = None
+    cast_forward_inputs: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("param_dtype", "reduce_dtype"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, torch.dtype) and value.is_floating_point):
+                raise ValueError(f"MixedPrecision.{name} must be a floating-point torch.dtype, got {value!r}")
