@@ -1,21 +1,30 @@
 """fsdp_mini: Fully Sharded Data Parallel from scratch, small enough to read in an afternoon.
 
 Floors, bottom up (a module imports only from floors below it):
-  1. strategy, cost, memory  -- pure models: what each strategy shards, alpha-beta time, bytes per rank
-  2. launch, comm_log, collectives -- start ranks, log every collective, ring collectives by hand
+  1. strategy, cost, memory, flat_param, mixed_precision -- pure: what each strategy shards, alpha-beta
+     time, bytes per rank, how a unit's parameters are flattened, padded and cut into shards
+  2. launch, comm_log, collectives, groups -- start ranks, log every collective, ring collectives by
+     hand, shard and replica process groups
+  3. flat_param_handle, fsdp, zero, state_dict, checkpoint -- the engine: gather, free, reduce
+  4. models -- the small GPT every lesson trains
 """
-from fsdp_mini import collectives, comm_log, cost, memory, strategy
+from fsdp_mini import collectives, comm_log, cost, flat_param, memory, strategy
 from fsdp_mini.comm_log import CommLog, CommRecord, scope
 from fsdp_mini.cost import AlphaBeta, algbw, bus_factor, busbw, fit_alpha_beta, predict
-from fsdp_mini.memory import MemoryEstimate, estimate_memory, format_bytes
+from fsdp_mini.memory import MemoryEstimate, MemoryTracker, estimate_memory, format_bytes
+from fsdp_mini.mixed_precision import MixedPrecision
 from fsdp_mini.strategy import ZERO1, ShardingStrategy, as_strategy, sharded_states
 from fsdp_mini.launch import LaunchError, LaunchTimeout, get_device, init, launch
+from fsdp_mini.fsdp import FSDP
+from fsdp_mini.zero import ZeroRedundancyOptimizer
+from fsdp_mini import models
 
 __all__ = [
+    "FSDP", "ShardingStrategy", "MixedPrecision", "ZeroRedundancyOptimizer",
     "launch", "init", "get_device", "LaunchError", "LaunchTimeout",
     "CommLog", "CommRecord", "scope",
     "AlphaBeta", "algbw", "bus_factor", "busbw", "fit_alpha_beta", "predict",
-    "MemoryEstimate", "estimate_memory", "format_bytes",
-    "ZERO1", "ShardingStrategy", "as_strategy", "sharded_states",
-    "collectives", "comm_log", "cost", "memory", "strategy",
+    "MemoryEstimate", "MemoryTracker", "estimate_memory", "format_bytes",
+    "ZERO1", "as_strategy", "sharded_states",
+    "collectives", "comm_log", "cost", "flat_param", "memory", "models", "strategy",
 ]

@@ -64,7 +64,7 @@ class FlatLayout:
         self.params: list[ParamInfo] = []
         offset = 0
         for name, shape in zip(names, shapes):
-            info = ParamInfo(tuple(name), torch.Size(shape), offset)
+            info = ParamInfo((name,) if isinstance(name, str) else tuple(name), torch.Size(shape), offset)
             self.params.append(info)
             offset += info.numel
         self.numel = offset
@@ -103,6 +103,8 @@ class FlatLayout:
 def flatten(tensors: list[torch.Tensor | None], layout: FlatLayout, dtype=None, device=None) -> torch.Tensor:
     """Concatenate `tensors` (one per parameter, None meaning zeros) into a zero-padded flat buffer of
     `layout.padded_numel` elements: the layout of both the gathered parameters and their gradients."""
+    if len(tensors) != len(layout.params):
+        raise ValueError(f"expected {len(layout.params)} tensors for this layout, got {len(tensors)}")
     like = next((t for t in tensors if t is not None), None)
     dtype = dtype or (like.dtype if like is not None else torch.float32)
     device = device or (like.device if like is not None else "cpu")

@@ -138,10 +138,14 @@ class MemoryTracker:
         self.peak = 0
 
     def alloc(self, nbytes: int) -> None:
+        if nbytes < 0:
+            raise ValueError(f"cannot allocate {nbytes} bytes")
         self.current += nbytes
         self.peak = max(self.peak, self.current)
 
     def free(self, nbytes: int) -> None:
+        if nbytes < 0:
+            raise ValueError(f"cannot free {nbytes} bytes")
         if nbytes > self.current:
             raise RuntimeError(f"freeing {nbytes} bytes but only {self.current} are tracked")
         self.current -= nbytes

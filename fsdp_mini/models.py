@@ -8,6 +8,7 @@ embedding/head must stay in one unit (the root), and the sizes are not multiples
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass
 
 import torch
@@ -69,35 +70,45 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """`GPT(cfg)(idx)` gives logits; `GPT(cfg)(idx, targets)` gives the mean cross-entropy loss."""
+    """`GPT(cfg)(idx)` gives logits; `GPT(cfg)(idx, targets)` gives the mean cross-entropy loss.
 
-    def __init__(self, cfg: GPTConfig = GPTConfig()):
+    Initialisation is a function of each parameter's *name* and `seed` (`init_parameter`), not of the
+    global random stream, so the same weights come out however the model is built: here, on every
+    rank, or on the meta device and materialised unit by unit by FSDP (`param_init_fn=init_parameter`).
+    """
+
+    def __init__(self, cfg: GPTConfig = GPTConfig(), seed: int = 0):
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.seed = cfg, seed
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.pos_emb = nn.Embedding(cfg.block_size, cfg.n_embd)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         self.lm_head.weight = self.tok_emb.weight  # tied: one tensor under two names
-        self.register_buffer("pos", torch.arange(cfg.block_size), persistent=False)
-        self.apply(self._init_weights)
-        for name, p in self.named_parameters():  # GPT-2's scaled init of the residual projections
-            if name.endswith("proj.weight"):
-                nn.init.normal_(p, std=0.02 / math.sqrt(2 * cfg.n_layer))
+        if not self.tok_emb.weight.is_meta:
+            with torch.no_grad():
+                for name, p in self.named_parameters():
+                    self.init_parameter(name, p)
 
-    @staticmethod
-    def _init_weights(m: nn.Module) -> None:
-        if isinstance(m, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(m.weight, std=0.02)
-        if isinstance(m, nn.Linear) and m.bias is not None:
-            nn.init.zeros_(m.bias)
+    def init_parameter(self, name: str, tensor: torch.Tensor) -> None:
+        """GPT-2's init, in place: N(0, 0.02) weights, residual projections scaled by 1/sqrt(2 n_layer),
+        zero biases, LayerNorm weight 1; the random draws come from a generator seeded by the name."""
+        with torch.no_grad():
+            if name.endswith("bias"):
+                tensor.zero_()
+            elif ".ln_" in name or name.startswith("ln_"):
+                tensor.fill_(1.0)
+            else:
+                std = 0.02 / math.sqrt(2 * self.cfg.n_layer) if name.endswith("proj.weight") else 0.02
+                g = torch.Generator().manual_seed(self.seed * 1_000_003 + zlib.crc32(name.encode()))
+                tensor.copy_(torch.randn(tensor.shape, generator=g) * std)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         t = idx.shape[1]
         if t > self.cfg.block_size:
             raise ValueError(f"sequence length {t} exceeds block_size={self.cfg.block_size}")
-        x = self.tok_emb(idx) + self.pos_emb(self.pos[:t])
+        x = self.tok_emb(idx) + self.pos_emb(torch.arange(t, device=idx.device))
         for block in self.blocks:
             x = block(x)
         logits = self.lm_head(self.ln_f(x))

@@ -1,0 +1,60 @@
+"""The same strategy in PyTorch itself: what fsdp_mini is checked against, and where a learner goes next.
+
+    NO_SHARD             torch.nn.parallel.DistributedDataParallel
+    SHARD_GRAD_OP        fully_shard(unit, reshard_after_forward=False) for each unit, then the root
+    FULL_SHARD           fully_shard(unit, reshard_after_forward=True)
+    HYBRID_SHARD         fully_shard on a 2-D DeviceMesh (replicate, shard): FULL_SHARD in each row
+    _HYBRID_SHARD_ZERO2  the same mesh with reshard_after_forward=False
+
+`fully_shard` is FSDP2 (torch.distributed.fsdp), which shards each parameter on dim 0 as a DTensor
+instead of flattening a unit into one buffer; the collectives per unit and the numbers are the same.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from fsdp_mini.groups import shard_size_for
+from fsdp_mini.launch import get_device
+from fsdp_mini.strategy import ShardingStrategy, as_strategy, is_hybrid
+
+__all__ = ["wrap_like_pytorch", "pytorch_full_state_dict"]
+
+
+def wrap_like_pytorch(module: nn.Module, sharding_strategy, wrap=(), shard_size: int | None = None) -> nn.Module:
+    """Wrap `module` with PyTorch's own DDP or FSDP2 the way `fsdp_mini.FSDP` would shard it."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    strategy = as_strategy(sharding_strategy)
+    device = get_device()
+    module = module.to(device)
+    if strategy is ShardingStrategy.NO_SHARD:
+        return nn.parallel.DistributedDataParallel(module, device_ids=None if device.type == "cpu" else [device])
+    world = dist.get_world_size()
+    if is_hybrid(strategy):
+        size = shard_size_for(strategy, world, shard_size if shard_size is not None
+                              else int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+        mesh = init_device_mesh(device.type, (world // size, size), mesh_dim_names=("replicate", "shard"))
+    else:
+        mesh = init_device_mesh(device.type, (world,))
+    reshard = strategy in (ShardingStrategy.FULL_SHARD, ShardingStrategy.HYBRID_SHARD)
+    wrap = tuple(wrap) if not isinstance(wrap, type) else (wrap,)
+    for sub in [m for name, m in module.named_modules() if name and isinstance(m, wrap)]:
+        fully_shard(sub, mesh=mesh, reshard_after_forward=reshard)
+    fully_shard(module, mesh=mesh, reshard_after_forward=reshard)
+    return module
+
+
+def pytorch_full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The full state dict of a model from `wrap_like_pytorch`, on CPU, with the original keys."""
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        return {k: v.detach().cpu().clone() for k, v in model.module.state_dict().items()}
+    out = {}
+    for k, v in model.state_dict().items():
+        full = v.full_tensor() if hasattr(v, "full_tensor") else v
+        out[k] = full.detach().cpu().clone()
+    return out

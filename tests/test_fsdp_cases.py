@@ -1,0 +1,261 @@
+"""The cases real models bring: odd sizes, tied and frozen parameters, buffers, nested units, a unit
+called twice, a rank whose shard is only padding; and mixed precision, no_sync, clipping, meta init."""
+from functools import partial
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from fsdp_mini import FSDP, MixedPrecision, launch
+from fsdp_mini.models import GPT, Block, GPTConfig, make_batch
+from fsdp_mini.train import local_rows, train
+
+TOL = dict(rtol=1e-5, atol=1e-6)
+SGD = partial(torch.optim.SGD, lr=0.1, momentum=0.9)
+ADAMW = partial(torch.optim.AdamW, lr=1e-2, weight_decay=0.1, eps=1e-3)  # eps: see test_fsdp_parity
+
+
+class Scale(nn.Module):
+    """A unit with a single element: at world 4, three ranks' shards are only padding."""
+
+    def __init__(self):
+        super().__init__()
+        self.gain = nn.Parameter(torch.tensor(1.5))
+
+    def forward(self, x):
+        return x * self.gain
+
+
+class Inner(nn.Module):
+    def __init__(self, d_in, d_out):
+        super().__init__()
+        self.lin = nn.Linear(d_in, d_out)
+
+    def forward(self, x):
+        return torch.tanh(self.lin(x))
+
+
+class Outer(nn.Module):
+    """A unit that contains another unit (nested), plus a frozen bias next to trainable weights."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = Inner(5, 7)
+        self.lin = nn.Linear(7, 5)
+        self.lin.bias.requires_grad_(False)
+
+    def forward(self, x):
+        return self.lin(self.inner(x))
+
+
+class Toy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.inp = nn.Linear(3, 5)
+        self.outer = Outer()
+        self.twice = Inner(5, 5)  # called twice in one forward
+        self.scale = Scale()
+        self.head = nn.Linear(5, 2)
+        self.register_buffer("shift", torch.linspace(-1, 1, 5))
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+
+    def forward(self, x, y):
+        h = self.outer(self.inp(x) + self.shift)
+        h = self.scale(self.twice(self.twice(h)))
+        return F.mse_loss(self.head(h), y)
+
+
+TOY_WRAP = (Outer, Inner, Scale)
+
+
+def toy_batch(step, rows=12):
+    g = torch.Generator().manual_seed(100 + step)
+    return torch.randn(rows, 3, generator=g), torch.randn(rows, 2, generator=g)
+
+
+def train_toy(model, opt, steps=5):
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    losses = []
+    for step in range(steps):
+        x, y = (local_rows(t, rank, world) for t in toy_batch(step))
+        loss = model(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def _toy_worker(cases):
+    out = {}
+    for strategy, opt_name in cases:
+        model = FSDP(Toy(), strategy, wrap=TOY_WRAP, shard_size=2 if "HYBRID" in strategy else None)
+        opt = {"sgd": SGD, "adamw": ADAMW}[opt_name](model.parameters())
+        losses = train_toy(model, opt)
+        units = {u.name: [(h.requires_grad, len(h.layout.pieces(model.groups.shard_rank))) for h in u.handles]
+                 for u in model.units}
+        out[(strategy, opt_name)] = (losses, model.full_state_dict(), units)
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_toy_model_with_every_awkward_case(world, no_orphans):
+    strategies = ["NO_SHARD", "SHARD_GRAD_OP", "FULL_SHARD"] + (["HYBRID_SHARD"] if world == 4 else [])
+    cases = [(s, o) for s in strategies for o in ("sgd", "adamw")]
+    results = launch(_toy_worker, world, args=(cases,), timeout=120)
+    for opt_name, opt in (("sgd", SGD), ("adamw", ADAMW)):
+        ref = Toy()
+        before = ref.state_dict()
+        ref_losses = train_toy(ref, opt(ref.parameters()))
+        for strategy in strategies:
+            case = (strategy, opt_name)
+            losses = torch.tensor([r[case][0] for r in results]).mean(0)
+            torch.testing.assert_close(losses, torch.tensor(ref_losses), **TOL)
+            sd = results[0][case][1]
+            assert list(sd) == list(ref.state_dict())
+            for k, v in ref.state_dict().items():
+                torch.testing.assert_close(sd[k], v, **TOL, msg=lambda m: f"{case} {k}: {m}")
+            torch.testing.assert_close(sd["outer.lin.bias"], before["outer.lin.bias"], rtol=0, atol=0)
+            units = results[0][case][2]
+            assert set(units) == {"", "outer", "outer.inner", "twice", "scale"}
+            assert units["outer"][0][0] and not units["outer"][1][0], "trainable and frozen in separate handles"
+            if strategy != "NO_SHARD":
+                n = 2 if "HYBRID" in strategy else world
+                pieces = [r[case][2]["scale"][0][1] for r in results]
+                assert pieces == [int(r % n == 0) for r in range(world)], "one element: other shards are padding"
+
+
+def _bad_tie_worker():
+    model = Toy()
+    model.outer.inner.lin.weight = model.twice.lin.weight  # tied across two units
+    try:
+        FSDP(model, "FULL_SHARD", wrap=TOY_WRAP)
+    except ValueError as e:
+        return str(e)
+
+
+def test_weights_tied_across_units_are_a_clear_error(no_orphans):
+    messages = launch(_bad_tie_worker, 2, timeout=60)
+    assert all("tied" in m and "twice.lin.weight" in m and "another FSDP unit" in m for m in messages), messages
+
+
+def _mixed_precision_worker():
+    cfg = GPTConfig()
+    out = {}
+    for name, mp in (("fp32", None), ("bf16", MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))):
+        model = FSDP(GPT(cfg), "FULL_SHARD", wrap=(Block,), mixed_precision=mp)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        from fsdp_mini import CommLog
+        with CommLog() as log:
+            losses = train(model, opt, cfg, 8, 12)
+        dtypes = {h.shard.dtype for u in model.units for h in u.handles}
+        out[name] = (losses, model.full_state_dict(), log.summary(), dtypes)
+    return out
+
+
+def test_mixed_precision_trains_close_to_fp32(no_orphans):
+    fp32, bf16 = launch(_mixed_precision_worker, 2, timeout=120)[0].values()
+    # bf16 compute: losses within 2% of fp32, still falling; the master shards stay fp32
+    losses32, losses16 = torch.tensor(fp32[0]), torch.tensor(bf16[0])
+    torch.testing.assert_close(losses16, losses32, rtol=2e-2, atol=0)
+    assert losses16[-1] < losses16[0] - 0.1
+    assert bf16[3] == {torch.float32}
+    for k, v in fp32[1].items():
+        assert bf16[1][k].dtype == torch.float32
+        torch.testing.assert_close(bf16[1][k], v, rtol=0, atol=2e-2)
+    # the all-gathers move bf16 (half the bytes), the reduce-scatters fp32 (reduce_dtype)
+    ag32, ag16 = fp32[2][("all_gather", "builtin")], bf16[2][("all_gather", "builtin")]
+    rs32, rs16 = fp32[2][("reduce_scatter", "builtin")], bf16[2][("reduce_scatter", "builtin")]
+    assert ag16["calls"] == ag32["calls"] and 2 * ag16["nbytes"] == ag32["nbytes"]
+    assert rs16 == rs32
+
+
+def _no_sync_worker(strategy, micro):
+    cfg = GPTConfig()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = FSDP(GPT(cfg), strategy, wrap=(Block,))
+    opt = SGD(model.parameters())
+    for step in range(2):
+        x, y = make_batch(cfg, 12 * micro, step)
+        chunks = list(zip(x.chunk(micro), y.chunk(micro)))
+        for i, (xc, yc) in enumerate(chunks):
+            xc, yc = local_rows(xc, rank, world), local_rows(yc, rank, world)
+            if i < micro - 1:
+                with model.no_sync():
+                    (model(xc, yc) / micro).backward()
+                assert all(h.shard.grad is None for u in model.units for h in u.handles), "no_sync communicated"
+            else:
+                (model(xc, yc) / micro).backward()
+        opt.step()
+        opt.zero_grad()
+    return model.full_state_dict()
+
+
+@pytest.mark.parametrize("strategy", ["NO_SHARD", "SHARD_GRAD_OP", "FULL_SHARD"])
+def test_no_sync_accumulation_equals_one_big_batch(strategy, no_orphans):
+    cfg = GPTConfig()
+    ref = GPT(cfg)
+    opt = SGD(ref.parameters())
+    for step in range(2):
+        x, y = make_batch(cfg, 36, step)
+        ref(x, y).backward()
+        opt.step()
+        opt.zero_grad()
+    sd = launch(_no_sync_worker, 2, args=(strategy, 3), timeout=60)[0]
+    for k, v in ref.state_dict().items():
+        torch.testing.assert_close(sd[k], v, **TOL)
+
+
+def _clip_worker(max_norm):
+    cfg = GPTConfig()
+    model = FSDP(GPT(cfg), "FULL_SHARD", wrap=(Block,))
+    x, y = (local_rows(t, dist.get_rank(), dist.get_world_size()) for t in make_batch(cfg, 12, 0))
+    model(x, y).backward()
+    norm = model.clip_grad_norm_(max_norm).item()
+    inf_norm = model.clip_grad_norm_(float("inf")).item()
+    model.zero_grad()
+    losses = train(model, SGD(model.parameters()), cfg, 4, 12, max_norm=max_norm)
+    return norm, inf_norm, losses, model.full_state_dict()
+
+
+def test_clip_grad_norm_equals_single_process_clipping(no_orphans):
+    cfg, max_norm = GPTConfig(), 0.05
+    ref = GPT(cfg)
+    ref(*make_batch(cfg, 12, 0)).backward()
+    ref_norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), max_norm).item()
+    ref_inf = torch.nn.utils.clip_grad_norm_(ref.parameters(), float("inf")).item()
+    ref.zero_grad()
+    ref_losses = train(ref, SGD(ref.parameters()), cfg, 4, 12, max_norm=max_norm)
+    results = launch(_clip_worker, 3, args=(max_norm,), timeout=60)
+    mean_losses = torch.tensor([r[2] for r in results]).mean(0)
+    torch.testing.assert_close(mean_losses, torch.tensor(ref_losses), **TOL)
+    for norm, inf_norm, _, sd in results:
+        assert norm > max_norm, "the test must actually clip"
+        assert norm == pytest.approx(ref_norm, rel=1e-5) and inf_norm == pytest.approx(ref_inf, rel=1e-5)
+        for k, v in ref.state_dict().items():
+            torch.testing.assert_close(sd[k], v, **TOL)
+
+
+def _meta_worker():
+    cfg = GPTConfig(n_layer=3)
+    with torch.device("meta"):
+        meta = GPT(cfg, seed=7)
+    model = FSDP(meta, "FULL_SHARD", wrap=(Block,), param_init_fn=meta.init_parameter)
+    unit_bytes = [sum(h.nbytes for h in u.handles) for u in model.units]
+    return model.full_state_dict(), model.memory.peak, unit_bytes, model.memory_stats()["params"]
+
+
+def test_meta_init_materialises_one_unit_at_a_time(no_orphans):
+    cfg = GPTConfig(n_layer=3)
+    expected = GPT(cfg, seed=7).state_dict()
+    for sd, peak, unit_bytes, shard_bytes in launch(_meta_worker, 2, timeout=60):
+        assert list(sd) == list(expected)
+        for k, v in expected.items():
+            torch.testing.assert_close(sd[k], v, rtol=0, atol=0)
+        assert len(unit_bytes) == 4 and peak == max(unit_bytes), "never more than one whole unit at a time"
+        assert shard_bytes == sum(unit_bytes) // 2
