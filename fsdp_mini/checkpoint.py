@@ -1,0 +1,363 @@
+"""Sharded checkpoints through torch.distributed.checkpoint (DCP): every rank writes only what it holds.
+
+    save_checkpoint("ckpt/step_100", model, optimizer)   # collective: every rank calls it
+    load_checkpoint("ckpt/step_100", model, optimizer)   # at any world size, with any strategy
+
+A full state dict (`fsdp_mini.state_dict`) gathers the whole model onto every rank: simple, but the
+model must fit on one rank, and the ranks wait while it is written. A sharded checkpoint writes what
+each rank already has, in parallel, with no gather at all. The catch is that a rank's shard is a slice
+of a *flat buffer* whose layout depends on the unit plan, the world size and the strategy: written as
+such, it would load back only into exactly the same configuration.
+
+So the flat shards are never written as such. Each original parameter is shown to DCP under its own
+name and shape (the keys and shapes of the wrapped module's `state_dict()`) as a `ShardedTensor`: the
+global tensor is the parameter, and this rank's local shards are the parts of it that its flat shard
+holds. A shard holds elements [start, end) of a flattened parameter (`FlatLayout.pieces`); in the
+parameter's own shape that range is a few rectangular boxes (a partial row, whole rows, a partial row:
+at most 2 * ndim - 1 of them), each a contiguous run of the flat shard, so each local shard is a *view*
+of `h.shard`: saving copies nothing, loading writes straight into the shard. DCP's metadata file records
+which box of which parameter lies in which file. Loading describes the *loading* layout the same way,
+and DCP reads, for every box this rank needs, the overlapping parts of the saved boxes: a checkpoint
+saved at N ranks with strategy S loads at M ranks with strategy S', and even into a plain module
+(`dcp.load(module.state_dict(), ...)`), because its tensors have the module's own names and shapes.
+
+Why ShardedTensor and not DTensor: a DTensor's shards are the even `torch.chunk` pieces of a device
+mesh, and FSDP's pieces are arbitrary runs of a flat buffer that cross parameter boundaries. A
+ShardedTensor is a list of arbitrary boxes with owners, and it can be built on each rank without any
+communication (`_init_from_local_shards_and_global_metadata`), since every rank can compute every
+other rank's pieces from the deterministic layout. It is also what PyTorch's own FSDP (v1) uses for
+its SHARDED_STATE_DICT.
+
+Who writes what. With HYBRID_SHARD (and NO_SHARD) every shard exists once per replica group; only the
+first replica group (global ranks below shard_size) contributes boxes, the others none, so each element
+is written once and DCP's plan validation (no overlap, full cover) holds. Buffers, and the optimizer's
+scalar states (Adam's `step`), are replicated plain tensors: DCP writes each of them once, from a rank
+its deduplication picks. Tied
+parameters are written once, under their first name. Every rank loads its own pieces.
+
+Optimizer state (a torch optimizer over `model.parameters()`, i.e. over the flat shards): each state
+tensor shaped like the shard (Adam's exp_avg, exp_avg_sq; SGD's momentum_buffer) is cut into the same
+boxes, under `optim.<parameter name>.<state name>`, so it reshards like the parameter; a scalar state is
+stored per original parameter too (every parameter of a flat shard shares its step); the `param_groups`
+hyperparameters (without their 'params') are one pickled object, `optim.param_groups`. A fresh optimizer
+has no state tensors to load into, so `load_checkpoint` first creates them as
+torch.distributed.checkpoint.state_dict does: one `step()` on zero gradients with lr 0.
+"""
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from contextlib import contextmanager
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed._shard.metadata import ShardMetadata
+from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor, ShardedTensorMetadata
+from torch.distributed._shard.sharded_tensor.metadata import TensorProperties
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+__all__ = ["save_checkpoint", "load_checkpoint", "sharded_state_dict"]
+
+OPTIM_PREFIX = "optim."
+PARAM_GROUPS_KEY = "optim.param_groups"
+
+
+@contextmanager
+def _quiet():
+    """Silence ShardedTensor's deprecation warning, which every torch function called on one (by DCP
+    too: `.size()`, `.device`) raises. It is noise here: DCP's ShardedTensor path is still the one
+    PyTorch's own FSDP takes for SHARDED_STATE_DICT, and DTensor cannot describe FSDP's pieces."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*deprecating ShardedTensor.*", category=FutureWarning)
+        yield
+
+
+# --- geometry: a flat range of a parameter as rectangular boxes --------------------------------------
+
+def _boxes(shape: tuple[int, ...], start: int, end: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Elements [start, end) of a row-major tensor of `shape`, as boxes (offsets, sizes) in flat order.
+
+    Each box fixes its leading indices, spans a range of one dimension and all of the later ones, so it
+    is contiguous in memory: the next (volume) elements of the flat range, viewed with `sizes`.
+    """
+    if start >= end:
+        return []
+    if len(shape) == 1:
+        return [((start,), (end - start,))]
+    inner = math.prod(shape[1:])
+    first, last = start // inner, (end - 1) // inner
+
+    def within(row, lo, hi):
+        return [((row,) + off, (1,) + size) for off, size in _boxes(shape[1:], lo, hi)]
+
+    if first == last:
+        return within(first, start - first * inner, end - first * inner)
+    out = []
+    if start % inner:
+        out += within(first, start % inner, inner)
+        first += 1
+    full_end = end // inner
+    if first < full_end:
+        out.append(((first,) + (0,) * (len(shape) - 1), (full_end - first,) + tuple(shape[1:])))
+    if end % inner:
+        out += within(full_end, 0, end % inner)
+    return out
+
+
+def _saved_shape(info) -> tuple[int, ...]:
+    """The shape a parameter has in the checkpoint: its own, except that a 0-d one is stored as (1,)
+    (a ShardedTensor needs at least one dimension to place its boxes)."""
+    return tuple(info.shape) if len(info.shape) else (1,)
+
+
+class _HandleBoxes:
+    """Where each box of each parameter of one flat handle lives, for the ranks of one shard group.
+
+    `boxes[name]` lists (global rank, offsets, sizes, offset in that rank's flat shard); shared by the
+    parameters and every optimizer state of the handle, which are all laid out the same way.
+    """
+
+    def __init__(self, h, row: list[int], device_of: Callable[[int], str]):
+        self.params = {info.names[0]: info for info in h.layout.params}
+        self.boxes: dict[str, list[tuple[int, tuple, tuple, int]]] = {name: [] for name in self.params}
+        self.device_of = device_of
+        for shard_rank, global_rank in enumerate(row):
+            for piece in h.layout.pieces(shard_rank):
+                at = piece.shard_offset
+                for offsets, sizes in _boxes(_saved_shape(piece.param), piece.start, piece.end):
+                    self.boxes[piece.param.names[0]].append((global_rank, offsets, sizes, at))
+                    at += math.prod(sizes)
+
+    def sharded(self, flat: torch.Tensor, local: bool) -> dict[str, ShardedTensor]:
+        """One ShardedTensor per parameter whose local shards are views of `flat` (this rank's flat
+        shard, or an optimizer state shaped like it); none at all where `local` is False."""
+        me = dist.get_rank()
+        props = TensorProperties(dtype=flat.dtype, layout=torch.strided, requires_grad=False,
+                                 memory_format=torch.contiguous_format, pin_memory=False)
+        out = {}
+        for name, info in self.params.items():
+            metas, shards = [], []
+            for global_rank, offsets, sizes, at in self.boxes[name]:
+                device = str(flat.device) if global_rank == me else self.device_of(global_rank)
+                md = ShardMetadata(shard_offsets=list(offsets), shard_sizes=list(sizes),
+                                   placement=f"rank:{global_rank}/{device}")
+                metas.append(md)
+                if local and global_rank == me:
+                    shards.append(Shard(flat[at:at + math.prod(sizes)].view(sizes), md))
+            if not metas:  # a parameter without elements: there is nothing to place
+                continue
+            global_md = ShardedTensorMetadata(shards_metadata=metas, size=torch.Size(_saved_shape(info)),
+                                              tensor_properties=props)
+            with _quiet():
+                out[name] = ShardedTensor._init_from_local_shards_and_global_metadata(shards, global_md)
+        return out
+
+
+# --- building the state dict DCP sees ----------------------------------------------------------------
+
+def _check_model(model) -> None:
+    if not (hasattr(model, "units") and hasattr(model, "groups") and hasattr(model, "_sd_keys")):
+        raise ValueError(f"expected an fsdp_mini FSDP model, got {type(model).__name__}")
+    if not dist.is_initialized():
+        raise RuntimeError("sharded checkpoints need torch.distributed: run under fsdp_mini.launch or torchrun")
+
+
+def _device_of(model) -> Callable[[int], str]:
+    if model.device.type == "cuda":
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", torch.cuda.device_count()))
+        return lambda rank: f"cuda:{rank % local}"
+    return lambda rank: str(model.device)
+
+
+def _layout_plans(model, saving: bool) -> tuple[list[tuple[Any, _HandleBoxes]], bool]:
+    """For each handle, the boxes of this rank's shard group; and whether this rank holds local boxes.
+    Saving describes the first replica group (the only one that writes); loading, this rank's own."""
+    size, rank = model.groups.shard_size, dist.get_rank()
+    first = 0 if saving else rank - model.groups.shard_rank
+    row = list(range(first, first + size))
+    device_of = _device_of(model)
+    plans = [(h, _HandleBoxes(h, row, device_of)) for unit in model.units for h in unit.handles]
+    return plans, rank in row
+
+
+def _optimizer_params(model, optimizer, plans):
+    """(group index, shard, handle plan) for every parameter of `optimizer`; each must be a shard."""
+    by_id = {id(h.shard): (h, boxes) for h, boxes in plans}
+    out = []
+    for gi, group in enumerate(optimizer.param_groups):
+        for p in group["params"]:
+            if id(p) not in by_id:
+                raise ValueError("the optimizer holds a tensor that is not one of this FSDP model's flat "
+                                 "shards: build it over model.parameters() after wrapping")
+            out.append((gi, p, *by_id[id(p)]))
+    return out
+
+
+def _state_dict(model, optimizer, saving: bool):
+    """The flat dict handed to DCP; for loading also the steps to run just before the read (zero the
+    optimizer states that are read piecewise, so their padding stays zero) and just after it (move the
+    values that are not views, scalars and objects, into place)."""
+    _check_model(model)
+    plans, local = _layout_plans(model, saving)
+    sd: dict[str, Any] = {}
+    prepare: list[Callable[[], Any]] = []
+    finish: list[Callable[[], Any]] = []
+    for h, boxes in plans:
+        sd.update(boxes.sharded(h.shard.detach(), local))
+        for info in h.layout.params:
+            if info.numel == 0:  # no boxes: a plain empty tensor keeps the key (and its shape) in the file
+                sd[info.names[0]] = torch.empty(tuple(info.shape), dtype=h.shard.dtype, device=h.shard.device)
+    persistent = set(model._sd_keys)
+    for name, buf in model.module.named_buffers(remove_duplicate=False):
+        if name in persistent:
+            sd[name] = buf  # replicated: DCP writes it from rank 0 and loads it in place on every rank
+    if optimizer is None:
+        return sd, prepare, finish
+
+    for gi, p, h, boxes in _optimizer_params(model, optimizer, plans):
+        names = list(boxes.params)
+        for key, value in optimizer.state.get(p, {}).items():
+            if torch.is_tensor(value) and value.shape == p.shape:
+                prepare.append(value.zero_)
+                sd.update({f"{OPTIM_PREFIX}{n}.{key}": t for n, t in boxes.sharded(value.detach(), local).items()})
+            elif torch.is_tensor(value) and value.numel() == 1:
+                # Replicated scalar, one copy per original parameter so that it survives a new unit plan.
+                keys = [f"{OPTIM_PREFIX}{n}.{key}" for n in names]
+                if saving:
+                    sd.update({k: value for k in keys})
+                else:
+                    sd.update({k: torch.empty_like(value) for k in keys})
+                    finish.append(lambda v=value, k=keys[0]: v.copy_(sd[k]))
+            elif torch.is_tensor(value):
+                raise ValueError(f"optimizer state {key!r} of shape {tuple(value.shape)} is neither shaped like "
+                                 f"its parameter shard {tuple(p.shape)} nor a scalar: it cannot be resharded")
+            else:  # a plain Python value: a pickled object
+                keys = [f"{OPTIM_PREFIX}{n}.{key}" for n in names]
+                sd.update({k: value if saving else None for k in keys})
+                if not saving:
+                    finish.append(lambda s=optimizer.state[p], key=key, k=keys[0]: s.__setitem__(key, sd[k]))
+    groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+    sd[PARAM_GROUPS_KEY] = groups if saving else None
+
+    def set_param_groups():
+        saved = sd[PARAM_GROUPS_KEY]
+        if len(saved) != len(optimizer.param_groups):
+            raise ValueError(f"the checkpoint's optimizer has {len(saved)} param groups, this one "
+                             f"{len(optimizer.param_groups)}")
+        for group, hyper in zip(optimizer.param_groups, saved):
+            group.update({k: v for k, v in hyper.items() if k != "params"})
+
+    if not saving:
+        finish.append(set_param_groups)
+    return sd, prepare, finish
+
+
+def sharded_state_dict(model, optimizer=None) -> dict[str, Any]:
+    """What `save_checkpoint` hands to `dcp.save`: original names and shapes, values that are views of
+    this rank's shards (ShardedTensor), replicated buffers and scalars, and `optim.param_groups`.
+
+    For your own DCP calls (another storage writer, `dcp.async_save`); save it with
+    `DefaultSavePlanner(flatten_state_dict=False, flatten_sharded_tensors=False)`: the dict is flat
+    already, and `optim.param_groups` stays one object. No communication.
+    """
+    return _state_dict(model, optimizer, saving=True)[0]
+
+
+# --- save and load -----------------------------------------------------------------------------------
+
+def _planner_kwargs() -> dict[str, bool]:
+    # Our dict is flat already; flattening would split optim.param_groups into one entry per value, and
+    # flattening "nested" ShardedTensors would drop the ones without local shards from the load dict.
+    return {"flatten_state_dict": False, "flatten_sharded_tensors": False}
+
+
+def save_checkpoint(path: str | os.PathLike, model, optimizer=None) -> None:
+    """Write a sharded checkpoint of `model` (and `optimizer`'s state) to the directory `path`.
+
+    Collective: every rank must call it. Each rank writes its own file of pieces (the first replica
+    group only, under the hybrid strategies and NO_SHARD) and rank 0 the metadata that says where every
+    piece of every parameter is. Nothing is gathered: no rank ever holds more than its shards.
+    """
+    sd = sharded_state_dict(model, optimizer)
+    with _quiet():
+        dcp.save(sd, storage_writer=dcp.FileSystemWriter(os.fspath(path)),
+                 planner=DefaultSavePlanner(**_planner_kwargs()))
+
+
+def _check_against_checkpoint(path, sd: dict[str, Any]) -> None:
+    """Compare keys and shapes with the checkpoint's metadata before reading anything, so a different
+    model fails with every mismatch named (and the model untouched) rather than with DCP's first one."""
+    saved = dcp.FileSystemReader(os.fspath(path)).read_metadata().state_dict_metadata
+    missing = [k for k in sd if k not in saved]
+    unexpected = [k for k in saved if not k.startswith(OPTIM_PREFIX) and k not in sd]
+    shapes = []
+    for key, value in sd.items():
+        md = saved.get(key)
+        if not (isinstance(md, TensorStorageMetadata) and torch.is_tensor(value)):
+            continue
+        size = tuple(value.metadata().size if isinstance(value, ShardedTensor) else value.size())
+        if tuple(md.size) != size:
+            shapes.append(f"{key}: {tuple(md.size)} in the checkpoint, {size} here")
+    if missing or unexpected or shapes:
+        problems = []
+        if missing:
+            problems.append(f"missing keys {missing}")
+        if unexpected:
+            problems.append(f"unexpected keys {unexpected}")
+        if shapes:
+            problems.append(f"shape mismatches [{'; '.join(shapes)}]")
+        hint = (" (was it saved without the optimizer?)"
+                if missing and all(k.startswith(OPTIM_PREFIX) for k in missing) else "")
+        raise ValueError(f"checkpoint {os.fspath(path)} does not match the model: {', '.join(problems)}{hint}")
+
+
+def _init_optimizer_state(optimizer) -> None:
+    """Create a fresh optimizer's state tensors, so that DCP has something to load into: one step on
+    zero gradients with every lr at 0, which leaves the parameters as they are (as
+    torch.distributed.checkpoint.state_dict does). Grads and lrs are put back afterwards."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    if all(optimizer.state.get(p) for p in params):
+        return
+    grads = [p.grad for p in params]
+    lrs = [g["lr"] for g in optimizer.param_groups]
+    try:
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        for g in optimizer.param_groups:
+            g["lr"] = g["lr"] * 0 if torch.is_tensor(g["lr"]) else 0.0
+        optimizer.step()
+    finally:
+        for g, lr in zip(optimizer.param_groups, lrs):
+            g["lr"] = lr
+        for p, grad in zip(params, grads):
+            p.grad = grad
+
+
+def load_checkpoint(path: str | os.PathLike, model, optimizer=None) -> None:
+    """Fill `model`'s shards (and `optimizer`'s state and hyperparameters) in place from a checkpoint
+    written by `save_checkpoint`, at any world size and with any strategy.
+
+    Collective: every rank must call it. Each rank reads only the parts of the saved pieces that overlap
+    its own shard. Strict: a ValueError names every key missing from the checkpoint, every parameter of
+    the checkpoint this model lacks, and every shape that differs, before anything is read. Optimizer
+    keys in the checkpoint are ignored when `optimizer` is None.
+    """
+    _check_against_checkpoint(path, _state_dict(model, None, saving=False)[0])  # the model first: untouched
+    if optimizer is not None:
+        _optimizer_params(model, optimizer, _layout_plans(model, saving=False)[0])  # before stepping it
+        _init_optimizer_state(optimizer)
+    sd, prepare, finish = _state_dict(model, optimizer, saving=False)
+    _check_against_checkpoint(path, sd)
+    for step in prepare:
+        step()
+    for unit in model.units:  # the gathered copies would be stale: drop them (as load_full_state_dict does)
+        unit.reshard()
+    with torch.no_grad(), _quiet():
+        dcp.load(sd, storage_reader=dcp.FileSystemReader(os.fspath(path)),
+                 planner=DefaultLoadPlanner(**_planner_kwargs()))
+        for step in finish:
+            step()
