@@ -46,6 +46,25 @@ def _demo_worker(numel: int) -> dict:
 
 
 def demo(args) -> int:
+    from fsdp_mini import demo as D
+
+    world = args.world_size if not _under_torchrun() else int(os.environ["WORLD_SIZE"])
+    print(f"Training a {D.CFG.n_layer}-block GPT ({sum(p.numel() for p in D.GPT(D.CFG).parameters()):,} parameters) "
+          f"for {D.STEPS} AdamW steps, global batch {D.BATCH}, on {world} gloo processes, under every strategy")
+    rows = _run(D.worker, args.world_size, (not args.no_pytorch,), args.timeout)
+    if rows is None:
+        return 0
+    ref = D.reference()
+    print(D.table(ref, rows, world))
+    print("loss: mean over ranks of the last step; max|dw|: largest weight difference after training; memory: rank 0's")
+    print("params/grads/optim: bytes each rank keeps; gathered: peak bytes of unsharded parameters during a step")
+    worst = max(max((r["sd"][k] - ref["sd"][k]).abs().max().item() for k in ref["sd"]) for r in rows)
+    ok = worst < 1e-4
+    print(f"every strategy matches single-process training: {ok} (largest difference {worst:.1e})")
+    return 0 if ok else 1
+
+
+def ring_demo(args) -> int:
     numel = 1_000_003  # not a multiple of the world size: the ring pads its last chunk
     print(f"Ring and naive all-reduce of {numel:,} fp32 values on {args.world_size} gloo processes")
     out = _run(_demo_worker, args.world_size, (numel,), args.timeout)
@@ -79,10 +98,15 @@ def bench_collectives_cmd(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fsdp_mini", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("demo", help="a short tour on several gloo processes")
+    d = sub.add_parser("demo", help="train a small GPT under every strategy, side by side with PyTorch")
     d.add_argument("--world-size", type=int, default=4)
-    d.add_argument("--timeout", type=float, default=120)
+    d.add_argument("--no-pytorch", action="store_true", help="skip the comparison with PyTorch DDP / FSDP2")
+    d.add_argument("--timeout", type=float, default=300)
     d.set_defaults(func=demo)
+    r = sub.add_parser("ring-demo", help="ring and naive all-reduce, with their CommLog")
+    r.add_argument("--world-size", type=int, default=4)
+    r.add_argument("--timeout", type=float, default=120)
+    r.set_defaults(func=ring_demo)
     b = sub.add_parser("bench-collectives", help="ring vs builtin collectives, nccl-tests style")
     b.add_argument("--world-size", type=int, default=2)
     b.add_argument("--sizes", default="4K,64K,1M,16M,64M", help="comma-separated, e.g. 4K,1M,64M")

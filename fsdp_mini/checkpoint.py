@@ -57,6 +57,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed._shard.metadata import ShardMetadata
 from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor, ShardedTensorMetadata
 from torch.distributed._shard.sharded_tensor.metadata import TensorProperties
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
@@ -269,22 +270,36 @@ def sharded_state_dict(model, optimizer=None) -> dict[str, Any]:
 
 # --- save and load -----------------------------------------------------------------------------------
 
+@contextmanager
+def _as_runtime_error(doing: str, path):
+    """DCP reports a failure on any rank as a CheckpointException on every rank (no hang), but that is a
+    BaseException, which `except Exception` in a training loop would not catch: re-raise it as an
+    ordinary RuntimeError, with DCP's per-rank tracebacks in the message."""
+    try:
+        yield
+    except CheckpointException as exc:
+        raise RuntimeError(f"{doing} the checkpoint {os.fspath(path)} failed: {exc}") from exc
+
+
 def _planner_kwargs() -> dict[str, bool]:
     # Our dict is flat already; flattening would split optim.param_groups into one entry per value, and
     # flattening "nested" ShardedTensors would drop the ones without local shards from the load dict.
     return {"flatten_state_dict": False, "flatten_sharded_tensors": False}
 
 
-def save_checkpoint(path: str | os.PathLike, model, optimizer=None) -> None:
+def save_checkpoint(path: str | os.PathLike, model, optimizer=None, *, overwrite: bool = False) -> None:
     """Write a sharded checkpoint of `model` (and `optimizer`'s state) to the directory `path`.
 
     Collective: every rank must call it. Each rank writes its own file of pieces (the first replica
     group only, under the hybrid strategies and NO_SHARD) and rank 0 the metadata that says where every
     piece of every parameter is. Nothing is gathered: no rank ever holds more than its shards.
+    An existing checkpoint at `path` is an error unless `overwrite`: writing over it in place, a crash
+    halfway would leave neither the old checkpoint nor the new one (PyTorch's future default, too).
     """
     sd = sharded_state_dict(model, optimizer)
-    with _quiet():
-        dcp.save(sd, storage_writer=dcp.FileSystemWriter(os.fspath(path)),
+    with _quiet(), warnings.catch_warnings(), _as_runtime_error("saving", path):
+        warnings.filterwarnings("ignore", message="Detected an existing checkpoint", category=UserWarning)
+        dcp.save(sd, storage_writer=dcp.FileSystemWriter(os.fspath(path), overwrite=overwrite),
                  planner=DefaultSavePlanner(**_planner_kwargs()))
 
 
@@ -319,7 +334,7 @@ def _init_optimizer_state(optimizer) -> None:
     """Create a fresh optimizer's state tensors, so that DCP has something to load into: one step on
     zero gradients with every lr at 0, which leaves the parameters as they are (as
     torch.distributed.checkpoint.state_dict does). Grads and lrs are put back afterwards."""
-    params = [p for g in optimizer.param_groups for p in g["params"]]
+    params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]  # frozen: no state
     if all(optimizer.state.get(p) for p in params):
         return
     grads = [p.grad for p in params]
@@ -356,7 +371,7 @@ def load_checkpoint(path: str | os.PathLike, model, optimizer=None) -> None:
         step()
     for unit in model.units:  # the gathered copies would be stale: drop them (as load_full_state_dict does)
         unit.reshard()
-    with torch.no_grad(), _quiet():
+    with torch.no_grad(), _quiet(), _as_runtime_error("loading", path):
         dcp.load(sd, storage_reader=dcp.FileSystemReader(os.fspath(path)),
                  planner=DefaultLoadPlanner(**_planner_kwargs()))
         for step in finish:

@@ -19,11 +19,20 @@ def run(*args):
 def test_help_lists_the_subcommands():
     out = run("--help")
     assert out.returncode == 0
-    assert "demo" in out.stdout and "bench-collectives" in out.stdout
+    assert all(c in out.stdout for c in ("demo", "ring-demo", "bench-collectives"))
 
 
 def test_demo_runs_and_checks_itself():
-    out = run("demo", "--world-size", "2")
+    out = run("demo", "--world-size", "2", "--no-pytorch")
+    assert out.returncode == 0, out.stderr
+    for name in ("1 process", "NO_SHARD (DDP)", "ZeRO-1", "SHARD_GRAD_OP (ZeRO-2)", "FULL_SHARD (ZeRO-3)",
+                 "HYBRID_SHARD (1x2)"):
+        assert f"\n{name} " in out.stdout, name
+    assert "every strategy matches single-process training: True" in out.stdout
+
+
+def test_ring_demo_runs_and_checks_itself():
+    out = run("ring-demo", "--world-size", "2")
     assert out.returncode == 0, out.stderr
     assert "both equal torch.distributed.all_reduce: True" in out.stdout
 

@@ -1,0 +1,114 @@
+"""`python -m fsdp_mini demo`: train one small GPT under every strategy, side by side.
+
+For each strategy: the final loss, how far the trained weights are from single-process training and
+from PyTorch's own implementation (DDP or FSDP2 `fully_shard`), what each rank holds in memory, and
+how many bytes it sent per step. The three claims of the course in one table: sharding does not change
+the numbers, it divides the memory, and it pays for that in communication.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from fsdp_mini.comm_log import CommLog
+from fsdp_mini.fsdp import FSDP
+from fsdp_mini.memory import format_bytes, optimizer_state_bytes, tensor_bytes
+from fsdp_mini.models import GPT, Block, GPTConfig, make_batch
+from fsdp_mini.pytorch_equivalent import pytorch_full_state_dict, wrap_like_pytorch
+from fsdp_mini.train import local_rows, train
+from fsdp_mini.zero import ZeroRedundancyOptimizer
+
+__all__ = ["CFG", "worker", "reference", "table", "hybrid_shard_size"]
+
+CFG = GPTConfig(n_layer=4)
+STEPS, BATCH = 6, 16
+STRATEGIES = ["NO_SHARD", "ZERO1", "SHARD_GRAD_OP", "FULL_SHARD", "HYBRID_SHARD"]
+
+
+def _optimizer(params):
+    return torch.optim.AdamW(params, lr=3e-3, weight_decay=0.1, eps=1e-6)
+
+
+def hybrid_shard_size(world: int) -> int:
+    """Two "nodes" when the world splits evenly (4 ranks: a 2 x 2 grid), else one."""
+    return world // 2 if world >= 4 and world % 2 == 0 else world
+
+
+def _global_mean(values: list[float]) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t)
+    return (t / dist.get_world_size()).tolist()
+
+
+def _measure_step(model, opt) -> None:
+    """One more forward and backward (no step), so gradients and gathered parameters are alive."""
+    x, y = (local_rows(t, dist.get_rank(), dist.get_world_size()) for t in make_batch(CFG, BATCH, STEPS))
+    if hasattr(model, "memory"):
+        model.memory.reset_peak()
+    model(x, y).backward()
+
+
+def _run_ours(strategy: str, shard_size: int) -> dict:
+    if strategy == "ZERO1":
+        model = GPT(CFG)
+        opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.AdamW, lr=3e-3, weight_decay=0.1, eps=1e-6)
+        with CommLog() as log:
+            losses = train(model, opt, CFG, STEPS, BATCH)
+        _measure_step(model, opt)
+        memory = {"params": tensor_bytes(model.parameters()), "grads": tensor_bytes(p.grad for p in model.parameters()),
+                  "optimizer": opt.optimizer_state_bytes(), "unsharded_peak": 0}
+        return {"losses": losses, "sd": model.state_dict(), "memory": memory, "sent": log.sent / STEPS}
+    model = FSDP(GPT(CFG), strategy, wrap=(Block,), shard_size=shard_size if "HYBRID" in strategy else None)
+    opt = _optimizer(model.parameters())
+    with CommLog() as log:
+        losses = train(model, opt, CFG, STEPS, BATCH)
+    _measure_step(model, opt)
+    return {"losses": losses, "sd": model.full_state_dict(), "memory": model.memory_stats(opt), "sent": log.sent / STEPS}
+
+
+def worker(with_pytorch: bool = True) -> list[dict]:
+    """Every rank trains every strategy; returns rank 0's view (losses are averaged over ranks)."""
+    shard_size = hybrid_shard_size(dist.get_world_size())
+    rows = []
+    for strategy in STRATEGIES:
+        row = _run_ours(strategy, shard_size)
+        row["strategy"], row["losses"] = strategy, _global_mean(row["losses"])
+        row["vs_pytorch"] = None
+        if with_pytorch and strategy != "ZERO1":
+            theirs = wrap_like_pytorch(GPT(CFG), strategy, wrap=(Block,), shard_size=shard_size)
+            train(theirs, _optimizer(theirs.parameters()), CFG, STEPS, BATCH)
+            their_sd = pytorch_full_state_dict(theirs)
+            row["vs_pytorch"] = max((row["sd"][k] - their_sd[k]).abs().max().item() for k in their_sd)
+        rows.append(row)
+    return rows
+
+
+def reference() -> dict:
+    """Single-process training on the whole global batch: the numbers every strategy must reproduce."""
+    model = GPT(CFG)
+    opt = _optimizer(model.parameters())
+    losses = train(model, opt, CFG, STEPS, BATCH)
+    x, y = make_batch(CFG, BATCH, STEPS)
+    model(x, y).backward()
+    memory = {"params": tensor_bytes(model.parameters()), "grads": tensor_bytes(p.grad for p in model.parameters()),
+              "optimizer": optimizer_state_bytes(opt), "unsharded_peak": 0}
+    return {"strategy": "1 process", "losses": losses, "sd": model.state_dict(), "memory": memory, "sent": 0,
+            "vs_pytorch": None}
+
+
+def table(ref: dict, rows: list[dict], world: int) -> str:
+    shard_size = hybrid_shard_size(world)
+    names = {"NO_SHARD": "NO_SHARD (DDP)", "ZERO1": "ZeRO-1", "SHARD_GRAD_OP": "SHARD_GRAD_OP (ZeRO-2)",
+             "FULL_SHARD": "FULL_SHARD (ZeRO-3)", "HYBRID_SHARD": f"HYBRID_SHARD ({world // shard_size}x{shard_size})"}
+    head = (f"{'strategy':<24}{'loss':>8}{'max|dw| vs 1':>14}{'vs PyTorch':>12}{'params':>10}{'grads':>10}"
+            f"{'optim':>10}{'gathered':>10}{'sent/step':>11}")
+    lines = [head, "-" * len(head)]
+    for row in [ref] + rows:
+        m = row["memory"]
+        diff = max((row["sd"][k] - ref["sd"][k]).abs().max().item() for k in ref["sd"])
+        vs_pt = "-" if row["vs_pytorch"] is None else f"{row['vs_pytorch']:.1e}"
+        lines.append(f"{names.get(row['strategy'], row['strategy']):<24}{row['losses'][-1]:>8.4f}"
+                     f"{diff if row is not ref else 0:>14.1e}{vs_pt:>12}"
+                     + "".join(f"{format_bytes(m[k]):>10}" for k in ("params", "grads", "optimizer", "unsharded_peak"))
+                     + f"{format_bytes(row['sent']):>11}")
+    return "\n".join(lines)

@@ -1,0 +1,267 @@
+"""Sharded checkpoints: saved at N ranks with one strategy, resumed at M ranks with another, training
+goes on exactly as if it had never stopped; and the files hold plain parameters under their own names."""
+import functools
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.nn as nn
+from torch.testing import assert_close
+
+from fsdp_mini import get_device, launch
+from fsdp_mini.checkpoint import load_checkpoint, save_checkpoint, sharded_state_dict
+from fsdp_mini.fsdp import FSDP
+from fsdp_mini.models import GPT, Block, GPTConfig, make_batch
+
+pytestmark = pytest.mark.usefixtures("no_orphans")
+
+CFG = GPTConfig()
+BATCH = 12  # divisible by every world size tested: 1, 2, 3, 4
+STEPS, SPLIT = 5, 3  # 3 steps, checkpoint, 2 more steps
+TIMEOUT = 60
+# AdamW's eps is raised from 1e-8 for the reason given in test_zero.py: near-zero gradients would
+# amplify rounding differences between world sizes beyond rtol 1e-5. SGD with momentum as well:
+# its momentum buffer is state that must survive too.
+OPTIMIZERS = {
+    "adamw": (torch.optim.AdamW, {"lr": 1e-2, "weight_decay": 0.1, "eps": 1e-3}),
+    "sgd": (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}),
+}
+
+
+def _optimizer(name, params, lr_factor=1.0):
+    cls, kwargs = OPTIMIZERS[name]
+    return cls(params, **{**kwargs, "lr": kwargs["lr"] * lr_factor})
+
+
+def _rows():
+    rank, n = dist.get_rank(), dist.get_world_size()
+    return slice(rank * BATCH // n, (rank + 1) * BATCH // n)
+
+
+def _train(model, opt, steps, rows=slice(None)):
+    losses = []
+    for s in steps:
+        x, y = make_batch(CFG, BATCH, step=s)
+        loss = model(x[rows].to(get_device()), y[rows].to(get_device()))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+@functools.lru_cache(maxsize=None)
+def _reference(opt_name):
+    """Single-process training on the global batch, all STEPS in one go: losses, final state_dict."""
+    model = GPT(CFG)
+    losses = _train(model, _optimizer(opt_name, model.parameters()), range(STEPS))
+    return losses, model.state_dict()
+
+
+def _fsdp_gpt(strategy, cfg=CFG, seed=0):
+    return FSDP(GPT(cfg, seed=seed), sharding_strategy=strategy, wrap=(Block,))
+
+
+def _train_and_save(path, strategy, opt_name):
+    model = _fsdp_gpt(strategy)
+    opt = _optimizer(opt_name, model.parameters())
+    losses = _train(model, opt, range(SPLIT), _rows())
+    save_checkpoint(path, model, opt)
+    return losses
+
+
+def _load_and_train(path, strategy, opt_name):
+    # Other weights and another lr than the checkpoint's: loading must replace every one of them.
+    model = _fsdp_gpt(strategy, seed=1)
+    opt = _optimizer(opt_name, model.parameters(), lr_factor=3.0)
+    load_checkpoint(path, model, opt)
+    lr = opt.param_groups[0]["lr"]
+    losses = _train(model, opt, range(SPLIT, STEPS), _rows())
+    return losses, model.full_state_dict(), lr
+
+
+def _launch(fn, world, args, local_world_size=None):
+    return launch(fn, world, args=args, timeout=TIMEOUT, local_world_size=local_world_size)
+
+
+@pytest.mark.parametrize("save, load, opt_name", [
+    pytest.param((2, "FULL_SHARD", None), (3, "SHARD_GRAD_OP", None), "adamw", id="2-FULL_SHARD-to-3-SHARD_GRAD_OP"),
+    pytest.param((4, "HYBRID_SHARD", 2), (1, "NO_SHARD", None), "adamw", id="2x2-HYBRID_SHARD-to-1-NO_SHARD"),
+    pytest.param((3, "NO_SHARD", None), (4, "FULL_SHARD", None), "adamw", id="3-NO_SHARD-to-4-FULL_SHARD"),
+    pytest.param((1, "FULL_SHARD", None), (4, "HYBRID_SHARD", 2), "sgd", id="1-FULL_SHARD-to-2x2-HYBRID_SHARD-sgd"),
+])
+def test_resumed_training_matches_uninterrupted_training(tmp_path, save, load, opt_name):
+    (n, s, lws), (m, s2, lws2) = save, load
+    first = _launch(_train_and_save, n, (str(tmp_path), s, opt_name), lws)
+    second = _launch(_load_and_train, m, (str(tmp_path), s2, opt_name), lws2)
+    ref_losses, ref_state = _reference(opt_name)
+    # Equal local batches: the mean of the ranks' losses is the loss on the global batch.
+    losses = torch.cat([torch.tensor(first).mean(0), torch.tensor([r[0] for r in second]).mean(0)])
+    assert_close(losses, torch.tensor(ref_losses), rtol=1e-5, atol=1e-6)
+    assert {r[2] for r in second} == {OPTIMIZERS[opt_name][1]["lr"]}  # hyperparameters restored too
+    for _, state, _ in second:
+        assert list(state) == list(ref_state)
+        assert_close(state, ref_state, rtol=1e-5, atol=1e-6)
+
+
+# --- a model-only checkpoint, saved once by a 2x2 hybrid run ----------------------------------------
+
+def _save_model_only(path):
+    model = _fsdp_gpt("HYBRID_SHARD")
+    _train(model, _optimizer("sgd", model.parameters()), range(1), _rows())
+    save_checkpoint(path, model)
+    try:
+        save_checkpoint(path, model)
+        refused = ""
+    except RuntimeError as exc:  # on every rank: DCP collects the ranks' failures
+        refused = str(exc)
+    save_checkpoint(path, model, overwrite=True)
+    return model.full_state_dict(), refused
+
+
+@pytest.fixture(scope="module")
+def model_only(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("model_only"))
+    results = launch(_save_model_only, 4, args=(path,), timeout=TIMEOUT, local_world_size=2)
+    return path, results
+
+
+def test_an_existing_checkpoint_is_kept_unless_overwrite(model_only):
+    _, results = model_only
+    assert all("already exists" in refused for _, refused in results)
+
+
+def test_each_piece_is_written_once_under_the_original_name_and_shape(model_only):
+    path, results = model_only
+    saved, _ = results[0]
+    md = dcp.FileSystemReader(path).read_metadata()
+    plain = GPT(CFG)
+    assert set(md.state_dict_metadata) == set(plain.state_dict()) - {"lm_head.weight"}  # tied: saved once
+    for name, p in plain.named_parameters():  # named_parameters skips the tied duplicate
+        tmd = md.state_dict_metadata[name]
+        assert tuple(tmd.size) == tuple(p.shape)
+        assert sum(c.sizes.numel() for c in tmd.chunks) == p.numel()  # one replica group wrote it, once
+        files = {sd.relative_path for idx, sd in md.storage_data.items() if idx.fqn == name}
+        assert files <= {"__0_0.distcp", "__1_0.distcp"}, files  # global ranks 0 and 1: replica group 0
+    # So a plain module reads it with DCP alone, no fsdp_mini involved (here without torch.distributed).
+    target = plain.state_dict()
+    del target["lm_head.weight"]  # the same tensor as tok_emb.weight: filled through it
+    dcp.load(target, checkpoint_id=path)
+    for key, value in plain.state_dict().items():
+        assert torch.equal(value, saved[key]), key
+
+
+def _load_model_only(path):
+    model = _fsdp_gpt("FULL_SHARD", seed=1)
+    load_checkpoint(path, model)
+    loaded = model.full_state_dict()
+    try:
+        load_checkpoint(path, model, _optimizer("adamw", model.parameters()))
+        error = ""
+    except ValueError as exc:
+        error = str(exc)
+    return loaded, error
+
+
+def test_model_only_checkpoint_loads_at_another_world_size(model_only):
+    path, saved = model_only
+    for loaded, error in launch(_load_model_only, 3, args=(path,), timeout=TIMEOUT):
+        assert list(loaded) == list(saved[0][0])
+        assert all(torch.equal(loaded[k], saved[0][0][k]) for k in loaded)  # copied, bit for bit
+        assert "missing keys ['optim.tok_emb.weight.exp_avg'" in error
+        assert "saved without the optimizer" in error
+
+
+def _load_into(path, cfg):
+    model = _fsdp_gpt("FULL_SHARD", cfg=cfg, seed=1)
+    before = model.full_state_dict()
+    try:
+        load_checkpoint(path, model)
+        error = ""
+    except ValueError as exc:
+        error = str(exc)
+    after = model.full_state_dict()
+    return error, all(torch.equal(before[k], after[k]) for k in before)
+
+
+@pytest.mark.parametrize("cfg, message", [
+    (GPTConfig(n_layer=3), "missing keys ['blocks.2.ln_1.weight', 'blocks.2.ln_1.bias'"),
+    (GPTConfig(n_layer=1), "unexpected keys ['blocks.1.ln_1.weight'"),
+    (GPTConfig(n_embd=32), "tok_emb.weight: (61, 30) in the checkpoint, (61, 32) here"),
+])
+def test_another_architecture_is_a_clear_error_and_leaves_the_model_alone(model_only, cfg, message):
+    path, _ = model_only
+    for error, untouched in launch(_load_into, 2, args=(path, cfg), timeout=TIMEOUT):
+        assert "does not match the model" in error and message in error, error
+        assert untouched
+
+
+# --- the corner cases of the layout: padding-only shards, a 0-d parameter, frozen ones, buffers -----
+
+class _Tiny(nn.Module):
+    """At 4 ranks the root's one trainable element (a 0-d scale) leaves ranks 1-3 a padding-only shard,
+    the frozen vector leaves rank 3 one, and the Linear's weight is cut inside its rows."""
+
+    def __init__(self, seed=0):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.lin = nn.Linear(3, 2)
+        with torch.no_grad():
+            self.lin.weight.copy_(torch.randn(2, 3, generator=g))
+            self.lin.bias.copy_(torch.randn(2, generator=g))
+        self.scale = nn.Parameter(torch.tensor(1.5 + seed))
+        self.frozen = nn.Parameter(torch.randn(5, generator=g), requires_grad=False)
+        self.register_buffer("offset", torch.full((2,), 0.5 + seed))
+
+    def forward(self, x):
+        return ((self.lin(x) * self.scale + self.offset) ** 2).mean() + self.frozen.sum()
+
+
+def _tiny_train(model, opt, steps):
+    losses = []
+    for s in steps:
+        x = torch.randn(BATCH, 3, generator=torch.Generator().manual_seed(s))[_rows()]
+        loss = model(x.to(get_device()))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def _tiny_save_and_go_on(path):
+    model = FSDP(_Tiny(), sharding_strategy="FULL_SHARD", wrap=(nn.Linear,))
+    opt = _optimizer("adamw", model.parameters())
+    _tiny_train(model, opt, range(2))
+    save_checkpoint(path, model, opt)
+    return _tiny_train(model, opt, range(2, 4)), model.full_state_dict()
+
+
+def _tiny_load_and_go_on(path):
+    model = FSDP(_Tiny(seed=1), sharding_strategy="SHARD_GRAD_OP", wrap=(nn.Linear,))
+    opt = _optimizer("adamw", model.parameters())
+    load_checkpoint(path, model, opt)
+    pads_zero = True
+    for unit in model.units:
+        for h in unit.handles:
+            lo = model.groups.shard_rank * h.layout.shard_numel
+            for value in opt.state.get(h.shard, {}).values():
+                if value.shape == h.shard.shape:
+                    pads_zero &= bool((value[max(0, h.layout.numel - lo):] == 0).all())
+    keys = sorted(sharded_state_dict(model, opt))
+    return _tiny_train(model, opt, range(2, 4)), model.full_state_dict(), pads_zero, keys
+
+
+def test_padding_only_shards_0d_and_frozen_parameters_and_buffers(tmp_path):
+    first = launch(_tiny_save_and_go_on, 4, args=(str(tmp_path),), timeout=TIMEOUT)
+    second = launch(_tiny_load_and_go_on, 3, args=(str(tmp_path),), timeout=TIMEOUT)
+    expected = torch.tensor([r[0] for r in first]).mean(0)
+    assert_close(torch.tensor([r[0] for r in second]).mean(0), expected, rtol=1e-5, atol=1e-6)
+    for _, state, pads_zero, keys in second:
+        assert_close(state, first[0][1], rtol=1e-5, atol=1e-6)
+        assert torch.equal(state["offset"], torch.full((2,), 0.5))  # the buffer came from the checkpoint
+        assert pads_zero
+        assert keys == sorted(["lin.weight", "lin.bias", "scale", "frozen", "offset", "optim.param_groups"]
+                              + [f"optim.{p}.{s}" for p in ("lin.weight", "lin.bias", "scale")
+                                 for s in ("exp_avg", "exp_avg_sq", "step")])
