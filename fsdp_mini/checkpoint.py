@@ -318,13 +318,17 @@ def _check_against_checkpoint(path, sd: dict[str, Any]) -> None:
         if tuple(md.size) != size:
             shapes.append(f"{key}: {tuple(md.size)} in the checkpoint, {size} here")
     if missing or unexpected or shapes:
+        def listed(items, limit=12):
+            more = f", ... ({len(items) - limit} more)" if len(items) > limit else ""
+            return "[" + ", ".join(items[:limit]) + more + "]"
+
         problems = []
         if missing:
-            problems.append(f"missing keys {missing}")
+            problems.append(f"missing keys {listed([repr(k) for k in missing])}")
         if unexpected:
-            problems.append(f"unexpected keys {unexpected}")
+            problems.append(f"unexpected keys {listed([repr(k) for k in unexpected])}")
         if shapes:
-            problems.append(f"shape mismatches [{'; '.join(shapes)}]")
+            problems.append(f"shape mismatches {listed(shapes)}")
         hint = (" (was it saved without the optimizer?)"
                 if missing and all(k.startswith(OPTIM_PREFIX) for k in missing) else "")
         raise ValueError(f"checkpoint {os.fspath(path)} does not match the model: {', '.join(problems)}{hint}")

@@ -327,11 +327,14 @@ class FSDP(nn.Module):
             raise ValueError("FSDP.load_state_dict supports strict=True, assign=False only")
         self.load_full_state_dict(state_dict)
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str):  # attributes of the wrapped module read through, as in PyTorch
         try:
             return super().__getattr__(name)
         except AttributeError:
-            return getattr(self._modules["module"], name)
+            inner = self.__dict__.get("_modules", {}).get("module")
+            if inner is None:
+                raise
+            return getattr(inner, name)
 
 
 # --- planning: which unit owns which parameter (pure, before any collective) ------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from fsdp_mini.launch import get_device
 from fsdp_mini.models import GPTConfig, make_batch
 
 __all__ = ["local_rows", "train"]
@@ -26,12 +27,13 @@ def train(model, optimizer, cfg: GPTConfig, steps: int, batch_size: int, max_nor
           device=None, seed: int = 0) -> list[float]:
     """Train `steps` steps on `make_batch(cfg, batch_size, step)`; return this rank's local losses.
 
-    Inside torch.distributed each rank takes its rows; outside it, the whole batch (the reference).
+    Inside torch.distributed each rank takes its rows on its device; outside it, the whole batch on CPU.
     `max_norm` clips with the model's own `clip_grad_norm_` if it has one (FSDP), else torch's."""
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    device = device or (get_device() if dist.is_initialized() else "cpu")
     losses = []
     for step in range(steps):
-        x, y = (local_rows(t, rank, world).to(device or "cpu") for t in make_batch(cfg, batch_size, step, seed))
+        x, y = (local_rows(t, rank, world).to(device) for t in make_batch(cfg, batch_size, step, seed))
         loss = model(x, y)
         loss.backward()
         if max_norm is not None:

@@ -1,6 +1,7 @@
 """Sharded checkpoints: saved at N ranks with one strategy, resumed at M ranks with another, training
 goes on exactly as if it had never stopped; and the files hold plain parameters under their own names."""
 import functools
+import warnings
 
 import pytest
 import torch
@@ -147,7 +148,9 @@ def test_each_piece_is_written_once_under_the_original_name_and_shape(model_only
     # So a plain module reads it with DCP alone, no fsdp_mini involved (here without torch.distributed).
     target = plain.state_dict()
     del target["lm_head.weight"]  # the same tensor as tok_emb.weight: filled through it
-    dcp.load(target, checkpoint_id=path)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        dcp.load(target, checkpoint_id=path, no_dist=True)
     for key, value in plain.state_dict().items():
         assert torch.equal(value, saved[key]), key
 
@@ -169,7 +172,7 @@ def test_model_only_checkpoint_loads_at_another_world_size(model_only):
     for loaded, error in launch(_load_model_only, 3, args=(path,), timeout=TIMEOUT):
         assert list(loaded) == list(saved[0][0])
         assert all(torch.equal(loaded[k], saved[0][0][k]) for k in loaded)  # copied, bit for bit
-        assert "missing keys ['optim.tok_emb.weight.exp_avg'" in error
+        assert "missing keys ['optim.tok_emb.weight.step'" in error and "'optim.tok_emb.weight.exp_avg'" in error
         assert "saved without the optimizer" in error
 
 
