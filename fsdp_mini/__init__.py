@@ -5,8 +5,11 @@ Floors, bottom up (a module imports only from floors below it):
      time, bytes per rank, how a unit's parameters are flattened, padded and cut into shards
   2. launch, comm_log, collectives, groups -- start ranks, log every collective, ring collectives by
      hand, shard and replica process groups
-  3. flat_param_handle, fsdp, zero, state_dict, checkpoint -- the engine: gather, free, reduce
-  4. models -- the small GPT every lesson trains
+  3. flat_param_handle, fsdp, zero, state_dict, checkpoint, pytorch_equivalent -- the engine: gather,
+     free, reduce; full and sharded checkpoints; the same strategies in PyTorch, to compare against
+  4. models, train, demo -- the small GPT every lesson trains, the shared loop, `python -m fsdp_mini demo`
+
+`fsdp_mini.checkpoint` is imported on demand (torch.distributed.checkpoint takes a while to import).
 """
 from fsdp_mini import collectives, comm_log, cost, flat_param, memory, strategy
 from fsdp_mini.comm_log import CommLog, CommRecord, scope

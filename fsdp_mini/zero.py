@@ -22,6 +22,7 @@ import torch.nn as nn
 
 from fsdp_mini.collectives import AVG, IMPLS, all_gather_into_tensor, reduce_scatter_tensor
 from fsdp_mini.flat_param import FlatLayout, flatten, unflatten_views
+from fsdp_mini.memory import optimizer_state_bytes
 
 __all__ = ["ZeroRedundancyOptimizer"]
 
@@ -113,8 +114,7 @@ class ZeroRedundancyOptimizer:
 
     def optimizer_state_bytes(self) -> int:
         """Bytes of this rank's optimizer state tensors: about 1/n of an unsharded optimizer's."""
-        return sum(v.numel() * v.element_size() for s in self.optim.state.values()
-                   for v in s.values() if isinstance(v, torch.Tensor))
+        return optimizer_state_bytes(self.optim)
 
     def state_dict(self) -> dict:
         """This rank's inner optimizer state (its shard only): save one per rank."""
