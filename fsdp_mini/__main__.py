@@ -49,8 +49,9 @@ def demo(args) -> int:
     from fsdp_mini import demo as D
 
     world = args.world_size if not _under_torchrun() else int(os.environ["WORLD_SIZE"])
-    print(f"Training a {D.CFG.n_layer}-block GPT ({sum(p.numel() for p in D.GPT(D.CFG).parameters()):,} parameters) "
-          f"for {D.STEPS} AdamW steps, global batch {D.BATCH}, on {world} gloo processes, under every strategy")
+    if os.environ.get("RANK", "0") == "0":
+        print(f"Training a {D.CFG.n_layer}-block GPT ({sum(p.numel() for p in D.GPT(D.CFG).parameters()):,} parameters) "
+              f"for {D.STEPS} AdamW steps, global batch {D.BATCH}, on {world} processes, under every strategy")
     rows = _run(D.worker, args.world_size, (not args.no_pytorch,), args.timeout)
     if rows is None:
         return 0

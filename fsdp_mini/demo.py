@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from fsdp_mini.comm_log import CommLog
 from fsdp_mini.fsdp import FSDP
+from fsdp_mini.launch import get_device
 from fsdp_mini.memory import format_bytes, optimizer_state_bytes, tensor_bytes
 from fsdp_mini.models import GPT, Block, GPTConfig, make_batch
 from fsdp_mini.pytorch_equivalent import pytorch_full_state_dict, wrap_like_pytorch
@@ -50,14 +51,15 @@ def _measure_step(model, opt) -> None:
 
 def _run_ours(strategy: str, shard_size: int) -> dict:
     if strategy == "ZERO1":
-        model = GPT(CFG)
+        model = GPT(CFG).to(get_device())
         opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.AdamW, lr=3e-3, weight_decay=0.1, eps=1e-6)
         with CommLog() as log:
             losses = train(model, opt, CFG, STEPS, BATCH)
         _measure_step(model, opt)
         memory = {"params": tensor_bytes(model.parameters()), "grads": tensor_bytes(p.grad for p in model.parameters()),
                   "optimizer": opt.optimizer_state_bytes(), "unsharded_peak": 0}
-        return {"losses": losses, "sd": model.state_dict(), "memory": memory, "sent": log.sent / STEPS}
+        sd = {k: v.cpu() for k, v in model.state_dict().items()}
+        return {"losses": losses, "sd": sd, "memory": memory, "sent": log.sent / STEPS}
     model = FSDP(GPT(CFG), strategy, wrap=(Block,), shard_size=shard_size if "HYBRID" in strategy else None)
     opt = _optimizer(model.parameters())
     with CommLog() as log:
@@ -87,7 +89,7 @@ def reference() -> dict:
     """Single-process training on the whole global batch: the numbers every strategy must reproduce."""
     model = GPT(CFG)
     opt = _optimizer(model.parameters())
-    losses = train(model, opt, CFG, STEPS, BATCH)
+    losses = train(model, opt, CFG, STEPS, BATCH, shard_batch=False)  # under torchrun too: rank 0 alone
     x, y = make_batch(CFG, BATCH, STEPS)
     model(x, y).backward()
     memory = {"params": tensor_bytes(model.parameters()), "grads": tensor_bytes(p.grad for p in model.parameters()),

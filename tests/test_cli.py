@@ -31,6 +31,15 @@ def test_demo_runs_and_checks_itself():
     assert "every strategy matches single-process training: True" in out.stdout
 
 
+def test_demo_runs_unchanged_under_torchrun():
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "fsdp_mini", "demo", "--no-pytorch"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=ENV)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.count("Training a") == 1, "only rank 0 prints"
+    assert "every strategy matches single-process training: True" in out.stdout
+
+
 def test_ring_demo_runs_and_checks_itself():
     out = run("ring-demo", "--world-size", "2")
     assert out.returncode == 0, out.stderr
