@@ -1,0 +1,39 @@
+"""Memory bars: bytes per rank of parameters, gradients and optimizer state, stacked, one bar per setup."""
+from __future__ import annotations
+
+from fsdp_mini.language import tr
+from fsdp_mini.viz import figure
+
+__all__ = ["STATE_COLORS", "plot_memory_bars"]
+
+STATE_COLORS = {"params": "#4C72B0", "grads": "#DD8452", "optimizer": "#55A868", "unsharded_peak": "#C44E52"}
+
+
+def _label(state: str) -> str:
+    return {"params": tr("parameters", "параметры"), "grads": tr("gradients", "градиенты"),
+            "optimizer": tr("optimizer state", "состояние оптимизатора"),
+            "unsharded_peak": tr("gathered parameters (peak)", "собранные параметры (пик)")}[state]
+
+
+def plot_memory_bars(bars: dict[str, dict[str, float]], title: str | None = None, unit: float = 1e9,
+                     unit_name: str = "GB", states=("params", "grads", "optimizer"), log: bool = False):
+    """`bars[label][state]` = bytes (e.g. from `estimate_memory(...)` fields or `FSDP.memory_stats()`);
+    one stacked bar per label, each bar's total written above it."""
+    fig, ax = figure(width=max(5.0, 1.3 * len(bars) + 2.5), height=3.4)
+    labels = list(bars)
+    bottoms = [0.0] * len(labels)
+    for state in states:
+        heights = [bars[label].get(state, 0) / unit for label in labels]
+        ax.bar(labels, heights, bottom=bottoms, color=STATE_COLORS[state], label=_label(state), width=0.6)
+        bottoms = [b + h for b, h in zip(bottoms, heights)]
+    for x, total in enumerate(bottoms):
+        ax.text(x, total, f"{total:.3g}", ha="center", va="bottom", fontsize=9)
+    ax.set_ylabel(tr(f"{unit_name} per rank", f"{unit_name} на ранг"))
+    if log:
+        ax.set_yscale("log")
+    ax.set_ylim(top=max(bottoms) * (3 if log else 1.15))
+    if title:
+        ax.set_title(title)
+    ax.legend(fontsize=8, frameon=False)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,89 @@
+"""The lessons' twin structure and hygiene (nbval runs the notebooks themselves: `--nbval` on lessons/).
+
+English and Russian twins have the same file names, the same cells in the same order, identical code
+(except the one cell tagged `language`), Russian prose in Russian and English prose in English, stored
+outputs, a generic kernel, nothing of this machine in their outputs, and exercises with solutions.
+"""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+LESSONS = Path(__file__).resolve().parent.parent / "lessons"
+NAMES = sorted(p.name for p in (LESSONS / "en").glob("*.ipynb"))
+CYRILLIC, LATIN = re.compile("[а-яёА-ЯЁ]"), re.compile("[a-zA-Z]")
+
+
+def load(lang, name):
+    return json.loads((LESSONS / lang / name).read_text(encoding="utf-8"))
+
+
+def prose(source: str) -> str:
+    """Markdown without code, inline code, links' targets, math and HTML tags: the words a reader reads."""
+    text = re.sub(r"```.*?```", " ", source, flags=re.S)
+    text = re.sub(r"`[^`]*`", " ", text)
+    text = re.sub(r"\]\([^)]*\)", "]", text)
+    text = re.sub(r"\$\$.*?\$\$|\$[^$]*\$", " ", text, flags=re.S)
+    return re.sub(r"<[^>]+>", " ", text)
+
+
+def src(cell) -> str:
+    return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+
+
+def test_there_are_lessons_and_every_one_has_a_twin():
+    assert NAMES, "no lessons in lessons/en"
+    assert NAMES == sorted(p.name for p in (LESSONS / "ru").glob("*.ipynb"))
+    assert all(re.fullmatch(r"\d\d_[a-z0-9_]+\.ipynb", n) for n in NAMES), NAMES
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_twins_have_the_same_cells_and_the_same_code(name):
+    en, ru = load("en", name), load("ru", name)
+    assert [c["cell_type"] for c in en["cells"]] == [c["cell_type"] for c in ru["cells"]]
+    language_cells = 0
+    for i, (a, b) in enumerate(zip(en["cells"], ru["cells"])):
+        if a["cell_type"] != "code":
+            continue
+        tagged = "language" in a.get("metadata", {}).get("tags", [])
+        assert tagged == ("language" in b.get("metadata", {}).get("tags", [])), f"cell {i}: language tag"
+        if tagged:
+            language_cells += 1
+            assert 'set_language("en")' in src(a) and 'set_language("ru")' in src(b), f"cell {i}"
+        else:
+            assert src(a) == src(b), f"cell {i} differs between the twins"
+    assert language_cells == 1, "exactly one cell tagged `language`"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_prose_is_in_the_lesson_language(name):
+    for lang in ("en", "ru"):
+        for i, cell in enumerate(load(lang, name)["cells"]):
+            if cell["cell_type"] != "markdown":
+                continue
+            words = prose(src(cell))
+            cyr, lat = len(CYRILLIC.findall(words)), len(LATIN.findall(words))
+            if lang == "ru" and cyr + lat > 20:
+                assert cyr > lat, f"{lang}/{name} cell {i} is not mostly Russian"
+            if lang == "en":
+                assert cyr == 0, f"{lang}/{name} cell {i} has Cyrillic"
+
+
+@pytest.mark.parametrize("lang", ["en", "ru"])
+@pytest.mark.parametrize("name", NAMES)
+def test_notebooks_are_executed_clean_and_have_exercises(lang, name):
+    nb = load(lang, name)
+    assert nb["metadata"]["kernelspec"]["name"] == "python3"
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    assert code and all(c["execution_count"] is not None for c in code), "run lessons/execute.py"
+    assert any(o.get("output_type") == "display_data" and "image/png" in o.get("data", {})
+               for c in code for o in c["outputs"]), "at least one stored plot"
+    assert not [o for c in code for o in c["outputs"] if o.get("output_type") == "error"], "a cell failed"
+    dump = json.dumps([c["outputs"] for c in code])
+    for leak in ("/work/", "/tmp/", "/home/", "/root/", "site-packages"):
+        assert leak not in dump, f"outputs contain {leak!r}: a path of this machine"
+    checks = sum(src(c).count("check(") for c in code)
+    solutions = sum(src(c).count("<details>") for c in nb["cells"] if c["cell_type"] == "markdown")
+    assert checks >= 2 and solutions >= 2, f"{checks} exercise checks, {solutions} solutions"
+    assert "show_source(" in "".join(src(c) for c in code), "show the library's real source"
