@@ -28,12 +28,13 @@ communication (`_init_from_local_shards_and_global_metadata`), since every rank 
 other rank's pieces from the deterministic layout. It is also what PyTorch's own FSDP (v1) uses for
 its SHARDED_STATE_DICT.
 
-Who writes what. With HYBRID_SHARD (and NO_SHARD) every shard exists once per replica group; only the
-first replica group (global ranks below shard_size) contributes boxes, the others none, so each element
-is written once and DCP's plan validation (no overlap, full cover) holds. Buffers, and the optimizer's
-scalar states (Adam's `step`), are replicated plain tensors: DCP writes each of them once, from a rank
-its deduplication picks. Tied
-parameters are written once, under their first name. Every rank loads its own pieces.
+Who writes what. With HYBRID_SHARD (and NO_SHARD) every shard exists once per replica group, and every
+replica offers its boxes: the layouts are deterministic, so the replicas of a box offer it under the
+same (name, offsets), and DCP's save-plan deduplication keeps one of them, giving each box to the rank
+with the least to write so far. So each element is written once (DCP's plan validation checks that:
+no overlap, full cover), and the writing is spread over all ranks, not over one replica group only.
+Buffers and the optimizer's scalar states (Adam's `step`) are replicated plain tensors, deduplicated
+the same way. Tied parameters are written once, under their first name. Every rank loads its own pieces.
 
 Optimizer state (a torch optimizer over `model.parameters()`, i.e. over the flat shards): each state
 tensor shaped like the shard (Adam's exp_avg, exp_avg_sq; SGD's momentum_buffer) is cut into the same
@@ -133,9 +134,9 @@ class _HandleBoxes:
                     self.boxes[piece.param.names[0]].append((global_rank, offsets, sizes, at))
                     at += math.prod(sizes)
 
-    def sharded(self, flat: torch.Tensor, local: bool) -> dict[str, ShardedTensor]:
+    def sharded(self, flat: torch.Tensor) -> dict[str, ShardedTensor]:
         """One ShardedTensor per parameter whose local shards are views of `flat` (this rank's flat
-        shard, or an optimizer state shaped like it); none at all where `local` is False."""
+        shard, or an optimizer state shaped like it); a parameter with no piece here has none."""
         me = dist.get_rank()
         props = TensorProperties(dtype=flat.dtype, layout=torch.strided, requires_grad=False,
                                  memory_format=torch.contiguous_format, pin_memory=False)
@@ -147,7 +148,7 @@ class _HandleBoxes:
                 md = ShardMetadata(shard_offsets=list(offsets), shard_sizes=list(sizes),
                                    placement=f"rank:{global_rank}/{device}")
                 metas.append(md)
-                if local and global_rank == me:
+                if global_rank == me:
                     shards.append(Shard(flat[at:at + math.prod(sizes)].view(sizes), md))
             if not metas:  # a parameter without elements: there is nothing to place
                 continue
@@ -174,15 +175,14 @@ def _device_of(model) -> Callable[[int], str]:
     return lambda rank: str(model.device)
 
 
-def _layout_plans(model, saving: bool) -> tuple[list[tuple[Any, _HandleBoxes]], bool]:
-    """For each handle, the boxes of this rank's shard group; and whether this rank holds local boxes.
-    Saving describes the first replica group (the only one that writes); loading, this rank's own."""
+def _layout_plans(model) -> list[tuple[Any, _HandleBoxes]]:
+    """For each handle, where the boxes of this rank's shard group (its row of the grid) live."""
     size, rank = model.groups.shard_size, dist.get_rank()
-    first = 0 if saving else rank - model.groups.shard_rank
+    first = rank - model.groups.shard_rank
     row = list(range(first, first + size))
     device_of = _device_of(model)
     plans = [(h, _HandleBoxes(h, row, device_of)) for unit in model.units for h in unit.handles]
-    return plans, rank in row
+    return plans
 
 
 def _optimizer_params(model, optimizer, plans):
@@ -203,28 +203,28 @@ def _state_dict(model, optimizer, saving: bool):
     optimizer states that are read piecewise, so their padding stays zero) and just after it (move the
     values that are not views, scalars and objects, into place)."""
     _check_model(model)
-    plans, local = _layout_plans(model, saving)
+    plans = _layout_plans(model)
     sd: dict[str, Any] = {}
     prepare: list[Callable[[], Any]] = []
     finish: list[Callable[[], Any]] = []
     for h, boxes in plans:
-        sd.update(boxes.sharded(h.shard.detach(), local))
+        sd.update(boxes.sharded(h.shard.detach()))
         for info in h.layout.params:
             if info.numel == 0:  # no boxes: a plain empty tensor keeps the key (and its shape) in the file
                 sd[info.names[0]] = torch.empty(tuple(info.shape), dtype=h.shard.dtype, device=h.shard.device)
     persistent = set(model._sd_keys)
     for name, buf in model.module.named_buffers(remove_duplicate=False):
         if name in persistent:
-            sd[name] = buf  # replicated: DCP writes it from rank 0 and loads it in place on every rank
+            sd[name] = buf  # replicated: DCP writes it once and loads it in place on every rank
     if optimizer is None:
         return sd, prepare, finish
 
-    for gi, p, h, boxes in _optimizer_params(model, optimizer, plans):
+    for _, p, h, boxes in _optimizer_params(model, optimizer, plans):
         names = list(boxes.params)
         for key, value in optimizer.state.get(p, {}).items():
             if torch.is_tensor(value) and value.shape == p.shape:
                 prepare.append(value.zero_)
-                sd.update({f"{OPTIM_PREFIX}{n}.{key}": t for n, t in boxes.sharded(value.detach(), local).items()})
+                sd.update({f"{OPTIM_PREFIX}{n}.{key}": t for n, t in boxes.sharded(value.detach()).items()})
             elif torch.is_tensor(value) and value.numel() == 1:
                 # Replicated scalar, one copy per original parameter so that it survives a new unit plan.
                 keys = [f"{OPTIM_PREFIX}{n}.{key}" for n in names]
@@ -290,9 +290,9 @@ def _planner_kwargs() -> dict[str, bool]:
 def save_checkpoint(path: str | os.PathLike, model, optimizer=None, *, overwrite: bool = False) -> None:
     """Write a sharded checkpoint of `model` (and `optimizer`'s state) to the directory `path`.
 
-    Collective: every rank must call it. Each rank writes its own file of pieces (the first replica
-    group only, under the hybrid strategies and NO_SHARD) and rank 0 the metadata that says where every
-    piece of every parameter is. Nothing is gathered: no rank ever holds more than its shards.
+    Collective: every rank must call it. Each rank writes a file of its pieces (replicated pieces once,
+    by one of their replicas) and rank 0 the metadata that says where every piece of every parameter
+    is. Nothing is gathered: no rank ever holds more than its shards.
     An existing checkpoint at `path` is an error unless `overwrite`: writing over it in place, a crash
     halfway would leave neither the old checkpoint nor the new one (PyTorch's future default, too).
     """
@@ -308,7 +308,7 @@ def _check_against_checkpoint(path, sd: dict[str, Any]) -> None:
     model fails with every mismatch named (and the model untouched) rather than with DCP's first one."""
     saved = dcp.FileSystemReader(os.fspath(path)).read_metadata().state_dict_metadata
     missing = [k for k in sd if k not in saved]
-    unexpected = [k for k in saved if not k.startswith(OPTIM_PREFIX) and k not in sd]
+    unexpected = sorted(k for k in saved if not k.startswith(OPTIM_PREFIX) and k not in sd)  # file order varies
     shapes = []
     for key, value in sd.items():
         md = saved.get(key)
@@ -367,7 +367,7 @@ def load_checkpoint(path: str | os.PathLike, model, optimizer=None) -> None:
     """
     _check_against_checkpoint(path, _state_dict(model, None, saving=False)[0])  # the model first: untouched
     if optimizer is not None:
-        _optimizer_params(model, optimizer, _layout_plans(model, saving=False)[0])  # before stepping it
+        _optimizer_params(model, optimizer, _layout_plans(model))  # before stepping it
         _init_optimizer_state(optimizer)
     sd, prepare, finish = _state_dict(model, optimizer, saving=False)
     _check_against_checkpoint(path, sd)

@@ -5,16 +5,24 @@ which renders `inspect.getsource` as a highlighted code block (plain text outsid
 """
 from __future__ import annotations
 
+import ast
 import inspect
 import textwrap
 
 __all__ = ["show_source", "source_of"]
 
 
-def source_of(obj, start: str | None = None, end: str | None = None) -> str:
+def source_of(obj, start: str | None = None, end: str | None = None, header: bool = False) -> str:
     """The source of a function, class or module; with `start`/`end`, only the lines from the first one
-    containing `start` up to (and including) the first later one containing `end`."""
+    containing `start` up to (and including) the first later one containing `end`; with `header`, only
+    the signature and the docstring of a function or class (what it promises, not how)."""
     text = textwrap.dedent(inspect.getsource(obj))
+    if header:
+        node = ast.parse(text).body[0]
+        first = node.body[0]
+        if not (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)):
+            raise ValueError(f"{getattr(obj, '__qualname__', obj)} has no docstring")
+        return "\n".join(text.splitlines()[:first.end_lineno]).rstrip()
     if start is None and end is None:
         return text.rstrip()
     lines = text.splitlines()
@@ -25,9 +33,9 @@ def source_of(obj, start: str | None = None, end: str | None = None) -> str:
     return textwrap.dedent("\n".join(lines[lo:hi + 1])).rstrip()
 
 
-def show_source(obj, start: str | None = None, end: str | None = None) -> None:
-    """Display the (partial) source of `obj` as a Python code block."""
-    code = source_of(obj, start, end)
+def show_source(obj, start: str | None = None, end: str | None = None, header: bool = False) -> None:
+    """Display the (partial) source of `obj` as a Python code block (arguments as in `source_of`)."""
+    code = source_of(obj, start, end, header)
     try:
         from IPython import get_ipython
         from IPython.display import Markdown, display
