@@ -16,9 +16,10 @@ def _label(state: str) -> str:
 
 
 def plot_memory_bars(bars: dict[str, dict[str, float]], title: str | None = None, unit: float = 1e9,
-                     unit_name: str = "GB", states=("params", "grads", "optimizer"), log: bool = False):
+                     unit_name: str | None = None, states=("params", "grads", "optimizer"), log: bool = False):
     """`bars[label][state]` = bytes (e.g. from `estimate_memory(...)` fields or `FSDP.memory_stats()`);
-    one stacked bar per label, each bar's total written above it."""
+    one stacked bar per label, each bar's total written above it. Pass `title` through `tr(en, ru)`."""
+    unit_name = unit_name or tr("GB", "ГБ")
     fig, ax = figure(width=max(5.0, 1.3 * len(bars) + 2.5), height=3.4)
     labels = list(bars)
     bottoms = [0.0] * len(labels)
