@@ -1,0 +1,48 @@
+"""Bytes on the wire in one training step, stacked by collective: DDP's AllReduce beside ZeRO's two halves."""
+from __future__ import annotations
+
+from fsdp_mini.language import tr
+from fsdp_mini.viz import figure
+
+__all__ = ["OP_COLORS", "plot_step_bytes", "sent_by_op"]
+
+OP_COLORS = {"all_reduce": "#8172B3", "reduce_scatter": "#CCB974", "all_gather": "#64B5CD"}
+
+
+def _label(op: str) -> str:
+    return {"all_reduce": "AllReduce", "reduce_scatter": "ReduceScatter", "all_gather": "AllGather"}[op]
+
+
+def sent_by_op(log) -> dict[str, int]:
+    """Bytes this rank sent per collective (`"all_reduce"`, ...) in a `CommLog`, all impls together."""
+    out: dict[str, int] = {}
+    for record in log.records:
+        out[record.op] = out.get(record.op, 0) + record.sent
+    return out
+
+
+def plot_step_bytes(bars: dict[str, dict[str, int]], title: str | None = None, unit: float = 1e3,
+                    unit_name: str = "kB"):
+    """`bars[label][op]` = bytes one rank sent through collective `op` in one step (e.g. `sent_by_op(log)`);
+    one stacked bar per label, AllReduce at the bottom, each bar's total written above it."""
+    unknown = {op for ops in bars.values() for op in ops} - set(OP_COLORS)
+    if unknown:
+        raise ValueError(f"unknown collectives {sorted(unknown)}; expected some of {list(OP_COLORS)}")
+    fig, ax = figure(width=max(5.0, 1.3 * len(bars) + 2.5), height=3.4)
+    labels = list(bars)
+    bottoms = [0.0] * len(labels)
+    for op in OP_COLORS:
+        if not any(op in bars[label] for label in labels):
+            continue
+        heights = [bars[label].get(op, 0) / unit for label in labels]
+        ax.bar(labels, heights, bottom=bottoms, color=OP_COLORS[op], label=_label(op), width=0.6)
+        bottoms = [b + h for b, h in zip(bottoms, heights)]
+    for x, total in enumerate(bottoms):
+        ax.text(x, total, f"{total:.4g}", ha="center", va="bottom", fontsize=9)
+    ax.set_ylabel(tr(f"{unit_name} sent per rank per step", f"{unit_name} отправлено рангом за шаг"))
+    ax.set_ylim(top=max(bottoms + [1e-12]) * 1.18)
+    if title:
+        ax.set_title(title)
+    ax.legend(fontsize=8, frameon=False, loc="upper center", ncol=len(ax.get_legend_handles_labels()[1]))
+    fig.tight_layout()
+    return fig
