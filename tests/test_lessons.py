@@ -87,3 +87,10 @@ def test_notebooks_are_executed_clean_and_have_exercises(lang, name):
     solutions = sum(src(c).count("<details>") for c in nb["cells"] if c["cell_type"] == "markdown")
     assert checks >= 2 and solutions >= 2, f"{checks} exercise checks, {solutions} solutions"
     assert "show_source(" in "".join(src(c) for c in code), "show the library's real source"
+
+
+@pytest.mark.parametrize("readme", ["README.md", "README.ru.md"])
+def test_the_readmes_list_every_lesson_once(readme):
+    text = (LESSONS.parent / readme).read_text(encoding="utf-8")
+    listed = re.findall(r"^\| `(\d\d_[a-z0-9_]+)` \|", text, flags=re.M)
+    assert listed == [n[:-len(".ipynb")] for n in NAMES]
