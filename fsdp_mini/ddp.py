@@ -1,0 +1,259 @@
+"""DDP from scratch: every rank keeps the whole model, trains on its slice of the batch, and averages
+gradients with AllReduce, bucket by bucket, while backward is still running.
+
+    model = DistributedDataParallel(GPT(cfg), bucket_cap_mb=25)   # the name and knob of torch's DDP
+    loss = model(x_local, y_local); loss.backward()                 # p.grad = the global-batch gradient
+    opt.step()
+
+Why averaging is enough: with equal slices, the mean of the ranks' mean-loss gradients is the gradient
+of the mean loss over the whole batch, so every rank takes the step one process would take on the
+global batch, and the replicas stay identical (they start identical: rank 0's weights are broadcast).
+
+Three ideas turn the naive version (`all_reduce_gradients`: one blocking AllReduce per parameter after
+backward) into a fast one, and they are what torch.nn.parallel.DistributedDataParallel does:
+
+  1. buckets   gradients are packed into buckets of at most `bucket_cap_mb` MiB and each bucket is one
+               AllReduce: every collective pays a fixed latency, so fewer, larger messages amortise it
+               (a transformer has many tiny tensors: LayerNorm weights, biases).
+  2. reverse   buckets are filled in reverse registration order, the order in which backward produces
+               gradients (last layers first), so the first buckets are complete early.
+  3. overlap   a hook on each parameter fires when its gradient is accumulated; when a bucket's last
+               gradient arrives, its AllReduce starts (async) and travels while backward computes the
+               gradients of earlier layers. At the end of backward one callback waits for them all.
+
+Buckets are always started in index order, on every rank: collectives must be issued in the same
+order everywhere, and a bucket can complete out of order (an unused parameter, a different graph).
+
+Differences from torch's DDP, for reading its code next: torch makes the first bucket small (1 MiB) by
+default, rebuilds buckets after the first iteration in the order gradients really arrived, copies
+gradients into preallocated bucket buffers in the hook (here the bucket is flattened when it is
+complete), re-broadcasts buffers at every forward (here only at construction), and needs
+`find_unused_parameters=True` for parameters without gradients, which it then leaves at None when no
+rank used them; here every trainable parameter ends a synchronised backward with a gradient (zeros
+if no rank used it). fsdp_mini.FSDP with NO_SHARD does the same job with one bucket per FSDP unit.
+"""
+from __future__ import annotations
+
+import hashlib
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from fsdp_mini import collectives as C
+from fsdp_mini.comm_log import scope
+from fsdp_mini.launch import get_device
+
+__all__ = ["DistributedDataParallel", "Bucket", "plan_buckets", "all_reduce_gradients", "MiB"]
+
+MiB = 1024 * 1024  # torch's DDP counts bucket_cap_mb in MiB as well
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One bucket: the parameters (by name, in the order backward produces their gradients) whose
+    gradients travel together in one AllReduce."""
+
+    index: int
+    names: tuple[str, ...]
+    numels: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def numel(self) -> int:
+        return sum(self.numels)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * torch.empty((), dtype=self.dtype).element_size()
+
+
+def _check_cap(bucket_cap_mb) -> None:
+    if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float)) or not bucket_cap_mb > 0:
+        raise ValueError(f"bucket_cap_mb must be a positive number of MiB, got {bucket_cap_mb!r}")
+
+
+def plan_buckets(module: nn.Module, bucket_cap_mb: float = 25) -> list[Bucket]:
+    """Group `module`'s trainable parameters into buckets of at most `bucket_cap_mb` MiB (pure: no
+    communication, works on the meta device).
+
+    Parameters are taken in *reverse* registration order: backward runs the layers from last to first,
+    so that is roughly the order in which gradients become ready, and bucket 0 fills up first. A tied
+    parameter (embedding = head) counts once, under its first name. A bucket closes when the next
+    parameter would overflow the cap (or has another dtype); a parameter larger than the cap gets a
+    bucket of its own. A tiny cap gives one bucket per parameter, a huge one a single bucket.
+    """
+    _check_cap(bucket_cap_mb)
+    cap = bucket_cap_mb * MiB
+    trainable = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+    buckets: list[Bucket] = []
+    names: list[str] = []
+    numels: list[int] = []
+    size, dtype = 0, None
+    for name, p in reversed(trainable):
+        nbytes = p.numel() * p.element_size()
+        if names and (size + nbytes > cap or p.dtype != dtype):
+            buckets.append(Bucket(len(buckets), tuple(names), tuple(numels), dtype))
+            names, numels, size = [], [], 0
+        names.append(name)
+        numels.append(p.numel())
+        size, dtype = size + nbytes, p.dtype
+    if names:
+        buckets.append(Bucket(len(buckets), tuple(names), tuple(numels), dtype))
+    return buckets
+
+
+def all_reduce_gradients(module: nn.Module, group=None, impl: str = "builtin") -> None:
+    """The naive data-parallel step, for contrast: after backward, average every gradient across the
+    ranks with one blocking AllReduce per parameter. Correct, but it pays one collective's latency per
+    tensor (dozens of tiny messages) and the network idles during all of backward."""
+    C._check_impl(impl)
+    for name, p in module.named_parameters():
+        if p.requires_grad:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            with scope(name):
+                C.all_reduce(p.grad, C.AVG, group=group, impl=impl)
+
+
+class DistributedDataParallel(nn.Module):
+    """Data parallelism with bucketed, overlapped gradient AllReduce (see the module doc).
+
+    `bucket_cap_mb`: the largest bucket, in MiB, as in torch's DDP. `impl`: "builtin"
+    (torch.distributed) or "ring" (fsdp_mini's hand-written ring). `group`: the process group to
+    average over (default: all ranks); its rank 0 broadcasts the initial parameters and buffers.
+    `buckets` lists the plan; `no_sync()` accumulates gradients locally.
+    """
+
+    def __init__(self, module: nn.Module, bucket_cap_mb: float = 25, impl: str = "builtin", group=None):
+        super().__init__()
+        if not isinstance(module, nn.Module):
+            raise ValueError(f"module must be an nn.Module, got {type(module).__name__}")
+        if isinstance(module, DistributedDataParallel):
+            raise ValueError("module is already wrapped in DistributedDataParallel")
+        _check_cap(bucket_cap_mb)
+        C._check_impl(impl)
+        if not dist.is_initialized():
+            raise RuntimeError("DistributedDataParallel needs torch.distributed: run under fsdp_mini.launch "
+                               "or torchrun and call fsdp_mini.init() first")
+        # On this rank's device (cuda:LOCAL_RANK under NCCL), as fsdp_mini.FSDP does; torch's DDP expects
+        # the caller to have moved the module there.
+        self.module = module.to(get_device())
+        self.bucket_cap_mb, self.impl, self.group = bucket_cap_mb, impl, group
+        self.buckets = plan_buckets(module, bucket_cap_mb)
+        by_name = dict(module.named_parameters())
+        self._bucket_params = [[by_name[n] for n in b.names] for b in self.buckets]
+        _check_same_model_everywhere(module, group)
+        _broadcast_from_rank0(module, group)
+        self._sync = True
+        self._reset()
+        for i, params in enumerate(self._bucket_params):
+            for j, p in enumerate(params):
+                p.register_post_accumulate_grad_hook(partial(self._on_grad, i, j))
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    # --- backward: hooks, buckets, the final callback -------------------------------------------------
+
+    def _reset(self) -> None:
+        self._ready = [[False] * len(b.names) for b in self.buckets]
+        self._missing = [len(b.names) for b in self.buckets]
+        self._next = 0  # the next bucket to start: buckets start in index order on every rank
+        self._works: list[tuple[int, torch.Tensor, object]] = []
+        self._callback_queued = False
+
+    def _on_grad(self, i: int, j: int, param: torch.Tensor) -> None:
+        """Hook: parameter j of bucket i has its gradient. Start every bucket that is now complete."""
+        if not self._sync:
+            return
+        if not self._callback_queued:  # the first gradient of this backward
+            self._callback_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
+        if not self._ready[i][j]:
+            self._ready[i][j] = True
+            self._missing[i] -= 1
+        while self._next < len(self.buckets) and self._missing[self._next] == 0:
+            self._start_bucket(self._next)
+            self._next += 1
+
+    def _start_bucket(self, i: int) -> None:
+        """Flatten bucket i's gradients (zeros for a parameter without one) and start averaging them:
+        async, so backward goes on computing while the bucket travels."""
+        params = self._bucket_params[i]
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+        with scope(f"bucket {i}"):
+            work = C.all_reduce(flat, C.AVG, group=self.group, async_op=True, impl=self.impl)
+        self._works.append((i, flat, work))
+
+    def _finish_backward(self) -> None:
+        """End of backward: start the buckets still waiting (a parameter got no gradient), wait for every
+        AllReduce, and copy the averaged gradients back into `p.grad`, so `opt.step()` sees them."""
+        for i in range(self._next, len(self.buckets)):
+            self._start_bucket(i)
+        for i, flat, work in self._works:
+            work.wait()
+            for p, avg in zip(self._bucket_params[i], flat.split(self.buckets[i].numels)):
+                if p.grad is None:
+                    p.grad = avg.view_as(p).clone()
+                else:
+                    p.grad.copy_(avg.view_as(p))
+        self._reset()
+
+    @contextmanager
+    def no_sync(self):
+        """Accumulate gradients locally, without communication (gradient accumulation); the first
+        backward after the block averages everything accumulated."""
+        previous, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = previous
+
+
+def _state_tensors(module: nn.Module) -> list[torch.Tensor]:
+    """Every parameter and buffer once (tied ones once), in registration order."""
+    seen, out = set(), []
+    for t in list(module.parameters()) + list(module.buffers()):
+        if id(t) not in seen:
+            seen.add(id(t))
+            out.append(t)
+    return out
+
+
+def _broadcast_from_rank0(module: nn.Module, group) -> None:
+    """Make every replica start from rank 0's weights: one broadcast per dtype of all parameters and
+    buffers flattened together (few large messages, as torch's DDP does at construction)."""
+    if dist.get_world_size(group) == 1:
+        return
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for t in _state_tensors(module):
+        by_dtype.setdefault(t.dtype, []).append(t)
+    with torch.no_grad():
+        for tensors in by_dtype.values():
+            flat = torch.cat([t.detach().reshape(-1) for t in tensors])
+            dist.broadcast(flat, group=group, group_src=0)
+            for t, value in zip(tensors, flat.split([t.numel() for t in tensors])):
+                t.copy_(value.view_as(t))
+
+
+def _check_same_model_everywhere(module: nn.Module, group) -> None:
+    """Compare a hash of the parameter and buffer names, shapes and dtypes across ranks, so a mismatched
+    model fails here with a clear error instead of hanging or mixing tensors in the first broadcast."""
+    n = dist.get_world_size(group)
+    if n == 1:
+        return
+    parts = [(name, tuple(t.shape), str(t.dtype), t.requires_grad)
+             for name, t in list(module.named_parameters()) + list(module.named_buffers())]
+    digest = int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:7], "big")
+    device = next((t.device for t in _state_tensors(module)), torch.device("cpu"))
+    mine = torch.tensor([digest], dtype=torch.int64, device=device)
+    everyone = torch.empty(n, dtype=torch.int64, device=device)
+    getattr(dist, "all_gather_single", dist.all_gather_into_tensor)(everyone, mine, group=group)
+    differ = [r for r, d in enumerate(everyone.tolist()) if d != everyone[0].item()]
+    if differ:
+        raise ValueError(f"ranks {differ} of the group wrap a different model than its rank 0 "
+                         f"(every rank must build the same DistributedDataParallel)")
