@@ -5,7 +5,7 @@ Floors, bottom up (a module imports only from floors below it):
      time, bytes per rank, how a unit's parameters are flattened, padded and cut into shards
   2. launch, comm_log, collectives, groups -- start ranks, log every collective, ring collectives by
      hand, shard and replica process groups
-  3. flat_param_handle, fsdp, zero, state_dict, checkpoint, pytorch_equivalent -- the engine: gather,
+  3. ddp, flat_param_handle, fsdp, zero, state_dict, checkpoint, pytorch_equivalent -- the engine: gather,
      free, reduce; full and sharded checkpoints; the same strategies in PyTorch, to compare against
   4. models, train, demo -- the small GPT every lesson trains, the shared loop, `python -m fsdp_mini demo`
 
@@ -20,10 +20,11 @@ from fsdp_mini.strategy import ZERO1, ShardingStrategy, as_strategy, sharded_sta
 from fsdp_mini.launch import LaunchError, LaunchTimeout, get_device, init, launch
 from fsdp_mini.fsdp import FSDP
 from fsdp_mini.zero import ZeroRedundancyOptimizer
+from fsdp_mini.ddp import DistributedDataParallel
 from fsdp_mini import models
 
 __all__ = [
-    "FSDP", "ShardingStrategy", "MixedPrecision", "ZeroRedundancyOptimizer",
+    "FSDP", "ShardingStrategy", "MixedPrecision", "ZeroRedundancyOptimizer", "DistributedDataParallel",
     "launch", "init", "get_device", "LaunchError", "LaunchTimeout",
     "CommLog", "CommRecord", "scope",
     "AlphaBeta", "algbw", "bus_factor", "busbw", "fit_alpha_beta", "predict",
