@@ -1,0 +1,114 @@
+"""The flat buffer of a unit, drawn: which parameter occupies which range, where the shards begin and
+end, and the padding at the tail. Deterministic: it draws a `FlatLayout`, nothing measured.
+
+`unit_layouts(model, wrap, n)` gives the layouts that `FSDP(model, wrap=wrap)` would build over `n`
+ranks, without starting any process, by the engine's own planning (which unit owns which parameter).
+"""
+from __future__ import annotations
+
+from fsdp_mini.flat_param import FlatLayout
+from fsdp_mini.language import get_language, tr
+from fsdp_mini.viz import figure
+
+__all__ = ["PARAM_COLORS", "unit_layouts", "describe_pieces", "plot_flat_layout"]
+
+PARAM_COLORS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C",
+                "#CCB974", "#64B5CD", "#1F3A5F", "#7F3C1B", "#2D6A4F", "#8E1B2B", "#4B3A70", "#5A4632")
+PAD_COLOR = "#C44E52"
+
+
+def unit_layouts(model, wrap, n: int) -> dict[str, FlatLayout]:
+    """The flat layouts FSDP builds for `model` wrapped with `wrap` over shard groups of `n` ranks, keyed
+    by the label the engine gives each flat parameter ("root", "blocks.0", "blocks.0 (frozen)", ...),
+    in the engine's order. Pure: no process group needed."""
+    from fsdp_mini.fsdp import _plan_units, _wrap_classes
+
+    plan = _plan_units(model, _wrap_classes(wrap, model))
+    out: dict[str, FlatLayout] = {}
+    for unit_name, _, groups in plan.units:
+        for (requires_grad, dtype), entries in groups.items():
+            label = (unit_name or "root") + ("" if requires_grad else " (frozen)")
+            if label in out:
+                label += f" ({dtype})"
+            out[label] = FlatLayout([e.names for e in entries], [e.param.shape for e in entries], n)
+    return out
+
+
+def describe_pieces(layout: FlatLayout, rank: int) -> list[str]:
+    """Shard `rank`'s pieces as lines: which elements of which parameter, at which offset of the shard."""
+    lo, hi = layout.shard_range(rank)
+    lines = []
+    for p in layout.pieces(rank):
+        whole = "" if p.numel == p.param.numel else tr(f" of {p.param.numel}", f" из {p.param.numel}")
+        lines.append(f"{p.param.names[0]:<26} [{p.start:>5}, {p.end:>5}){whole:<9} -> "
+                     + tr("shard offset", "смещение в шарде") + f" {p.shard_offset}")
+    used = sum(p.numel for p in layout.pieces(rank))
+    if used < hi - lo:
+        lines.append(tr(f"{'padding':<26} {hi - lo - used} elements", f"{'паддинг':<26} элементов: {hi - lo - used}"))
+    return lines
+
+
+def _num(x: int) -> str:
+    """12,345 in English, 12 345 (narrow no-break space) in Russian."""
+    text = f"{x:,}"
+    return text.replace(",", "\u202f") if get_language() == "ru" else text
+
+
+def _without_common_prefix(names: list[str]) -> list[str]:
+    parts = [n.split(".") for n in names]
+    k = 0
+    while all(len(p) > k + 1 and p[k] == parts[0][k] for p in parts):
+        k += 1
+    return [".".join(p[k:]) for p in parts]
+
+
+def plot_flat_layout(layouts, titles=None, names=None, width: float = 9.0):
+    """One row per `FlatLayout` (a list, or one layout): the flat buffer from element 0 to
+    `padded_numel`, each parameter a coloured range, the padding hatched, dashed lines at the shard
+    boundaries and each shard's rank and range written above it. `names`: legend labels per parameter
+    (default: each parameter's first name, without the prefix that all of them share, e.g. "blocks.0.")."""
+    from matplotlib.patches import Patch
+
+    layouts = [layouts] if isinstance(layouts, FlatLayout) else list(layouts)
+    titles = list(titles) if titles is not None else [None] * len(layouts)
+    fig, axes = figure(width=width, height=1.45 * len(layouts) + 0.9, nrows=len(layouts))
+    axes = [axes] if len(layouts) == 1 else list(axes)
+    legend = {}
+    for ax, layout, title in zip(axes, layouts, titles):
+        labels = list(names) if names is not None else _without_common_prefix([p.names[0] for p in layout.params])
+        for i, p in enumerate(layout.params):
+            color = PARAM_COLORS[i % len(PARAM_COLORS)]
+            ax.barh(0, p.numel, left=p.offset, height=0.8, color=color, edgecolor="white", linewidth=0.3)
+            label = labels[i]
+            legend.setdefault(label, color)
+            if p.numel >= layout.padded_numel / 10:
+                ax.text(p.offset + p.numel / 2, 0, label, ha="center", va="center", fontsize=7, color="white")
+        if layout.padding:
+            ax.barh(0, layout.padding, left=layout.numel, height=0.8, facecolor="white", edgecolor=PAD_COLOR,
+                    hatch="////", linewidth=0.8)
+            ax.annotate(tr(f"padding: {layout.padding}", f"паддинг: {layout.padding}"),
+                        (layout.padded_numel, -0.4), xytext=(0, -13), textcoords="offset points", ha="right",
+                        va="top", fontsize=7, color=PAD_COLOR,
+                        arrowprops={"arrowstyle": "->", "color": PAD_COLOR, "linewidth": 0.8})
+        for r in range(layout.n):
+            lo, hi = layout.shard_range(r)
+            if r:
+                ax.axvline(lo, color="black", linestyle="--", linewidth=1)
+            ax.text((lo + hi) / 2, 0.55, tr(f"rank {r}: [{_num(lo)}, {_num(hi)})", f"ранг {r}: [{_num(lo)}; {_num(hi)})"),
+                    ha="center", va="bottom", fontsize=7)
+        ax.set_xlim(0, layout.padded_numel)
+        ax.set_ylim(-0.6, 1.0)
+        ax.set_yticks([])
+        for side in ("left", "right", "top"):
+            ax.spines[side].set_visible(False)
+        ax.set_title(title if title is not None else
+                     tr(f"{_num(layout.numel)} elements over {layout.n} shards of {_num(layout.shard_numel)}",
+                        f"элементов: {_num(layout.numel)}; шардов: {layout.n}, по {_num(layout.shard_numel)} в каждом"),
+                     fontsize=9, loc="left")
+        ax.tick_params(axis="x", labelsize=7)
+    axes[-1].set_xlabel(tr("element of the flat buffer", "элемент плоского буфера"))
+    handles = [Patch(color=c, label=n) for n, c in legend.items()]
+    handles.append(Patch(facecolor="white", edgecolor=PAD_COLOR, hatch="////", label=tr("padding", "паддинг")))
+    axes[0].legend(handles=handles, fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.15))
+    fig.tight_layout()
+    return fig
