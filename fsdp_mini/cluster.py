@@ -1,0 +1,243 @@
+"""A two-level network on paper: fast links inside a node, slower ones between nodes.
+
+`fsdp_mini.cost` prices a collective on one kind of link. A real cluster has two: GPUs of one node talk
+over NVLink (hundreds of GB/s each), GPUs of different nodes over network cards (400 Gb/s = 50 GB/s per
+GPU on DGX-class machines). Which strategy wins depends on which collective runs over which link, so
+this module prices every collective of one training step on such a cluster:
+
+    cluster = Cluster(nodes=8, gpus_per_node=8, intra_bandwidth=300e9, inter_bandwidth=50e9,
+                      alpha_intra=5e-6, alpha_inter=20e-6)
+    step_communication(cluster, "HYBRID_SHARD", 7e9).seconds
+
+The model, and why each piece is what it is:
+
+* Ranks are numbered node by node (ranks 0..g-1 on node 0, as torchrun numbers them), so the grid of
+  `fsdp_mini.groups.grid` applies: shard groups are rows of `shard_size` consecutive ranks, replica
+  groups are columns.
+* A ring moves in lockstep: each of its steps ends when the slowest of its links has delivered its
+  chunk. So a collective over a group whose ranks all live on one node runs at `intra_bandwidth` and
+  `alpha_intra`, and one over a group that spans nodes runs entirely at `inter_bandwidth` and
+  `alpha_inter`, even though most of its links are NVLink. Its time is `fsdp_mini.cost`'s ring formula
+  with that link's alpha and bandwidth.
+* Groups of the same kind (all shard groups, all replica groups) run at the same time, each GPU on its
+  own links; the bandwidths are per GPU (one NIC per GPU). With one NIC shared by a node's g GPUs,
+  divide `inter_bandwidth` by g.
+* Per step and unit (P = the unit's flat parameter, padded to a multiple of the shard group size n as
+  fsdp_mini pads it; r = number of replicas), exactly `fsdp_mini.fsdp`'s schedule:
+
+      FULL_SHARD, HYBRID_SHARD      2 AllGather(P) + ReduceScatter(P)   [+ AllReduce(P/n) across r]
+      SHARD_GRAD_OP, _HYBRID_ZERO2  1 AllGather(P) + ReduceScatter(P)   [+ AllReduce(P/n) across r]
+      NO_SHARD                      AllReduce(P) across all ranks
+
+  FULL_SHARD shards over the whole world, so its shard group spans nodes and every AllGather and
+  ReduceScatter crosses the network. HYBRID_SHARD shards inside a node (default `shard_size` =
+  `gpus_per_node`), so AllGather and ReduceScatter stay on NVLink and only the AllReduce of a
+  1/gpus_per_node gradient shard crosses nodes. NO_SHARD (DDP) AllReduces every gradient across nodes.
+
+What it ignores: overlap (FSDP prefetches the next AllGather during compute, so a step waits for
+max(compute, communication), not their sum; `seconds` here is the communication a step has to hide),
+NCCL's hierarchical and tree algorithms for multi-node all-reduce, several rings per collective
+(channels), congestion in the network, and the time to compute reductions. Use it to compare strategies
+on one cluster and to see which link each one stresses; measure before quoting absolute times.
+
+Bytes sent per rank use `fsdp_mini.comm_log.ring_model_sent`, the ring model CommLog applies to the
+builtin collectives, so a prediction for the small GPT matches a CommLog of a real run byte for byte.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from fsdp_mini.comm_log import ring_model_sent
+from fsdp_mini.cost import predict
+from fsdp_mini.groups import grid, shard_size_for
+from fsdp_mini.strategy import ShardingStrategy, StrategyLike, as_strategy, is_hybrid
+
+__all__ = ["Cluster", "Collective", "StepComm", "step_communication", "compare_strategies"]
+
+_GATHERS = {ShardingStrategy.FULL_SHARD: 2, ShardingStrategy.HYBRID_SHARD: 2,
+            ShardingStrategy.SHARD_GRAD_OP: 1, ShardingStrategy._HYBRID_SHARD_ZERO2: 1,
+            ShardingStrategy.NO_SHARD: 0}
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """`nodes` machines of `gpus_per_node` GPUs. Bandwidths in bytes/s per GPU (NVLink inside a node,
+    the network between nodes), latencies `alpha_*` in seconds per message."""
+
+    nodes: int
+    gpus_per_node: int
+    intra_bandwidth: float
+    inter_bandwidth: float
+    alpha_intra: float
+    alpha_inter: float
+
+    def __post_init__(self) -> None:
+        for name in ("nodes", "gpus_per_node"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        for name in ("intra_bandwidth", "inter_bandwidth"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0 bytes/s, got {getattr(self, name)!r}")
+        for name in ("alpha_intra", "alpha_inter"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0 seconds, got {getattr(self, name)!r}")
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def node_of(self, rank: int) -> int:
+        """The node that global rank `rank` runs on (ranks are numbered node by node)."""
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} is outside a world of {self.world_size}")
+        return rank // self.gpus_per_node
+
+    def spans_nodes(self, ranks: Iterable[int]) -> bool:
+        """True when the ranks do not all live on one node: their ring must cross the network."""
+        return len({self.node_of(r) for r in ranks}) > 1
+
+    def link(self, crosses_nodes: bool) -> tuple[float, float]:
+        """(alpha, bandwidth) of a ring over a group that does or does not span nodes: its slowest link."""
+        if crosses_nodes:
+            return self.alpha_inter, self.inter_bandwidth
+        return self.alpha_intra, self.intra_bandwidth
+
+
+@dataclass(frozen=True)
+class Collective:
+    """`count` identical collectives of one step: `op` over groups of `group_size` ranks on `nbytes`
+    (S, the full tensor, as in CommLog), whether their groups cross nodes, and per call the predicted
+    `seconds` and the bytes `sent` by one rank."""
+
+    op: str
+    nbytes: int
+    group_size: int
+    count: int
+    crosses_nodes: bool
+    seconds: float
+    sent: int
+
+    @property
+    def total_seconds(self) -> float:
+        return self.count * self.seconds
+
+    @property
+    def total_sent(self) -> int:
+        return self.count * self.sent
+
+
+@dataclass(frozen=True)
+class StepComm:
+    """Every collective of one training step of `strategy`, and their sums: time and bytes per rank,
+    split by whether the group stays in a node (`intra`) or crosses nodes (`inter`)."""
+
+    strategy: str
+    shard_size: int
+    replicas: int
+    collectives: tuple[Collective, ...]
+
+    def _sum(self, attr: str, crosses: bool | None):
+        return sum(getattr(c, attr) for c in self.collectives if crosses is None or c.crosses_nodes == crosses)
+
+    @property
+    def seconds(self) -> float:
+        """Predicted communication time of the step, collectives one after another (no overlap)."""
+        return self._sum("total_seconds", None)
+
+    @property
+    def intra_seconds(self) -> float:
+        return self._sum("total_seconds", False)
+
+    @property
+    def inter_seconds(self) -> float:
+        return self._sum("total_seconds", True)
+
+    @property
+    def sent(self) -> int:
+        """Bytes one rank sends per step."""
+        return self._sum("total_sent", None)
+
+    @property
+    def sent_intra(self) -> int:
+        """Bytes one rank sends in collectives whose groups stay inside a node."""
+        return self._sum("total_sent", False)
+
+    @property
+    def sent_inter(self) -> int:
+        """Bytes one rank sends in collectives whose groups span nodes: all of them wait on the network."""
+        return self._sum("total_sent", True)
+
+
+def _unit_sizes(num_params, units: int) -> list[int]:
+    if isinstance(num_params, (int, float)) and not isinstance(num_params, bool):
+        if isinstance(num_params, float):
+            if not num_params.is_integer():
+                raise ValueError(f"num_params must be an integer, got {num_params!r}")
+            num_params = int(num_params)
+        if num_params < 1:
+            raise ValueError(f"num_params must be >= 1, got {num_params}")
+        if isinstance(units, bool) or not isinstance(units, int) or not 1 <= units <= num_params:
+            raise ValueError(f"units must be an integer in [1, num_params], got {units!r}")
+        base, extra = divmod(num_params, units)
+        return [base + (1 if i < extra else 0) for i in range(units)]
+    sizes = list(num_params)
+    if units != 1:
+        raise ValueError("pass either a list of unit sizes or units=, not both")
+    if not sizes or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes):
+        raise ValueError(f"unit sizes must be integers >= 1, got {sizes!r}")
+    return sizes
+
+
+def step_communication(cluster: Cluster, strategy: StrategyLike, num_params: int | float | Sequence[int], *,
+                       units: int = 1, shard_size: int | None = None, param_bytes: int = 2, grad_bytes: int = 2,
+                       root_stays_gathered: bool = False) -> StepComm:
+    """Predicted collectives of one training step of `strategy` on `cluster`.
+
+    `num_params`: the whole model's parameter count, cut into `units` equal FSDP units, or a list of
+    each unit's parameter count. `param_bytes` is the element size parameters are gathered in (2 for
+    bf16), `grad_bytes` the one gradients are reduced in. `shard_size` (hybrid strategies only)
+    defaults to `gpus_per_node`: one node per shard group. `root_stays_gathered`: the first unit is the
+    root, which fsdp_mini and FSDP2 keep gathered from forward to backward, so it gathers once.
+    """
+    strategy = as_strategy(strategy)
+    world = cluster.world_size
+    if is_hybrid(strategy) and shard_size is None:
+        shard_size = cluster.gpus_per_node
+    n = shard_size_for(strategy, world, shard_size)
+    replicas = world // n
+    rows, cols = grid(world, n)
+    shard_crosses = any(cluster.spans_nodes(row) for row in rows)
+    replica_crosses = any(cluster.spans_nodes(col) for col in cols)
+
+    calls: Counter = Counter()
+    for i, numel in enumerate(_unit_sizes(num_params, units)):
+        padded = math.ceil(numel / n) * n  # fsdp_mini's flat layout: equal shards
+        gathers = _GATHERS[strategy]
+        if root_stays_gathered and i == 0:
+            gathers = min(gathers, 1)
+        if n > 1:
+            calls[("all_gather", padded, param_bytes, n, shard_crosses)] += gathers
+            calls[("reduce_scatter", padded, grad_bytes, n, shard_crosses)] += 1
+        if replicas > 1:
+            calls[("all_reduce", padded // n, grad_bytes, replicas, replica_crosses)] += 1
+
+    collectives = []
+    for (op, numel, size, group, crosses), count in sorted(calls.items()):
+        if count == 0:
+            continue
+        alpha, bandwidth = cluster.link(crosses)
+        nbytes = numel * size
+        collectives.append(Collective(op=op, nbytes=nbytes, group_size=group, count=count, crosses_nodes=crosses,
+                                      seconds=predict(op, nbytes, group, alpha, bandwidth),
+                                      sent=ring_model_sent(op, numel, size, group)))
+    return StepComm(strategy=strategy.name, shard_size=n, replicas=replicas, collectives=tuple(collectives))
+
+
+def compare_strategies(cluster: Cluster, num_params, strategies=("NO_SHARD", "FULL_SHARD", "HYBRID_SHARD"),
+                       **kwargs) -> dict[str, StepComm]:
+    """`step_communication` for each strategy (same model, same cluster), keyed by strategy name."""
+    return {as_strategy(s).name: step_communication(cluster, s, num_params, **kwargs) for s in strategies}

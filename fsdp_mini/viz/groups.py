@@ -1,0 +1,217 @@
+"""Who holds what, and what crosses nodes: the grid of shard and replica groups, how one unit's elements
+are split over ranks (fsdp_mini's flat buffer vs FSDP2's per-parameter dim-0 shards), and the bytes and
+predicted time of one step inside and across nodes (from `fsdp_mini.cluster`).
+
+Everything is computed from plain numbers (world size, shard size, shapes), so the pictures are the
+same on every run; a rank keeps its colour `rank_color(r)` as in every other plot of the course.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping, Sequence
+
+from fsdp_mini.groups import grid
+from fsdp_mini.language import tr
+from fsdp_mini.viz import figure, rank_color
+
+__all__ = ["LINK_COLORS", "plot_grid", "shard_segments", "plot_shard_layouts", "plot_step_comm", "plot_shard_size_sweep"]
+
+LINK_COLORS = {"intra": "#4C72B0", "inter": "#C44E52"}
+_PAD_COLOR = "#D9D9D9"
+
+
+def plot_grid(world_size: int, shard_size: int, gpus_per_node: int | None = None, title: str | None = None):
+    """The ranks as a grid of `world_size // shard_size` rows and `shard_size` columns, each rank in its
+    colour with the shard it holds: a row is a shard group (AllGather, ReduceScatter), a column a
+    replica group (AllReduce of one gradient shard); dashed boxes are nodes of `gpus_per_node` ranks."""
+    from matplotlib.patches import FancyBboxPatch, Rectangle
+
+    rows, cols = grid(world_size, shard_size)
+    nrows, ncols = len(rows), len(cols)
+    fig, ax = figure(width=1.1 * (ncols + 3.1) + 0.2, height=1.1 * (nrows + 0.75) + 0.45)
+    for i, row in enumerate(rows):
+        y = nrows - 1 - i
+        ax.add_patch(FancyBboxPatch((-0.42, y - 0.40), ncols - 0.16, 0.80, boxstyle="round,pad=0.02,rounding_size=0.15",
+                                    facecolor="#EEF1F6", edgecolor="#9AA7BD", linewidth=1.0, zorder=0))
+        ax.text(-0.55, y, tr(f"shard group {i}\n{row}", f"группа шардирования {i}\n{row}"), ha="right",
+                va="center", fontsize=8.5)
+        for j, rank in enumerate(row):
+            ax.add_patch(Rectangle((j - 0.32, y - 0.32), 0.64, 0.64, facecolor=rank_color(rank), edgecolor="white",
+                                   linewidth=1.5, zorder=2))
+            ax.text(j, y + 0.07, tr(f"rank {rank}", f"ранг {rank}"), ha="center", va="center", fontsize=8.5,
+                    color="white", fontweight="bold", zorder=3)
+            ax.text(j, y - 0.16, tr(f"shard {j}", f"шард {j}"), ha="center", va="center", fontsize=7.5,
+                    color="white", zorder=3)
+    for j, col in enumerate(cols):
+        if nrows > 1:
+            ax.plot([j, j], [0, nrows - 1], color="#444444", linewidth=3.0, solid_capstyle="butt", zorder=1)
+        ax.text(j, -0.62, tr(f"replica group\n{col}", f"группа реплик\n{col}"), ha="center", va="top", fontsize=8)
+    if gpus_per_node:
+        for node in range(world_size // gpus_per_node):
+            ranks = range(node * gpus_per_node, (node + 1) * gpus_per_node)
+            cells = [(r % shard_size, nrows - 1 - r // shard_size) for r in ranks]
+            x0, x1 = min(c[0] for c in cells), max(c[0] for c in cells)
+            y0, y1 = min(c[1] for c in cells), max(c[1] for c in cells)
+            ax.add_patch(Rectangle((x0 - 0.47, y0 - 0.45), x1 - x0 + 0.94, y1 - y0 + 0.90, facecolor="none",
+                                   edgecolor="black", linewidth=1.1, linestyle="--", zorder=4))
+            ax.text(x1 + 0.55, (y0 + y1) / 2, tr(f"node {node}", f"узел {node}"), ha="left", va="center",
+                    fontsize=8.5)
+    ax.set_xlim(-2.8, ncols + (0.3 if gpus_per_node else -0.35))
+    ax.set_ylim(-1.2, nrows - 0.45)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ax.set_title(title or tr(f"world_size {world_size}, shard_size {shard_size}: rows gather and scatter, "
+                             f"columns all-reduce",
+                             f"world_size {world_size}, shard_size {shard_size}: строки — AllGather и "
+                             f"ReduceScatter, столбцы — AllReduce"), fontsize=9.5)
+    fig.tight_layout()
+    return fig
+
+
+def shard_segments(shapes: Sequence[Sequence[int]], n: int, layout: str) -> list[tuple[int, int, int | None]]:
+    """How one unit's elements (its parameters of `shapes`, concatenated in order) are split over `n`
+    ranks, as (start, end, rank) runs; rank None is padding.
+
+    layout "flat": fsdp_mini's flat buffer, padded to a multiple of n and cut into n equal pieces, which
+    may start and end inside a parameter. layout "dim0": FSDP2's, each parameter cut on its first
+    dimension into chunks of ceil(rows / n) rows (`torch.chunk`), so every parameter is split, the last
+    ranks may get fewer rows or none. Only the real elements are listed for dim0 (FSDP2 pads each local
+    shard to the chunk size when it gathers, which this picture does not show).
+    """
+    if layout not in ("flat", "dim0"):
+        raise ValueError(f"layout must be 'flat' or 'dim0', got {layout!r}")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be an integer >= 1, got {n!r}")
+    numels = [math.prod(s) for s in shapes]
+    total = sum(numels)
+    if layout == "flat":
+        per = -(-total // n)
+        out = [(r * per, min((r + 1) * per, total), r) for r in range(n) if r * per < total]
+        if per * n > total:
+            out.append((total, per * n, None))
+        return out
+    out, offset = [], 0
+    for shape, numel in zip(shapes, numels):
+        rows = shape[0] if len(shape) else 1
+        inner = numel // rows if rows else 0
+        chunk = -(-rows // n)
+        for r in range(n):
+            lo, hi = r * chunk, min((r + 1) * chunk, rows)
+            if lo < hi:
+                out.append((offset + lo * inner, offset + hi * inner, r))
+        offset += numel
+    return out
+
+
+def plot_shard_layouts(params: Sequence[tuple[str, Sequence[int]]], n: int, title: str | None = None):
+    """One unit's elements as a bar, once per layout: fsdp_mini's flat buffer (top) and FSDP2's dim-0
+    shards (bottom), each run in the colour of the rank that holds it; thin lines mark where each of
+    `params` (name, shape) begins, and the larger ones are named below."""
+    from matplotlib.patches import Rectangle
+
+    names = [name for name, _ in params]
+    shapes = [tuple(shape) for _, shape in params]
+    numels = [math.prod(s) for s in shapes]
+    total = sum(numels)
+    flat = shard_segments(shapes, n, "flat")
+    padded = flat[-1][1]
+    fig, ax = figure(width=9.0, height=2.9)
+    rows = [(1.25, flat, tr("fsdp_mini: one flat buffer,\nn equal pieces", "fsdp_mini: один плоский буфер,\nn равных кусков")),
+            (0.0, shard_segments(shapes, n, "dim0"),
+             tr("FSDP2: every parameter\ncut on dim 0", "FSDP2: каждый параметр\nрезан по dim 0"))]
+    for y, segments, label in rows:
+        for start, end, rank in segments:
+            ax.add_patch(Rectangle((start, y), end - start, 0.8, facecolor=_PAD_COLOR if rank is None else rank_color(rank),
+                                   edgecolor="none", hatch="///" if rank is None else None))
+        ax.text(-0.01 * padded, y + 0.4, label, ha="right", va="center", fontsize=8.5)
+    offset = 0
+    for name, numel in zip(names, numels):
+        for y in (1.25, 0.0):
+            ax.plot([offset, offset], [y, y + 0.8], color="black", linewidth=0.7)
+        if numel >= 0.05 * total:
+            ax.text(offset + numel / 2, -0.12, name, ha="center", va="top", fontsize=7.5, rotation=0)
+        offset += numel
+    for y in (1.25, 0.0):
+        ax.plot([total, total], [y, y + 0.8], color="black", linewidth=0.7)
+    handles = [Rectangle((0, 0), 1, 1, facecolor=rank_color(r)) for r in range(n)]
+    labels = [tr(f"rank {r}", f"ранг {r}") for r in range(n)]
+    if padded > total:
+        handles.append(Rectangle((0, 0), 1, 1, facecolor=_PAD_COLOR, hatch="///"))
+        labels.append(tr("padding", "паддинг"))
+    ax.legend(handles, labels, fontsize=8, frameon=False, ncol=len(labels), loc="upper center",
+              bbox_to_anchor=(0.5, 1.16))
+    ax.set_xlim(0, padded * 1.005)
+    ax.set_ylim(-0.55, 2.2)
+    ax.set_yticks([])
+    ax.set_xlabel(tr(f"element of the unit ({total} parameters)", f"элемент юнита ({total} параметров)"),
+                  fontsize=9)
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
+    if title:
+        ax.set_title(title, fontsize=10, pad=24)
+    fig.tight_layout()
+    return fig
+
+
+def plot_step_comm(steps: Mapping[str, object], unit: float = 1e9, title: str | None = None):
+    """Two panels per strategy: bytes one rank sends per step and predicted seconds per step, each bar
+    split into collectives inside a node and across nodes. `steps[label]` has `sent_intra`,
+    `sent_inter`, `intra_seconds`, `inter_seconds` (a `fsdp_mini.cluster.StepComm`)."""
+    labels = list(steps)
+    fig, axes = figure(width=max(8.0, 2.2 * len(labels) + 3.5), height=3.5, ncols=2)
+    panels = ((axes[0], "sent_intra", "sent_inter", unit, tr("GB sent per rank per step", "ГБ на ранг за шаг"), "{:.3g}"),
+              (axes[1], "intra_seconds", "inter_seconds", 1.0,
+               tr("predicted communication, s per step", "предсказанное время связи, с за шаг"), "{:.3g}"))
+    for ax, intra_attr, inter_attr, scale, ylabel, fmt in panels:
+        intra = [getattr(steps[k], intra_attr) / scale for k in labels]
+        inter = [getattr(steps[k], inter_attr) / scale for k in labels]
+        ax.bar(labels, intra, color=LINK_COLORS["intra"], width=0.6, label=tr("inside a node", "внутри узла"))
+        ax.bar(labels, inter, bottom=intra, color=LINK_COLORS["inter"], width=0.6,
+               label=tr("across nodes", "между узлами"))
+        tops = [a + b for a, b in zip(intra, inter)]
+        for x, top in enumerate(tops):
+            ax.text(x, top, fmt.format(top), ha="center", va="bottom", fontsize=9)
+        ax.set_ylim(0, max(tops) * 1.18)
+        ax.set_ylabel(ylabel, fontsize=9)
+        ax.tick_params(axis="x", labelsize=8.5)
+        for side in ("top", "right"):
+            ax.spines[side].set_visible(False)
+    axes[0].legend(fontsize=8, frameon=False, loc="upper left")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_shard_size_sweep(sizes: Sequence[int], memory: Sequence[float], steps: Sequence[object],
+                          gpus_per_node: int, unit: float = 1e9):
+    """Memory and predicted communication against the shard group size: `memory[i]` bytes per rank
+    (e.g. `estimate_memory(...).total`) and `steps[i]` (a `fsdp_mini.cluster.StepComm`) for shard_size
+    `sizes[i]`; a dotted line marks one node. Shard size 1 is DDP, the whole world is FULL_SHARD."""
+    fig, (left, right) = figure(width=9.0, height=3.4, ncols=2)
+    left.plot(sizes, [m / unit for m in memory], "o-", color="#55A868")
+    for x, m in zip(sizes, memory):
+        left.text(x, m / unit * 1.15, f"{m / unit:.3g}", ha="center", va="bottom", fontsize=8)
+    left.set_yscale("log")
+    left.set_ylim(min(memory) / unit / 1.6, max(memory) / unit * 2.5)
+    left.set_ylabel(tr("model states, GB per rank", "состояния модели, ГБ на ранг"), fontsize=9)
+    intra = [s.intra_seconds for s in steps]
+    inter = [s.inter_seconds for s in steps]
+    width = [0.55 * x for x in sizes]  # equal widths on a log axis
+    right.bar(sizes, intra, width=width, color=LINK_COLORS["intra"], label=tr("inside a node", "внутри узла"))
+    right.bar(sizes, inter, width=width, bottom=intra, color=LINK_COLORS["inter"],
+              label=tr("across nodes", "между узлами"))
+    right.set_ylabel(tr("predicted communication, s per step", "предсказанное время связи, с за шаг"), fontsize=9)
+    right.set_ylim(0, max(a + b for a, b in zip(intra, inter)) * 1.2)
+    right.legend(fontsize=8, frameon=False, loc="upper left")
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(list(sizes))
+        ax.set_xticklabels([str(x) for x in sizes])
+        ax.set_xlabel("shard_size", fontsize=9)
+        ax.axvline(gpus_per_node, color="black", linestyle=":", linewidth=1)
+        ax.text(gpus_per_node * 1.08, ax.get_ylim()[1], tr("one node", "один узел"), fontsize=8, va="top")
+        for side in ("top", "right"):
+            ax.spines[side].set_visible(False)
+    fig.tight_layout()
+    return fig

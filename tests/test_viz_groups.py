@@ -1,0 +1,78 @@
+"""Pictures of groups and layouts: the grid of shard and replica groups, who holds which element of a
+unit under fsdp_mini and FSDP2, and one step's bytes and time inside and across nodes."""
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pytest  # noqa: E402
+
+from fsdp_mini import estimate_memory  # noqa: E402
+from fsdp_mini.cluster import Cluster, compare_strategies, step_communication  # noqa: E402
+from fsdp_mini.language import set_language  # noqa: E402
+from fsdp_mini.viz import rank_color  # noqa: E402
+from fsdp_mini.viz.groups import (plot_grid, plot_shard_layouts, plot_shard_size_sweep, plot_step_comm,  # noqa: E402
+                                  shard_segments)
+
+
+@pytest.fixture
+def russian_then_english():
+    yield
+    set_language("en")
+
+
+def test_grid_draws_every_rank_in_its_colour_and_names_the_groups(russian_then_english):
+    for lang, shard, replica, node in (("en", "shard group 1", "replica group", "node 1"),
+                                       ("ru", "группа шардирования 1", "группа реплик", "узел 1")):
+        set_language(lang)
+        ax = plot_grid(4, 2, gpus_per_node=2).axes[0]
+        texts = [t.get_text() for t in ax.texts]
+        assert any(t.startswith(shard) and "[2, 3]" in t for t in texts)
+        assert sum(t.startswith(replica) for t in texts) == 2 and any("[1, 3]" in t for t in texts)
+        assert node in texts
+        squares = [p for p in ax.patches if type(p).__name__ == "Rectangle" and p.get_width() < 0.7]
+        colours = sorted(matplotlib.colors.to_hex(p.get_facecolor()) for p in squares)
+        assert colours == sorted(rank_color(r).lower() for r in range(4))
+    assert len([t for t in plot_grid(8, 4).axes[0].texts if "[1, 5]" in t.get_text()]) == 1  # columns
+
+
+def test_segments_flat_pieces_cross_parameters_dim0_chunks_split_each_one():
+    shapes = [(5, 2), (3,)]  # 13 elements
+    assert shard_segments(shapes, 2, "flat") == [(0, 7, 0), (7, 13, 1), (13, 14, None)]
+    # dim 0: rows [0, 3) and [3, 5) of the first, elements [0, 2) and [2, 3) of the second
+    assert shard_segments(shapes, 2, "dim0") == [(0, 6, 0), (6, 10, 1), (10, 12, 0), (12, 13, 1)]
+    # torch.chunk: 2 rows over 4 ranks leave ranks 2 and 3 without any
+    assert shard_segments([(2, 3)], 4, "dim0") == [(0, 3, 0), (3, 6, 1)]
+    with pytest.raises(ValueError):
+        shard_segments(shapes, 2, "rows")
+
+
+def test_layout_plot_has_both_rows_and_a_padding_entry(russian_then_english):
+    set_language("ru")
+    ax = plot_shard_layouts([("w", (5, 2)), ("b", (3,))], 2).axes[0]
+    assert len(ax.patches) == 3 + 4
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["ранг 0", "ранг 1", "паддинг"]
+
+
+def test_step_comm_bars_stack_inside_and_across_nodes(russian_then_english):
+    steps = compare_strategies(Cluster(8, 8, 300e9, 50e9, 5e-6, 20e-6), 7e9)
+    for lang, legend in (("en", ["inside a node", "across nodes"]), ("ru", ["внутри узла", "между узлами"])):
+        set_language(lang)
+        fig = plot_step_comm(steps)
+        left, right = fig.axes
+        assert [t.get_text() for t in left.get_legend().get_texts()] == legend
+        assert len(left.patches) == len(right.patches) == 2 * 3
+        assert [t.get_text() for t in left.texts] == [f"{s.sent / 1e9:.3g}" for s in steps.values()]
+        assert [t.get_text() for t in right.texts] == [f"{s.seconds:.3g}" for s in steps.values()]
+
+
+def test_shard_size_sweep_shows_memory_and_stacked_time_per_size(russian_then_english):
+    sizes = (1, 2, 4, 8, 16)
+    cluster = Cluster(2, 8, 300e9, 50e9, 5e-6, 20e-6)
+    memory = [estimate_memory(7e9, 16, "HYBRID_SHARD", shard_size=s).total for s in sizes]
+    steps = [step_communication(cluster, "HYBRID_SHARD", 7e9, shard_size=s) for s in sizes]
+    set_language("ru")
+    left, right = plot_shard_size_sweep(sizes, memory, steps, gpus_per_node=8).axes
+    assert [t.get_text() for t in left.texts][:5] == ["112", "56", "28", "14", "7"]
+    assert "один узел" in [t.get_text() for t in left.texts]
+    assert len(right.patches) == 2 * len(sizes)
+    assert [t.get_text() for t in right.get_xticklabels()] == [str(s) for s in sizes]
