@@ -1,19 +1,22 @@
 # The two commands of this project: `make demo` and `make test`. Each sets everything up first.
+# `make site` serves the course site at http://127.0.0.1:8000 (English; Russian at /ru/).
 VENV   ?= .venv
 PYTHON ?= python3
 # A CPU build, installed before the project so that pip does not pull a multi-GB CUDA build.
 # On a GPU machine: make TORCH=torch setup
 TORCH  ?= torch==2.13.0
 PY      = $(VENV)/bin/python
+# mkdocs-material's notice about its end of life, printed at every build: known, silenced
+export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: setup demo test bench
+.PHONY: setup demo test bench site
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH)"
-	$(PY) -m pip install --quiet -e ".[test,notebooks]"
+	$(PY) -m pip install --quiet -e ".[test,notebooks,docs]"
 	touch $@
 
 demo: setup
@@ -24,3 +27,6 @@ test: setup
 
 bench: setup
 	OMP_NUM_THREADS=1 $(PY) -m fsdp_mini bench-collectives --world-size 2
+
+site: setup
+	$(PY) -m mkdocs serve --dev-addr 127.0.0.1:8000

@@ -1,0 +1,230 @@
+"""MkDocs hooks of the course site (mkdocs.yml: `hooks:`). Each one closes a known gap.
+
+1. Notebooks are documentation pages (mkdocs-static-i18n issue 198). mkdocs-jupyter marks `.ipynb`
+   files as pages by wrapping their `File` objects, but mkdocs-static-i18n then re-creates every file
+   as a plain `File`, and MkDocs counts only Markdown as pages: the notebooks would be copied as raw
+   JSON, with no twin for the language switch. Teaching `File` that `.ipynb` is a page lets i18n
+   treat the notebooks like Markdown pages (twins, alternates, fallback) and mkdocs-jupyter render
+   them.
+2. One anchor per notebook heading, in any language. mkdocs-jupyter slugs headings to ASCII (a
+   Russian heading gets an empty id), and builds the table of contents from a copy of the markdown
+   with all inline code removed, so a heading like "Point to point: `send` and `recv`" got a TOC
+   entry "Point to point:  and" pointing nowhere. Here the TOC comes from the markdown cells as they
+   are, and headings and TOC entries share one slug function (`pymdownx.slugs`, as the Markdown pages
+   use) and one de-duplication.
+3. No CDN. nbconvert's template puts a MathJax 2 `<script src>` from a CDN and a Mermaid loader on
+   every notebook page; both are removed: the site's own MathJax (4.) typesets the notebooks too.
+4. MathJax is served from the site: `on_post_build` copies MathJax 3 (the `django-static-mathjax`
+   package, a plain copy of MathJax's npm release, pinned in pyproject's `docs` extra) and
+   mathjax-config.js beside this file to `assets/mathjax/`, which mkdocs.yml's `extra_javascript`
+   loads. (Not through a theme `custom_dir` inside lessons/: mkdocs-static-i18n would take its files
+   for documents and look for them in the wrong folder.)
+5. The notebook cache survives two languages. mkdocs-jupyter caches each converted notebook (in
+   build/mkdocs-jupyter) and, after a build, deletes what that build did not use; mkdocs-static-i18n
+   builds once per language, so each language deleted the other's and nothing was ever reused. Now
+   only the last language's build evicts, keeping what any language used; and a cache entry's key
+   also covers this file and the converter's versions, so a change to either converts again.
+6. No sitemap requests from every page. mkdocs-material's script fetches `sitemap.xml` next to each
+   `<link rel="alternate" hreflang>` of a page's head, expecting language roots; with the switch
+   landing on the twin page (what i18n puts there) that is a 404 for every page and language. The
+   head links are dropped: the header's language switch keeps its links to the twins, and the
+   site's sitemap.xml lists each page's alternates for search engines. The 404 page, built by
+   every language into the same file, is kept in English, its language switch to the home pages.
+7. The API reference covers every module: a page containing `<!-- fsdp_mini modules -->` gets one
+   mkdocstrings block per module of `fsdp_mini` found on disk, so a new module cannot be left out.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import re
+import shutil
+from copy import deepcopy
+from importlib import metadata
+from pathlib import Path
+from xml.etree.ElementTree import Element
+
+from mkdocs.exceptions import PluginError
+from mkdocs.plugins import event_priority
+from mkdocs.structure.files import File
+from mkdocs.utils import is_markdown_file
+from pymdownx.slugs import slugify
+
+ROOT = Path(__file__).resolve().parents[2]
+SLUG = slugify(case="lower")  # what mkdocs.yml gives the `toc` extension of the Markdown pages
+
+
+# 1. notebooks are pages ----------------------------------------------------------------------------
+def _is_documentation_page(self: File) -> bool:
+    return is_markdown_file(self.src_uri) or self.src_uri.endswith(".ipynb")
+
+
+File.is_documentation_page = _is_documentation_page
+
+
+# 2. one anchor per notebook heading ----------------------------------------------------------------
+def _patch_notebook_headings() -> None:
+    import markdown
+    from defusedxml import ElementTree
+    from markdown.extensions.toc import TocExtension, unique
+    from mkdocs_jupyter import convert, plugin
+    from nbconvert.filters.strings import html2text
+
+    # `mkdocs serve` executes this file again at each rebuild: wrap the originals, once
+    original_nb2html = getattr(convert, "_original_nb2html", convert.nb2html)
+    convert._original_nb2html = original_nb2html
+    seen: set[str] = set()  # the ids of the notebook being converted
+
+    def nb2html(*args, **kwargs):
+        seen.clear()
+        return original_nb2html(*args, **kwargs)
+
+    def add_anchor(html: str, anchor_link_text: str = "¶") -> str:
+        try:
+            heading = ElementTree.fromstring(html)
+        except Exception:  # not well-formed: leave it as nbconvert made it
+            return html
+        slug = unique(SLUG(html2text(heading).strip(), "-"), seen)
+        heading.set("id", slug)
+        link = Element("a", {"class": "anchor-link", "href": "#" + slug})
+        link.text = anchor_link_text
+        heading.append(link)
+        return ElementTree.tostring(heading).decode("utf-8", "replace")
+
+    def toc_tokens(path: str, toc_depth: int):
+        nb = json.loads(Path(path).read_text(encoding="utf-8"))
+        source = "\n\n".join("".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+                             for c in nb["cells"] if c["cell_type"] == "markdown")
+        md = markdown.Markdown(extensions=["fenced_code", TocExtension(toc_depth=toc_depth, slugify=SLUG)])
+        md.convert(source)
+        title = next((t["name"] for t in md.toc_tokens if t["level"] == 1), None)
+        return md.toc_tokens, title
+
+    # the cache of converted notebooks must not outlive a change of these hooks or of the toolchain
+    original_key = getattr(plugin, "_original_cache_key", plugin._compute_cache_key)
+    plugin._original_cache_key = original_key
+    salt = hashlib.sha256(Path(__file__).read_bytes())
+    for package in ("mkdocs-jupyter", "nbconvert", "mistune"):
+        salt.update(f"{package}={metadata.version(package)}".encode())
+
+    def cache_key(*args, **kwargs) -> str:
+        return hashlib.sha256((original_key(*args, **kwargs) + salt.hexdigest()).encode()).hexdigest()
+
+    convert.nb2html = nb2html                 # called by the plugin as convert.nb2html
+    convert.add_anchor_lower_id = add_anchor  # called by mkdocs-jupyter's heading renderer
+    plugin._get_nb_toc_tokens = toc_tokens
+    plugin._compute_cache_key = cache_key
+
+
+_patch_notebook_headings()
+
+
+# 3. no CDN scripts in notebook pages ---------------------------------------------------------------
+_CDN_BLOCKS = [
+    re.compile(r"<!-- Load mathjax -->.*?<!-- End of mathjax configuration -->", re.S),
+    re.compile(r'<script type="module">(?:(?!</script>).)*?mermaid(?:(?!</script>).)*</script>', re.S),
+]
+
+
+def on_page_content(html: str, page, config, files) -> str:
+    if page.file.src_uri.endswith(".ipynb"):
+        for block in _CDN_BLOCKS:
+            html = block.sub("", html)
+    return html
+
+
+# 4. MathJax from the site itself -------------------------------------------------------------------
+def _mathjax_dir() -> Path:
+    spec = importlib.util.find_spec("mathjax")
+    es5 = Path(spec.origin).parent / "static" / "mathjax" / "es5" if spec and spec.origin else None
+    if es5 is None or not (es5 / "tex-chtml.js").is_file():
+        raise PluginError("MathJax 3 not found: install the docs extra, pip install -e '.[docs]'")
+    return es5
+
+
+def on_config(config):
+    _mathjax_dir()  # fail before building, not after
+
+
+def _copy_mathjax(config) -> None:
+    es5, target = _mathjax_dir(), Path(config.site_dir) / "assets" / "mathjax"
+    if not (target / "tex-chtml.js").is_file():  # i18n builds each language into the same site
+        # tex-chtml.js is the typesetter; the folders hold what it loads on demand (TeX extensions,
+        # fonts, the menu and its accessibility tools). The other combined builds are not needed.
+        shutil.copytree(es5, target, dirs_exist_ok=True, ignore=lambda folder, names: [
+            n for n in names if Path(folder) == es5 and n.endswith(".js") and n != "tex-chtml.js"])
+    shutil.copy2(Path(__file__).with_name("mathjax-config.js"), target / "mathjax-config.js")
+
+
+# 5. one notebook cache for all languages -----------------------------------------------------------
+_cache_used: set = set()  # cache files used by this run's builds so far, all languages
+
+
+def _keep_notebook_cache(config) -> None:
+    jupyter, i18n = config.plugins.get("mkdocs-jupyter"), config.plugins.get("i18n")
+    if jupyter is None or i18n is None or not jupyter.config["cache"]:
+        return
+    _cache_used.update(jupyter._used_cache_paths)
+    order = [i18n.default_language] + [x for x in i18n.build_languages if x != i18n.default_language]
+    if i18n.current_language != order[-1]:  # more languages to build: evict nothing yet
+        jupyter._used_cache_paths = set(Path(jupyter.config["cache_dir"]).glob("*.json"))
+    else:
+        jupyter._used_cache_paths = set(_cache_used)
+        _cache_used.clear()
+
+
+@event_priority(100)  # before mkdocs-jupyter's own on_post_build, which evicts from its cache
+def on_post_build(config) -> None:
+    _keep_notebook_cache(config)
+    _copy_mathjax(config)
+
+
+# 6. no head links that make material fetch a sitemap per page -------------------------------------
+_HEAD_ALTERNATE = re.compile(r'\s*<link rel="alternate" href="[^"]*" hreflang="[^"]*">')
+
+
+def _drop_head_alternates(output: str) -> str:
+    head, sep, body = output.partition("</head>")
+    return _HEAD_ALTERNATE.sub("", head) + sep + body
+
+
+def on_post_page(output: str, page, config) -> str:
+    return _drop_head_alternates(output)
+
+
+# ... and one 404 page, in English, whose language switch leads to each language's home page. -------
+def on_pre_template(template, template_name: str, config):
+    i18n = config.plugins.get("i18n")
+    if template_name == "404.html" and i18n is not None and i18n.extra_alternate:
+        config.extra["alternate"] = deepcopy(i18n.extra_alternate)  # not the last page's twins
+    return template
+
+
+def on_post_template(output: str, template_name: str, config) -> str:
+    if template_name != "404.html":
+        return output
+    i18n = config.plugins.get("i18n")
+    if i18n is not None and i18n.current_language != i18n.default_language:
+        return ""  # every language builds into the same site: keep the default language's 404.html
+    return _drop_head_alternates(output)
+
+
+# 7. the API reference covers every module ----------------------------------------------------------
+MODULES_MARKER = "<!-- fsdp_mini modules -->"
+
+
+def _modules() -> list[str]:
+    names = []
+    for path in sorted((ROOT / "fsdp_mini").rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        parts = parts[:-1] if parts[-1] == "__init__" else parts
+        if len(parts) > 1 and not any(p.startswith("_") for p in parts):  # not the package itself
+            names.append(".".join(parts))
+    return names
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:
+    if MODULES_MARKER not in markdown:
+        return markdown
+    return markdown.replace(MODULES_MARKER, "\n".join(f"::: {name}\n" for name in _modules()))

@@ -1,0 +1,413 @@
+"""The course site (mkdocs.yml): it builds strictly, every link lands, and it works in a real browser.
+
+The site is built once, into a temporary folder, with `mkdocs build --strict`. The static checks read
+the HTML; the browser checks serve it on 127.0.0.1 and drive Debian's headless Chromium through
+Playwright (`/usr/bin/chromium`, never a downloaded browser), saving screenshots to test-artifacts/site/.
+Where Chromium is absent the browser checks skip, saying so; `.ci/run` installs it in CI.
+"""
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+from html import escape
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote, urljoin, urlsplit
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LESSONS = ROOT / "lessons"
+LANGS = ("en", "ru")
+PREFIX = {"en": "", "ru": "ru/"}  # English at the site's root, Russian under /ru/
+NOTEBOOKS = sorted(p.stem for p in (LESSONS / "en").glob("*.ipynb"))
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = ROOT / "test-artifacts" / "site"
+CYRILLIC = re.compile("[а-яё]", re.I)
+
+
+# --- the build ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """Build the site once; return (its folder, everything mkdocs printed)."""
+    out = tmp_path_factory.mktemp("site")
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")  # mkdocs-material's end-of-life notice
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=170)
+    log = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        why = [line for line in log.splitlines() if re.match(r"\s*(WARNING|ERROR)\b", line)]
+        pytest.fail("mkdocs build --strict failed:\n" + "\n".join(why or log.splitlines()[-30:]),
+                    pytrace=False)
+    return out, log
+
+
+def page_path(site_dir: Path, lang: str, name: str) -> Path:
+    """The built file of a page: name is a notebook's stem, 'reference' or '' (the home page)."""
+    return site_dir / PREFIX[lang] / name / "index.html" if name else site_dir / PREFIX[lang] / "index.html"
+
+
+def stored_pngs(lang: str, name: str) -> int:
+    nb = json.loads((LESSONS / lang / f"{name}.ipynb").read_text(encoding="utf-8"))
+    return sum("image/png" in o.get("data", {}) for c in nb["cells"] if c["cell_type"] == "code"
+               for o in c["outputs"])
+
+
+def test_build_is_strict_and_prints_no_warning(site):
+    _, log = site
+    noisy = [line for line in log.splitlines() if re.match(r"\s*(WARNING|ERROR)\b", line)]
+    assert not noisy, "\n".join(noisy)
+    assert "MkDocs 2" not in log and "NO_MKDOCS_2_WARNING" not in log, "the end-of-life notice is back"
+
+
+def test_there_are_lessons_to_render():
+    assert NOTEBOOKS, "no notebooks in lessons/en"
+
+
+@pytest.mark.parametrize("lang", LANGS)
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_lessons_are_rendered_with_their_stored_outputs(site, lang, name):
+    html = page_path(site[0], lang, name).read_text(encoding="utf-8")
+    assert "jp-Notebook" in html and '"cell_type"' not in html, "the notebook came out as raw JSON"
+    assert html.count('src="data:image/png') >= stored_pngs(lang, name), "a stored plot is missing"
+    assert "jp-OutputArea-output" in html, "no stored outputs rendered"
+    nb = json.loads((LESSONS / lang / f"{name}.ipynb").read_text(encoding="utf-8"))
+    title = re.search(r"^# (.+)$", "".join(nb["cells"][0]["source"]), re.M)
+    if title:
+        assert f"<title>{escape(title.group(1), quote=False)} - " in html, "titled by its first heading"
+
+
+@pytest.mark.parametrize("lang,readme", [("en", "README.md"), ("ru", "README.ru.md")])
+def test_home_pages_are_the_readmes(site, lang, readme):
+    html = page_path(site[0], lang, "").read_text(encoding="utf-8")
+    text = (ROOT / readme).read_text(encoding="utf-8")
+    for heading in re.findall(r"^## (.+)$", re.sub(r"```.*?```", "", text, flags=re.S), re.M):
+        plain = re.sub(r"`([^`]*)`", r"\1", heading)
+        assert plain in re.sub(r"<[^>]+>", "", html), f"{readme}: section {heading!r} is not on the home page"
+    assert 'href="README' not in html, "the README's own language link belongs to GitHub, not the site"
+
+
+def modules() -> list[str]:
+    """Every public module of fsdp_mini, found on disk (what the reference must cover)."""
+    names = []
+    for path in sorted((ROOT / "fsdp_mini").rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        parts = parts[:-1] if parts[-1] == "__init__" else parts
+        if not any(p.startswith("_") for p in parts):
+            names.append(".".join(parts))
+    return names
+
+
+@pytest.mark.parametrize("lang", LANGS)
+def test_api_reference_covers_every_module(site, lang):
+    html = page_path(site[0], lang, "reference").read_text(encoding="utf-8")
+    missing = [m for m in modules() if f'id="{m}"' not in html]
+    assert not missing, f"modules missing from the API reference: {missing}"
+    assert 'id="fsdp_mini.fsdp.FSDP"' in html and "sharding_strategy" in html
+
+
+# --- links --------------------------------------------------------------------------------------------
+class _Page(HTMLParser):
+    """The ids of one HTML page and what it points to: (tag, attribute, value, rel)."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.ids: set[str] = set()
+        self.refs: list[tuple[str, str, str, str]] = []
+        self.alternates: dict[str, str] = {}
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        for key in ("id", "name"):
+            if a.get(key) and (key == "id" or tag == "a"):
+                self.ids.add(a[key])
+        for key in ("href", "src"):
+            if a.get(key) is not None:
+                self.refs.append((tag, key, a[key], a.get("rel") or ""))
+        if tag == "a" and a.get("hreflang") and "md-select__link" in (a.get("class") or ""):
+            self.alternates[a["hreflang"]] = a["href"]
+
+
+@functools.lru_cache(maxsize=None)
+def parse(path: Path) -> _Page:
+    p = _Page()
+    p.feed(path.read_text(encoding="utf-8"))
+    return p
+
+
+def html_pages(site_dir: Path) -> list[Path]:
+    return sorted(p for p in site_dir.rglob("*.html") if "assets" not in p.relative_to(site_dir).parts)
+
+
+def resolve(site_dir: Path, page: Path, ref: str) -> tuple[Path, str]:
+    """The file a reference in `page` lands on, and its fragment."""
+    base = "/" + page.relative_to(site_dir).as_posix()
+    parts = urlsplit(urljoin(base, ref))
+    target = site_dir / unquote(parts.path).lstrip("/")
+    if parts.path.endswith("/") or target.is_dir():
+        target = target / "index.html"
+    return target, unquote(parts.fragment)
+
+
+def test_no_broken_internal_links_or_anchors(site):
+    site_dir = site[0]
+    pages = html_pages(site_dir)
+    assert len(pages) >= 2 * (len(NOTEBOOKS) + 2)
+    broken = []
+    for page in pages:
+        for tag, key, ref, _ in parse(page).refs:
+            if ref == "" or re.match(r"^(https?:|mailto:|data:|javascript:|//)", ref) or ref == "#":
+                continue
+            target, fragment = resolve(site_dir, page, ref)
+            where = f"{page.relative_to(site_dir)}: <{tag} {key}={ref!r}>"
+            if not target.is_file():
+                broken.append(f"{where}: no {target.relative_to(site_dir)}")
+            elif fragment and target.suffix == ".html" and fragment not in parse(target).ids:
+                broken.append(f"{where}: no anchor #{fragment} in {target.relative_to(site_dir)}")
+    assert not broken, f"{len(broken)} broken links:\n" + "\n".join(broken[:40])
+
+
+def test_nothing_is_loaded_from_outside_the_site(site):
+    """Offline: no script, style sheet, font, image or frame from another host (links may leave)."""
+    site_dir = site[0]
+    outside = []
+    for page in html_pages(site_dir):
+        for tag, key, ref, rel in parse(page).refs:
+            loads = tag != "a" and not (tag == "link" and rel in ("canonical", "alternate", "sitemap"))
+            if loads and re.match(r"^(https?:)?//", ref):
+                outside.append(f"{page.relative_to(site_dir)}: <{tag} {key}={ref!r}>")
+    for css in site_dir.rglob("*.css"):
+        for url in re.findall(r"url\(\s*['\"]?((?:https?:)?//[^'\")]+)", css.read_text(encoding="utf-8")):
+            outside.append(f"{css.relative_to(site_dir)}: url({url})")
+    assert not outside, "\n".join(outside)
+
+
+@pytest.mark.parametrize("name", ["", "reference", *NOTEBOOKS])
+def test_language_switch_points_to_the_twin(site, name):
+    site_dir = site[0]
+    for lang, other in (("en", "ru"), ("ru", "en")):
+        page = page_path(site_dir, lang, name)
+        href = parse(page).alternates.get(other)
+        assert href is not None, f"{page.relative_to(site_dir)} has no switch to {other}"
+        target, _ = resolve(site_dir, page, href)
+        assert target == page_path(site_dir, other, name), f"{page}: the switch leads to {target}"
+
+
+def test_russian_navigation_is_translated(site):
+    html = page_path(site[0], "ru", NOTEBOOKS[0]).read_text(encoding="utf-8")
+    nav = re.search(r'md-sidebar--primary.*?md-sidebar--secondary', html, re.S).group(0)
+    labels = [re.sub(r"<[^>]+>|\s+", " ", x).strip()
+              for x in re.findall(r'<span class="md-ellipsis">(.*?)</span>', nav, re.S)]
+    assert labels and "Главная" in labels and "Справочник API" in labels, labels
+    english = [x for x in labels if x and not CYRILLIC.search(x)]
+    assert len(english) <= len(labels) // 4, f"untranslated navigation entries: {english}"
+
+
+# --- in a browser ----------------------------------------------------------------------------------------
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def server(site):
+    handler = functools.partial(_QuietHandler, directory=str(site[0]))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not CHROMIUM.exists():
+        pytest.skip(f"no Chromium at {CHROMIUM}: `apt-get install chromium` (.ci/run does in CI)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright: pip install -e '.[docs]'")
+    with sync_api.sync_playwright() as p:
+        # Debian's Chromium, never a browser Playwright downloads; flags that keep it off the network
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            "--disable-dev-shm-usage"])
+        yield browser
+        browser.close()
+
+
+class Tab:
+    """One browser tab on the served site, recording console errors, page errors, failed requests,
+    error responses and any request to another host (which it also blocks)."""
+
+    def __init__(self, browser, base: str):
+        self.base, self.problems = base, []
+        self.context = browser.new_context(viewport={"width": 1280, "height": 900})
+        self.context.route("**/*", self._only_local)
+        self.page = self.context.new_page()
+        self.page.set_default_timeout(30_000)
+        self.page.on("console", lambda m: m.type == "error" and self.problems.append(f"console: {m.text}"))
+        self.page.on("pageerror", lambda e: self.problems.append(f"page error: {e}"))
+        self.page.on("requestfailed", self._failed)
+        self.page.on("response", lambda r: r.status >= 400 and self.problems.append(f"{r.status}: {r.url}"))
+
+    def _only_local(self, route):
+        if route.request.url.startswith((self.base, "data:")):
+            route.continue_()
+        else:
+            self.problems.append(f"request outside the site: {route.request.url}")
+            route.abort()
+
+    def _failed(self, request):
+        if request.failure != "net::ERR_ABORTED":  # cut short by leaving the page: not a failure
+            self.problems.append(f"failed: {request.url} ({request.failure})")
+
+    def open(self, path: str):
+        self.page.goto(self.base + path, wait_until="load")
+        self.settle()
+
+    def settle(self):
+        """Wait for the page's math to be typeset (MathJax is on every page)."""
+        self.page.evaluate("() => window.MathJax?.startup?.promise ?? null")
+
+    def path(self) -> str:
+        return self.page.url[len(self.base):].split("#")[0]
+
+    def switch_to(self, lang: str, wait: bool = True):
+        """Use the header's language switch as a reader does: hover, then click the language.
+        wait=False: only until the browser is on the new address (the page is checked elsewhere)."""
+        self.page.hover(".md-header__option .md-select")
+        with self.page.expect_navigation(wait_until="load" if wait else "commit"):
+            self.page.click(f'a.md-select__link[hreflang="{lang}"]')
+        if wait:
+            self.settle()
+
+    def inspect(self) -> dict:
+        """What the page shows now: images that did not load, formulas typeset, math errors."""
+        found = self.page.evaluate("""() => ({
+            broken_images: [...document.images].filter(i => !i.complete || i.naturalWidth === 0)
+                                               .map(i => i.src.slice(0, 80)),
+            formulas: document.querySelectorAll("mjx-container").length,
+            math_errors: document.querySelectorAll("mjx-merror").length,
+            copy_buttons: document.querySelectorAll(".md-code__button, clipboard-copy").length,
+            lang: document.documentElement.lang,
+        })""")
+        found["problems"], self.problems = self.problems, []
+        return found
+
+    def close(self):
+        self.context.close()
+
+
+def url(lang: str, name: str) -> str:
+    return PREFIX[lang] + (f"{name}/" if name else "")
+
+
+def has_math(lang: str, name: str) -> bool:
+    path = LESSONS / lang / f"{name}.ipynb"
+    return path.exists() and bool(re.search(r"\$[^$\s][^$]*\$", "".join(
+        "".join(c["source"]) for c in json.loads(path.read_text(encoding="utf-8"))["cells"]
+        if c["cell_type"] == "markdown")))
+
+
+@pytest.fixture(scope="module")
+def tour(site, server, browser):
+    """Every page of the site, visited once in Chromium; each page's language switch used both ways.
+
+    Returns {path: what inspect() found} and {name: (where the switch to ru led, where back to en led)}.
+    Screenshots of the home page and the first lesson in each language go to test-artifacts/site/.
+    """
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    tab, seen, switches = Tab(browser, server), {}, {}
+    try:
+        for name in ["", "reference", *NOTEBOOKS]:
+            shot = ("lesson" if name else "home") if name in ("", NOTEBOOKS[0]) else None
+            tab.open(url("en", name))
+            seen[url("en", name)] = tab.inspect()
+            if shot:
+                tab.page.screenshot(path=str(ARTIFACTS / f"{shot}-en.png"))
+            tab.switch_to("ru")
+            landed = tab.path()
+            seen[landed] = tab.inspect()
+            if shot:
+                tab.page.screenshot(path=str(ARTIFACTS / f"{shot}-ru.png"))
+            tab.switch_to("en", wait=False)  # the English page was checked above
+            switches[name] = (landed, tab.path())
+            seen[landed]["problems"] += tab.problems
+            tab.problems = []
+        for page in html_pages(site[0]):  # whatever the walk above did not reach (404.html, say)
+            path = page.relative_to(site[0]).as_posix().removesuffix("index.html")
+            if path not in seen:
+                tab.open(path)
+                seen[path] = tab.inspect()
+    finally:
+        tab.close()
+    return seen, switches
+
+
+def test_every_page_loads_cleanly_in_chromium(site, tour):
+    """No console error, no failed request, nothing fetched from another host, every image shown."""
+    seen, _ = tour
+    assert len(seen) == len(html_pages(site[0]))
+    report = {path: found["problems"] + [f"image not loaded: {src}" for src in found["broken_images"]]
+              for path, found in seen.items()}
+    report = {path: problems for path, problems in report.items() if problems}
+    assert not report, json.dumps(report, indent=1, ensure_ascii=False)
+
+
+@pytest.mark.parametrize("name", ["", "reference", *NOTEBOOKS])
+def test_language_switch_lands_on_the_twin_and_back(tour, name):
+    seen, switches = tour
+    assert switches[name] == (url("ru", name), url("en", name))
+    assert seen[url("ru", name)]["lang"] == "ru" and seen[url("en", name)]["lang"] == "en"
+
+
+@pytest.mark.parametrize("lang", LANGS)
+def test_math_is_typeset(tour, lang):
+    seen, _ = tour
+    with_math = [name for name in NOTEBOOKS if has_math(lang, name)]
+    assert with_math, "no lesson has math to typeset"
+    for name in with_math:
+        found = seen[url(lang, name)]
+        assert found["formulas"] > 0 and found["math_errors"] == 0, f"{lang}/{name}: {found}"
+
+
+@pytest.mark.parametrize("name", ["", *NOTEBOOKS])
+def test_code_has_copy_buttons(tour, name):
+    seen, _ = tour
+    for lang in LANGS:
+        assert seen[url(lang, name)]["copy_buttons"] > 0, f"{lang}/{name}: no copy button on the code"
+
+
+def test_screenshots_are_saved(tour):
+    for shot in ("home-en", "home-ru", "lesson-en", "lesson-ru"):
+        assert (ARTIFACTS / f"{shot}.png").stat().st_size > 10_000, shot
+
+
+def lesson_title(lang: str, name: str) -> str:
+    nb = json.loads((LESSONS / lang / f"{name}.ipynb").read_text(encoding="utf-8"))
+    heading = re.search(r"^# (.+)$", "".join(nb["cells"][0]["source"]), re.M).group(1)
+    return re.sub(r"^[\d\s·.:-]+", "", heading)  # "00 · Why shard" -> "Why shard"
+
+
+@pytest.mark.parametrize("lang", LANGS)
+def test_search_finds_the_lesson_in_both_languages(browser, server, lang):
+    name = NOTEBOOKS[0]
+    query = lesson_title(lang, name)
+    assert lang == "en" or CYRILLIC.search(query), f"the Russian lesson's title is not Russian: {query}"
+    tab = Tab(browser, server)
+    try:
+        tab.open(url(lang, ""))
+        tab.page.click("input.md-search__input")
+        tab.page.keyboard.type(query)
+        results = tab.page.locator(".md-search-result__item a")
+        results.first.wait_for(timeout=30_000)
+        hrefs = [re.split(r"[?#]", h)[0] for h in results.evaluate_all("(links) => links.map(a => a.href)")]
+        assert tab.base + url(lang, name) in hrefs, f"searching {query!r} found {hrefs}"
+        assert not tab.inspect()["problems"]
+    finally:
+        tab.close()
