@@ -13,7 +13,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from fsdp_mini import bench_collectives, cost
+from fsdp_mini import bench, bench_collectives, cost, simulate
 from fsdp_mini.collectives import naive_all_reduce, ring_all_reduce
 from fsdp_mini.comm_log import CommLog
 from fsdp_mini.launch import init, launch
@@ -116,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     b.add_argument("--timeout", type=float, default=600)
     b.set_defaults(func=bench_collectives_cmd)
+    bench.add_subcommand(sub)
+    simulate.add_subcommand(sub)
     args = parser.parse_args(argv)
     try:
         return args.func(args)
