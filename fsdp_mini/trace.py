@@ -36,6 +36,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from fsdp_mini.fsdp import _tensors
+
 __all__ = ["Span", "MemoryEvent", "Trace", "compute_modules", "issue_order", "sequence", "by_unit"]
 
 
@@ -67,17 +69,6 @@ class MemoryEvent:
     nbytes: int
     current: int
     time: float
-
-
-def _tensors(obj):
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for x in obj:
-            yield from _tensors(x)
-    elif isinstance(obj, dict):
-        for x in obj.values():
-            yield from _tensors(x)
 
 
 def _grad_tensors(obj):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from fsdp_mini.language import get_language, set_language, tr
 
-__all__ = ["set_language", "get_language", "tr", "RANK_COLORS", "rank_color", "figure"]
+__all__ = ["set_language", "get_language", "tr", "RANK_COLORS", "rank_color", "figure", "stacked_bars"]
 
 RANK_COLORS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C")
 
@@ -23,3 +23,19 @@ def figure(width: float = 7.0, height: float = 3.2, ncols: int = 1, nrows: int =
 
     fig, axes = plt.subplots(nrows, ncols, figsize=(width, height), dpi=100, **kwargs)
     return fig, axes
+
+
+def stacked_bars(bars: dict[str, dict[str, float]], layers: dict[str, tuple[str, str]], unit: float, fmt: str):
+    """One stacked bar per label of `bars[label][layer]`, layers bottom up in the order of `layers`
+    (layer -> (colour, legend label)), each bar's total written above it in format `fmt`.
+    Returns (fig, ax, totals) for the caller to label."""
+    fig, ax = figure(width=max(5.0, 1.3 * len(bars) + 2.5), height=3.4)
+    labels = list(bars)
+    bottoms = [0.0] * len(labels)
+    for layer, (color, legend) in layers.items():
+        heights = [bars[label].get(layer, 0) / unit for label in labels]
+        ax.bar(labels, heights, bottom=bottoms, color=color, label=legend, width=0.6)
+        bottoms = [b + h for b, h in zip(bottoms, heights)]
+    for x, total in enumerate(bottoms):
+        ax.text(x, total, format(total, fmt), ha="center", va="bottom", fontsize=9)
+    return fig, ax, bottoms

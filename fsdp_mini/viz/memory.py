@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from fsdp_mini.language import tr
-from fsdp_mini.viz import figure
+from fsdp_mini.viz import stacked_bars
 
 __all__ = ["STATE_COLORS", "plot_memory_bars"]
 
@@ -20,15 +20,7 @@ def plot_memory_bars(bars: dict[str, dict[str, float]], title: str | None = None
     """`bars[label][state]` = bytes (e.g. from `estimate_memory(...)` fields or `FSDP.memory_stats()`);
     one stacked bar per label, each bar's total written above it. Pass `title` through `tr(en, ru)`."""
     unit_name = unit_name or tr("GB", "ГБ")
-    fig, ax = figure(width=max(5.0, 1.3 * len(bars) + 2.5), height=3.4)
-    labels = list(bars)
-    bottoms = [0.0] * len(labels)
-    for state in states:
-        heights = [bars[label].get(state, 0) / unit for label in labels]
-        ax.bar(labels, heights, bottom=bottoms, color=STATE_COLORS[state], label=_label(state), width=0.6)
-        bottoms = [b + h for b, h in zip(bottoms, heights)]
-    for x, total in enumerate(bottoms):
-        ax.text(x, total, f"{total:.3g}", ha="center", va="bottom", fontsize=9)
+    fig, ax, bottoms = stacked_bars(bars, {s: (STATE_COLORS[s], _label(s)) for s in states}, unit, ".3g")
     ax.set_ylabel(tr(f"{unit_name} per rank", f"{unit_name} на ранг"))
     if log:
         ax.set_yscale("log")

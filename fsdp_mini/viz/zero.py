@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from fsdp_mini.language import tr
-from fsdp_mini.viz import figure
+from fsdp_mini.viz import stacked_bars
 
 __all__ = ["OP_COLORS", "plot_step_bytes", "sent_by_op"]
 
@@ -28,17 +28,8 @@ def plot_step_bytes(bars: dict[str, dict[str, int]], title: str | None = None, u
     unknown = {op for ops in bars.values() for op in ops} - set(OP_COLORS)
     if unknown:
         raise ValueError(f"unknown collectives {sorted(unknown)}; expected some of {list(OP_COLORS)}")
-    fig, ax = figure(width=max(5.0, 1.3 * len(bars) + 2.5), height=3.4)
-    labels = list(bars)
-    bottoms = [0.0] * len(labels)
-    for op in OP_COLORS:
-        if not any(op in bars[label] for label in labels):
-            continue
-        heights = [bars[label].get(op, 0) / unit for label in labels]
-        ax.bar(labels, heights, bottom=bottoms, color=OP_COLORS[op], label=_label(op), width=0.6)
-        bottoms = [b + h for b, h in zip(bottoms, heights)]
-    for x, total in enumerate(bottoms):
-        ax.text(x, total, f"{total:.4g}", ha="center", va="bottom", fontsize=9)
+    used = {op: (color, _label(op)) for op, color in OP_COLORS.items() if any(op in b for b in bars.values())}
+    fig, ax, bottoms = stacked_bars(bars, used, unit, ".4g")
     ax.set_ylabel(tr(f"{unit_name} sent per rank per step", f"{unit_name} отправлено рангом за шаг"))
     ax.set_ylim(top=max(bottoms + [1e-12]) * 1.18)
     if title:
