@@ -27,8 +27,11 @@ def _run(worker, world_size: int, args: tuple, timeout: float):
     """Results of rank 0, or None on the other ranks under torchrun."""
     if _under_torchrun():
         init()
-        result = worker(*args)
-        return result if dist.get_rank() == 0 else None
+        try:
+            result = worker(*args)
+            return result if dist.get_rank() == 0 else None
+        finally:  # torchrun's ranks exit right after: tear gloo down first, or a rank can abort at exit
+            dist.destroy_process_group()
     return launch(worker, world_size, args=args, timeout=timeout, capture_output=False)[0]
 
 
