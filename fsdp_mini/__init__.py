@@ -17,7 +17,7 @@ from fsdp_mini.cost import AlphaBeta, algbw, bus_factor, busbw, fit_alpha_beta, 
 from fsdp_mini.memory import MemoryEstimate, MemoryTracker, estimate_memory, format_bytes
 from fsdp_mini.mixed_precision import MixedPrecision
 from fsdp_mini.strategy import ZERO1, ShardingStrategy, as_strategy, sharded_states
-from fsdp_mini.launch import LaunchError, LaunchTimeout, get_device, init, launch
+from fsdp_mini.launch import LaunchError, LaunchTimeout, finish, get_device, init, launch, under_torchrun
 from fsdp_mini.fsdp import FSDP
 from fsdp_mini.zero import ZeroRedundancyOptimizer
 from fsdp_mini.ddp import DistributedDataParallel
@@ -25,7 +25,7 @@ from fsdp_mini import models
 
 __all__ = [
     "FSDP", "ShardingStrategy", "MixedPrecision", "ZeroRedundancyOptimizer", "DistributedDataParallel",
-    "launch", "init", "get_device", "LaunchError", "LaunchTimeout",
+    "launch", "init", "finish", "under_torchrun", "get_device", "LaunchError", "LaunchTimeout",
     "CommLog", "CommRecord", "scope",
     "AlphaBeta", "algbw", "bus_factor", "busbw", "fit_alpha_beta", "predict",
     "MemoryEstimate", "MemoryTracker", "estimate_memory", "format_bytes",

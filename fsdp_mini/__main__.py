@@ -16,22 +16,15 @@ import torch.distributed as dist
 from fsdp_mini import bench, bench_collectives, cost, simulate
 from fsdp_mini.collectives import naive_all_reduce, ring_all_reduce
 from fsdp_mini.comm_log import CommLog
-from fsdp_mini.launch import init, launch
-
-
-def _under_torchrun() -> bool:
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+from fsdp_mini.launch import finish, init, launch, under_torchrun
 
 
 def _run(worker, world_size: int, args: tuple, timeout: float):
     """Results of rank 0, or None on the other ranks under torchrun."""
-    if _under_torchrun():
+    if under_torchrun():
         init()
-        try:
-            result = worker(*args)
-            return result if dist.get_rank() == 0 else None
-        finally:  # torchrun's ranks exit right after: tear gloo down first, or a rank can abort at exit
-            dist.destroy_process_group()
+        result = worker(*args)
+        return result if dist.get_rank() == 0 else None
     return launch(worker, world_size, args=args, timeout=timeout, capture_output=False)[0]
 
 
@@ -51,7 +44,7 @@ def _demo_worker(numel: int) -> dict:
 def demo(args) -> int:
     from fsdp_mini import demo as D
 
-    world = args.world_size if not _under_torchrun() else int(os.environ["WORLD_SIZE"])
+    world = args.world_size if not under_torchrun() else int(os.environ["WORLD_SIZE"])
     if os.environ.get("RANK", "0") == "0":
         print(f"Training a {D.CFG.n_layer}-block GPT ({sum(p.numel() for p in D.GPT(D.CFG).parameters()):,} parameters) "
               f"for {D.STEPS} AdamW steps, global batch {D.BATCH}, on {world} processes, under every strategy")
@@ -129,4 +122,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if under_torchrun():  # a torchrun rank: end without interpreter shutdown (see `finish`)
+        finish(code)
+    sys.exit(code)

@@ -39,6 +39,7 @@ from fsdp_mini.comm_log import CommLog, ring_model_sent
 from fsdp_mini.cost import algbw, busbw
 from fsdp_mini.memory import format_bytes
 from fsdp_mini.models import GPT, Block, GPTConfig, make_batch
+from fsdp_mini.launch import init, launch, under_torchrun
 from fsdp_mini.train import local_rows
 
 __all__ = ["SIZES", "CASES", "Case", "parse_cases", "memory_worker", "time_worker", "table", "targets", "plot",
@@ -635,10 +636,6 @@ def environment() -> dict:
 
 # --- the command --------------------------------------------------------------------------------------
 
-def _under_torchrun() -> bool:
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
-
-
 def _calibration_sizes(sizes: list[str], world: int) -> list[int]:
     """Powers of 4 from 4 KiB up to the first one at or above the largest unit's bytes (at least 1 MiB,
     so that the bandwidth term shows): the range the engine's calls span."""
@@ -653,10 +650,9 @@ def _calibration_sizes(sizes: list[str], world: int) -> list[int]:
 def run(world_sizes: list[int], sizes: list[str], case_keys: list[str], reps: int, steps: int, warmup: int,
         timeout: float, calibrate_collectives: bool = True, progress: bool = True, calib_iters: int = 10) -> list[dict]:
     """Both phases for every world size; one result per (world size, size)."""
-    from fsdp_mini.launch import init, launch
 
     def on(world, fn, args):
-        if _under_torchrun():
+        if under_torchrun():
             init()
             return fn(*args)
         return launch(fn, world, args=args, timeout=timeout, capture_output=False)[0]
@@ -718,7 +714,7 @@ def command(args) -> int:
         raise ValueError(f"cannot read --world-sizes {args.world_sizes!r}: use e.g. 2,4") from None
     if not worlds or any(w < 1 for w in worlds):
         raise ValueError(f"--world-sizes must be positive integers, got {args.world_sizes!r}")
-    if _under_torchrun():
+    if under_torchrun():
         worlds = [int(os.environ["WORLD_SIZE"])]
     sizes, cases = parse_sizes(args.sizes), parse_cases(args.cases)
     for name in ("reps", "steps"):

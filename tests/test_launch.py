@@ -186,6 +186,8 @@ rank, world = fsdp_mini.init()
 t = torch.ones(5) * (rank + 1)
 fsdp_mini.collectives.ring_all_reduce(t)
 print(f"rank {rank}/{world} local {__import__('os').environ['LOCAL_RANK']} sum {t.tolist()}")
+fsdp_mini.finish(int(__import__('os').environ.get("EXIT_CODE", "0")))
+print("never printed: finish() does not return")
 """
 
 
@@ -201,3 +203,15 @@ def test_same_worker_runs_under_torchrun_and_as_a_plain_script(tmp_path):
     assert tr.returncode == 0, tr.stderr
     for r in range(2):
         assert f"rank {r}/2 local {r} sum [3.0, 3.0, 3.0, 3.0, 3.0]" in tr.stdout
+    assert "never printed" not in plain.stdout + tr.stdout
+
+
+def test_finish_flushes_the_output_and_exits_with_the_code(tmp_path):
+    """Output piped to a file is block-buffered: without the flush in `finish`, os._exit would lose it."""
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    env = dict(os.environ, OMP_NUM_THREADS="1", EXIT_CODE="3")
+    env.pop("PYTHONUNBUFFERED", None)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 3, out.stderr
+    assert out.stdout == "rank 0/1 local 0 sum [1.0, 1.0, 1.0, 1.0, 1.0]\n"
