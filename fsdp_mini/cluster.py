@@ -27,7 +27,8 @@ The model, and why each piece is what it is:
 
       FULL_SHARD, HYBRID_SHARD      2 AllGather(P) + ReduceScatter(P)   [+ AllReduce(P/n) across r]
       SHARD_GRAD_OP, _HYBRID_ZERO2  1 AllGather(P) + ReduceScatter(P)   [+ AllReduce(P/n) across r]
-      NO_SHARD                      AllReduce(P) across all ranks
+      NO_SHARD                      AllReduce across all ranks of the P's, in buckets of at least
+                                    `bucket_cap_mb` filled in backward order (`fsdp_mini.grad_buckets`)
 
   FULL_SHARD shards over the whole world, so its shard group spans nodes and every AllGather and
   ReduceScatter crosses the network. HYBRID_SHARD shards inside a node (default `shard_size` =
@@ -192,9 +193,20 @@ def _unit_sizes(num_params, units: int) -> list[int]:
     return sizes
 
 
+def _buckets(unit_sizes: list[int], grad_bytes: int, cap_mb: float) -> list[int]:
+    """Elements per gradient bucket: units join in backward order (the last unit first, the root last)
+    and a bucket closes once it holds at least the cap, as `fsdp_mini.grad_buckets.GradBuckets` does."""
+    out, current = [], 0
+    for numel in reversed(unit_sizes):
+        current += numel
+        if current * grad_bytes >= cap_mb * 2**20:
+            out, current = out + [current], 0
+    return out + ([current] if current else [])
+
+
 def step_communication(cluster: Cluster, strategy: StrategyLike, num_params: int | float | Sequence[int], *,
                        units: int = 1, shard_size: int | None = None, param_bytes: int = 2, grad_bytes: int = 2,
-                       root_stays_gathered: bool = False) -> StepComm:
+                       root_stays_gathered: bool = False, bucket_cap_mb: float = 25) -> StepComm:
     """Predicted collectives of one training step of `strategy` on `cluster`.
 
     `num_params`: the whole model's parameter count, cut into `units` equal FSDP units, or a list of
@@ -202,6 +214,7 @@ def step_communication(cluster: Cluster, strategy: StrategyLike, num_params: int
     bf16), `grad_bytes` the one gradients are reduced in. `shard_size` (hybrid strategies only)
     defaults to `gpus_per_node`: one node per shard group. `root_stays_gathered`: the first unit is the
     root, which fsdp_mini and FSDP2 keep gathered from forward to backward, so it gathers once.
+    `bucket_cap_mb`: NO_SHARD's gradient buckets, as `fsdp_mini.FSDP`'s argument of that name.
     """
     strategy = as_strategy(strategy)
     world = cluster.world_size
@@ -214,7 +227,12 @@ def step_communication(cluster: Cluster, strategy: StrategyLike, num_params: int
     replica_crosses = any(cluster.spans_nodes(col) for col in cols)
 
     calls: Counter = Counter()
-    for i, numel in enumerate(_unit_sizes(num_params, units)):
+    sizes = _unit_sizes(num_params, units)
+    if n == 1:  # NO_SHARD: nothing to gather; the gradients travel in buckets
+        for numel in _buckets(sizes, grad_bytes, bucket_cap_mb) if replicas > 1 else []:
+            calls[("all_reduce", numel, grad_bytes, replicas, replica_crosses)] += 1
+        sizes = []
+    for i, numel in enumerate(sizes):
         padded = math.ceil(numel / n) * n  # fsdp_mini's flat layout: equal shards
         gathers = _GATHERS[strategy]
         if root_stays_gathered and i == 0:

@@ -4,6 +4,8 @@
     reshard():      free the padded buffer's storage (the views stay, pointing at no memory)
     reduce_grad():  the views' gradients ──flatten──▶ ReduceScatter (+ AllReduce across replicas) ──▶ shard.grad
 
+Under NO_SHARD there is nothing to scatter: the flat gradients go to `GradBuckets` (DDP's buckets) instead.
+
 The shard is the `nn.Parameter` the optimizer sees. The module's original parameters are replaced by
 plain leaf tensors that are views of the padded buffer, created once and reused every step, so autograd
 puts their gradients in `.grad` and gradient accumulation (`no_sync`) works as in a plain module.
@@ -91,37 +93,55 @@ class FlatParamHandle:
 
     # --- gradients -----------------------------------------------------------------------------------
 
-    def reduce_grad(self) -> None:
-        """Flatten the unsharded gradients and start reducing them into this rank's shard (async)."""
+    def take_flat_grad(self) -> torch.Tensor:
+        """The leaves' gradients, flattened into one padded buffer in the reduce dtype, and taken off
+        the leaves (so the next backward starts from None, as in a plain module)."""
         grads = [leaf.grad for leaf in self.leaves]
         for leaf in self.leaves:
             leaf.grad = None
-        flat = flatten(grads, self.layout, dtype=self.reduce_dtype, device=self.shard.device)
-        if self.groups.shard is None:
-            out, work = flat, None
-        else:
-            out = torch.empty(self.layout.shard_numel, dtype=self.reduce_dtype, device=flat.device)
+        return flatten(grads, self.layout, dtype=self.reduce_dtype, device=self.shard.device)
+
+    def reduce_grad(self) -> None:
+        """Start the ReduceScatter of the unsharded gradients into this rank's shard (async)."""
+        flat = self.take_flat_grad()
+        out = torch.empty(self.layout.shard_numel, dtype=self.reduce_dtype, device=flat.device)
+        with scope(self.label):
+            work = C.reduce_scatter_tensor(out, flat, C.AVG, group=self.groups.shard, async_op=True,
+                                           impl=self.impl)
+        self._reduce = [work, out, flat, False]  # `flat` must live until the ReduceScatter is done
+
+    def start_replica_reduce(self) -> None:
+        """Once the ReduceScatter is done: free the unsharded gradient and, with replicas (HYBRID_SHARD),
+        start averaging the gradient shard across them (async). Called when the next unit's gradients
+        are ready, so at most two units' unsharded gradients are alive at a time."""
+        if self._reduce is None or self._reduce[3]:
+            return
+        work, out, _, _ = self._reduce
+        work.wait()
+        replica_work = None
+        if self.groups.replica is not None:
             with scope(self.label):
-                work = C.reduce_scatter_tensor(out, flat, C.AVG, group=self.groups.shard, async_op=True,
-                                               impl=self.impl)
-        self._reduce = (work, out, flat)
+                replica_work = C.all_reduce(out, C.AVG, group=self.groups.replica, async_op=True, impl=self.impl)
+        self._reduce = [replica_work, out, None, True]
 
     def wait_grad(self) -> None:
-        """Finish the ReduceScatter, average across replicas (HYBRID_SHARD, NO_SHARD), set `shard.grad`."""
+        """Finish the reduction started by `reduce_grad` and add the result to `shard.grad`."""
         if self._reduce is None:
             return
-        work, out, _ = self._reduce
+        self.start_replica_reduce()
+        work, out, _, _ = self._reduce
         self._reduce = None
         if work is not None:
             work.wait()
-        if self.groups.replica is not None:
-            with scope(self.label):
-                C.all_reduce(out, C.AVG, group=self.groups.replica, impl=self.impl)
-        out = out.to(self.shard.dtype)
+        self.accumulate_grad(out)
+
+    def accumulate_grad(self, grad: torch.Tensor) -> None:
+        """Set or add (after `no_sync`) a reduced gradient of this rank's shard."""
+        grad = grad.to(self.shard.dtype)
         if self.shard.grad is None:
-            self.shard.grad = out
+            self.shard.grad = grad
         else:
-            self.shard.grad += out
+            self.shard.grad += grad
 
     def has_unsharded_grads(self) -> bool:
         return any(leaf.grad is not None for leaf in self.leaves)

@@ -9,18 +9,21 @@ of a unit under FULL_SHARD (ZeRO-3):
     pre-forward    AllGather its parameters (already in flight if prefetched), prefetch the next unit
     post-forward   free them (not the root: backward needs it at once), hook its outputs' gradients
     pre-backward   AllGather again, prefetch the unit that backward reaches next
-    post-backward  ReduceScatter its gradients into the shard (async), free the parameters
+    post-backward  ReduceScatter its gradients into the shard (async), free the parameters; the previous
+                   unit's ReduceScatter is done: free its unsharded gradient, start its replica AllReduce
     end of backward  wait for the ReduceScatters (and the replica AllReduces), so `opt.step()` sees them
 
 SHARD_GRAD_OP (ZeRO-2) skips the free after forward and so the second AllGather. HYBRID_SHARD does
 FULL_SHARD inside each shard group and then AllReduces each gradient shard across the replica group.
-NO_SHARD (DDP) is the same machinery with shard groups of one rank: nothing to gather, gradients
-AllReduced across all ranks. Per step and unit, with P = padded bytes of a unit's flat parameters,
-n = shard group size, r = replicas (CommLog's S bytes; the root unit skips the backward AllGather):
+NO_SHARD (DDP) is the same machinery with shard groups of one rank: nothing to gather, and the units'
+flat gradients AllReduced across all ranks in buckets of `bucket_cap_mb`, as DDP does (`GradBuckets`).
+Per step and unit, with P = padded bytes of a unit's flat parameters, n = shard group size,
+r = replicas (CommLog's S bytes; the root unit skips the backward AllGather):
 
     FULL_SHARD / HYBRID_SHARD     2 AllGather(P)  + ReduceScatter(P)  [+ AllReduce(P/n) across r]
     SHARD_GRAD_OP / _HYBRID_ZERO2 1 AllGather(P)  + ReduceScatter(P)  [+ AllReduce(P/n) across r]
-    NO_SHARD                      AllReduce(P)
+    NO_SHARD                      AllReduce of the P's, packed in backward order into buckets of at
+                                  least bucket_cap_mb (the last one holds the rest)
 
 Prefetch order is the execution order recorded in the first forward and backward, as in PyTorch FSDP.
 """
@@ -39,6 +42,7 @@ from fsdp_mini.comm_log import scope
 from fsdp_mini import state_dict as SD
 from fsdp_mini.flat_param import FlatLayout, flatten
 from fsdp_mini.flat_param_handle import FlatParamHandle
+from fsdp_mini.grad_buckets import GradBuckets
 from fsdp_mini.groups import make_groups, shard_size_for
 from fsdp_mini.launch import get_device
 from fsdp_mini.memory import MemoryTracker, optimizer_state_bytes, tensor_bytes
@@ -104,11 +108,12 @@ class FSDP(nn.Module):
     hybrid strategies (default LOCAL_WORLD_SIZE: one node). `param_init_fn(name, tensor)`: fills a
     parameter or buffer in place by its name, required for a model built on the meta device, which is
     materialised one unit at a time. `impl`: "builtin" (torch.distributed) or "ring" (fsdp_mini's own).
+    `bucket_cap_mb`: NO_SHARD only, the size of its gradient buckets, as in PyTorch's DDP.
     """
 
     def __init__(self, module: nn.Module, sharding_strategy=ShardingStrategy.FULL_SHARD, wrap=(),
                  shard_size: int | None = None, mixed_precision: MixedPrecision | None = None,
-                 prefetch: bool = True, param_init_fn=None, impl: str = "builtin"):
+                 prefetch: bool = True, param_init_fn=None, impl: str = "builtin", bucket_cap_mb: float = 25):
         super().__init__()
         if not dist.is_initialized():
             raise RuntimeError("FSDP needs torch.distributed: run under fsdp_mini.launch or torchrun and call "
@@ -118,6 +123,8 @@ class FSDP(nn.Module):
         if mixed_precision is not None and not isinstance(mixed_precision, MixedPrecision):
             raise ValueError(f"mixed_precision must be a MixedPrecision, got {type(mixed_precision).__name__}")
         C._check_impl(impl)
+        if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float)) or not bucket_cap_mb > 0:
+            raise ValueError(f"bucket_cap_mb must be a positive number of MiB, got {bucket_cap_mb!r}")
         self.strategy = as_strategy(sharding_strategy)
         self.mixed_precision = mixed_precision or MixedPrecision()
         self.prefetch, self.impl, self.device = prefetch, impl, get_device()
@@ -128,6 +135,7 @@ class FSDP(nn.Module):
         self.module = module
         self.groups = make_groups(size)
         self.memory = MemoryTracker()
+        self._buckets = GradBuckets(self.groups.replica, impl, int(bucket_cap_mb * 2**20))
         self.units = self._materialise(plan, param_init_fn)
         self._flat_params = nn.ParameterList([h.shard for u in self.units for h in u.handles])
         self._sd_keys = plan.state_dict_keys
@@ -237,9 +245,19 @@ class FSDP(nn.Module):
         handle.grads_ready += 1
         if handle.grads_ready == len(handle.leaves):  # every parameter's gradient is complete
             if self._sync:
-                handle.reduce_grad()
-                self._pending.append(handle)
+                self._reduce(handle)
             handle.reshard()
+
+    def _reduce(self, handle: FlatParamHandle) -> None:
+        """Start reducing one handle's gradients: into the open bucket (NO_SHARD), or a ReduceScatter;
+        the previous handle's ReduceScatter is done by now, so its replica AllReduce starts."""
+        if self.groups.shard is None:
+            self._buckets.add(handle, handle.take_flat_grad())
+        else:
+            handle.reduce_grad()
+            if self._pending:
+                self._pending[-1].start_replica_reduce()
+        self._pending.append(handle)
 
     def _finish_backward(self) -> None:
         """End of backward: reduce what post-backward did not (unused parameters, accumulated no_sync
@@ -247,8 +265,8 @@ class FSDP(nn.Module):
         for unit in self.units:
             for h in unit.handles:
                 if self._sync and h.has_unsharded_grads() and h not in self._pending:
-                    h.reduce_grad()
-                    self._pending.append(h)
+                    self._reduce(h)
+        self._buckets.wait()
         for h in self._pending:
             h.wait_grad()
         for unit in self.units:

@@ -38,11 +38,19 @@ def _unit_params(cfg=CFG):
     return [("", root)] + [(name, split(b.parameters())) for name, b in blocks]
 
 
-def expected_records(strategy: str, world: int, shard_size: int | None) -> Counter:
-    """The documented per-step formula (fsdp_mini.fsdp), as a multiset of (op, S bytes, group size)."""
+def expected_records(strategy: str, world: int, shard_size: int | None, one_bucket: bool = True) -> Counter:
+    """The documented per-step formula (fsdp_mini.fsdp), as a multiset of (op, S bytes, group size).
+
+    NO_SHARD's gradients go in buckets: this model is far below the default 25 MiB, so all of them make
+    one AllReduce; with a cap below the smallest unit (`one_bucket=False`) every unit is its own bucket."""
     n = {"NO_SHARD": 1, "SHARD_GRAD_OP": world, "FULL_SHARD": world}.get(strategy, shard_size)
     replicas = world // n
     out = Counter()
+    if n == 1:
+        sizes = [numel * 4 for _, flats in _unit_params() for numel, trainable in flats if trainable]
+        for nbytes in ([sum(sizes)] if one_bucket else sizes):
+            out[("all_reduce", nbytes, world)] += 1
+        return out
     for unit, flats in _unit_params():
         for numel, trainable in flats:
             P = math.ceil(numel / n) * n * 4  # padded, fp32
@@ -57,33 +65,37 @@ def expected_records(strategy: str, world: int, shard_size: int | None) -> Count
 
 
 CASES = [("NO_SHARD", None), ("SHARD_GRAD_OP", None), ("FULL_SHARD", None), ("HYBRID_SHARD", 2),
-         ("_HYBRID_SHARD_ZERO2", 2)]
+         ("_HYBRID_SHARD_ZERO2", 2), ("NO_SHARD, bucket per unit", None)]
+TINY_BUCKETS = 1e-6  # MiB: about 1 byte, so every unit fills a bucket of its own
 
 
 def _comm_worker(impl):
     out = {}
-    for strategy, shard_size in CASES:
-        model = FSDP(_frozen_gpt(), strategy, wrap=(Block,), shard_size=shard_size, impl=impl)
+    for case, shard_size in CASES:
+        strategy, _, per_unit = case.partition(", ")
+        cap = TINY_BUCKETS if per_unit else 25
+        model = FSDP(_frozen_gpt(), strategy, wrap=(Block,), shard_size=shard_size, impl=impl, bucket_cap_mb=cap)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         logs = []
         for step in range(2):  # step 0 records the execution order, step 1 prefetches: same bytes
             with CommLog() as log:
                 train(model, opt, CFG, 1, 12, seed=step)
             logs.append([(r.op, r.nbytes, r.group_size, r.sent) for r in log.records])
-        out[strategy] = logs
+        out[case] = logs
     return out
 
 
 @pytest.mark.parametrize("impl", ["builtin", "ring"])
 def test_comm_per_step_equals_the_documented_formula(impl, no_orphans):
     for rank, res in enumerate(launch(_comm_worker, 4, args=(impl,), timeout=120)):
-        for strategy, shard_size in CASES:
-            want = expected_records(strategy, 4, shard_size)
-            for step, records in enumerate(res[strategy]):
+        for case, shard_size in CASES:
+            strategy, _, per_unit = case.partition(", ")
+            want = expected_records(strategy, 4, shard_size, one_bucket=not per_unit)
+            for step, records in enumerate(res[case]):
                 got = Counter((op, nbytes, size) for op, nbytes, size, _ in records)
-                assert got == want, f"rank {rank} {strategy} step {step}"
+                assert got == want, f"rank {rank} {case} step {step}"
                 for op, nbytes, size, sent in records:
-                    assert sent == ring_model_sent(op, nbytes // 4, 4, size), (strategy, op)
+                    assert sent == ring_model_sent(op, nbytes // 4, 4, size), (case, op)
 
 
 def _memory_worker():
@@ -137,6 +149,7 @@ def _errors_worker():
             "wrap_not_a_class": message(lambda: FSDP(GPT(CFG), wrap=("Block",))),
             "zero1": message(lambda: FSDP(GPT(CFG), "ZERO1")),
             "impl": message(lambda: FSDP(GPT(CFG), impl="mpi")),
+            "bucket_cap_mb": message(lambda: FSDP(GPT(CFG), "NO_SHARD", bucket_cap_mb=0)),
             "mixed_precision": message(lambda: FSDP(GPT(CFG), mixed_precision=torch.bfloat16)),
             "wrapped_twice": message(lambda: FSDP(model)),
             "wrong_device": message(lambda: model(torch.zeros(2, 4, dtype=torch.long, device="meta"))),
@@ -159,6 +172,7 @@ def test_bad_input_is_a_clear_error_before_any_collective(no_orphans):
             "wrap_not_a_class": "wrap must hold nn.Module classes",
             "zero1": "fsdp_mini.zero",
             "impl": "impl must be one of",
+            "bucket_cap_mb": "bucket_cap_mb must be a positive number of MiB, got 0",
             "mixed_precision": "mixed_precision must be a MixedPrecision",
             "wrapped_twice": "already wrapped",
             "wrong_device": "input on meta, but this rank computes on cpu",
