@@ -39,6 +39,7 @@ from fsdp_mini.comm_log import CommLog, ring_model_sent
 from fsdp_mini.cost import algbw, busbw
 from fsdp_mini.memory import format_bytes
 from fsdp_mini.models import GPT, Block, GPTConfig, make_batch
+from fsdp_mini.language import LANGUAGES, set_language, tr
 from fsdp_mini.launch import init, launch, under_torchrun
 from fsdp_mini.train import local_rows
 
@@ -596,7 +597,7 @@ def plot(rows: list[dict], path: str) -> None:
     fig, axes = plt.subplots(len(groups), 2, figsize=(12, 1.2 + 0.33 * len(set(r["case"] for r in rows)) * len(groups) + 0.8 * len(groups)),
                              squeeze=False)
     phases = (("forward_s", "forward", "#4C72B0"), ("backward_s", "backward", "#DD8452"),
-              ("optimizer_s", "optimizer step", "#55A868"))
+              ("optimizer_s", tr("optimizer step", "шаг оптимизатора"), "#55A868"))
     for g, (size, world) in enumerate(groups):
         block = [r for r in rows if (r["size"], r["world_size"]) == (size, world)]
         ys = range(len(block))
@@ -607,20 +608,20 @@ def plot(rows: list[dict], path: str) -> None:
             ax.barh(ys, width, left=left, color=color, label=label if g == 0 else None)
             left = [a + b for a, b in zip(left, width)]
         ax.scatter([r["step_s"] * 1e3 for r in block], ys, marker="|", color="black", s=200, zorder=3,
-                   label="step (median)" if g == 0 else None)
+                   label=tr("step (median)", "шаг (медиана)") if g == 0 else None)
         ax.set_yticks(ys, [r["name"] for r in block], fontsize=8)
         ax.invert_yaxis()
-        ax.set_xlabel("ms per step (medians)")
-        ax.set_title(f"{size} GPT, {world} ranks: step time", fontsize=9)
+        ax.set_xlabel(tr("ms per step (medians)", "мс на шаг (медианы)"))
+        ax.set_title(tr(f"{size} GPT, {world} ranks: step time", f"GPT {size}, рангов: {world}; время шага"), fontsize=9)
         ax = axes[g][1]
         ax.barh(ys, [(r.get("peak_alloc") or 0) / 1e6 for r in block], color="#C9D5E8",
-                label="peak allocated in a step" if g == 0 else None)
+                label=tr("peak allocated in a step", "пик выделенной памяти за шаг") if g == 0 else None)
         ax.barh(ys, [(r.get("model_state") or 0) / 1e6 for r in block], height=0.4, color="#4C72B0",
-                label="params + grads + optimizer state" if g == 0 else None)
+                label=tr("params + grads + optimizer state", "параметры + градиенты + состояние оптимизатора") if g == 0 else None)
         ax.set_yticks(ys, [r["name"] for r in block], fontsize=8)
         ax.invert_yaxis()
-        ax.set_xlabel("MB per rank")
-        ax.set_title(f"{size} GPT, {world} ranks: memory", fontsize=9)
+        ax.set_xlabel(tr("MB per rank", "МБ на ранг"))
+        ax.set_title(tr(f"{size} GPT, {world} ranks: memory", f"GPT {size}, рангов: {world}; память"), fontsize=9)
     handles = [h for ax in axes[0] for h in ax.get_legend_handles_labels()[0]]
     fig.legend(handles, [h.get_label() for h in handles], loc="lower center", ncol=len(handles), fontsize=8,
                frameon=False)
@@ -695,6 +696,8 @@ def add_subcommand(sub) -> None:
     b.add_argument("--simulate", action="store_true", help="also print fsdp_mini.simulate's prediction")
     b.add_argument("--json", metavar="FILE", help="write every measurement as JSON (input of `simulate`)")
     b.add_argument("--plot", metavar="FILE", help="write a PNG of step time and peak memory")
+    b.add_argument("--language", choices=LANGUAGES, default="en", help="of the plot's labels")
+    b.add_argument("--load", metavar="FILE", help="measure nothing: print and plot a saved --json run")
     b.add_argument("--timeout", type=float, default=1800, help="seconds per launch")
     b.set_defaults(func=command)
 
@@ -708,6 +711,10 @@ def _positive(name: str, value: int) -> int:
 def command(args) -> int:
     import json
 
+    set_language(args.language)
+    if args.load:
+        with open(args.load) as f:
+            return _report(json.load(f), args)
     try:
         worlds = [int(w) for w in args.world_sizes.split(",") if w.strip()]
     except ValueError:
@@ -727,24 +734,32 @@ def command(args) -> int:
     env["load_after"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     rows = summarize(results)
     items = targets(rows, results)
+    report = {"environment": env, "args": {k: v for k, v in vars(args).items() if k != "func"},
+              "results": results, "rows": rows, "targets": items}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return _report(report, args)
+
+
+def _report(report: dict, args) -> int:
+    """Print a run's table and targets (and the simulation); write the plot."""
+    env, rows, items = report["environment"], report["rows"], report["targets"]
+    a = report["args"]
     load = (f"; load average {env['load_before'][0]:.1f} before, {env['load_after'][0]:.1f} after"
-            if env["load_before"] else "")
-    print(f"fsdp_mini bench: gloo on {env['cpus']} CPUs, {results[0].get('threads', '?')} thread(s) per rank, "
-          f"torch {env['torch']}; {args.reps} interleaved rounds x {args.steps} steps per case{load}")
+            if env.get("load_before") else "")
+    print(f"fsdp_mini bench: gloo on {env['cpus']} CPUs, {report['results'][0].get('threads', '?')} thread(s) "
+          f"per rank, torch {env['torch']}; {a['reps']} interleaved rounds x {a['steps']} steps per case{load}")
     print(table(rows))
     if items:
         print("\ntargets (issue 6):")
         print(targets_text(items))
-    report = {"environment": env, "args": {k: v for k, v in vars(args).items() if k != "func"},
-              "results": results, "rows": rows, "targets": items}
     if args.simulate:
         from fsdp_mini import simulate
 
         print()
         print(simulate.report(report))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+    if args.json and not args.load:
         print(f"wrote {args.json}")
     if args.plot:
         plot(rows, args.plot)

@@ -211,3 +211,14 @@ def test_extrapolation_hybrid_beats_full_shard_on_a_two_level_cluster():
     same = {e["strategy"]: e["comm_s"] for e in simulate.extrapolate(one_node, units, 0.1)}
     assert math.isclose(same["HYBRID_SHARD"], same["FULL_SHARD"])  # one node: the same groups
     assert simulate.flops_seconds(7e9, 16384, 989e12, 0.4) == pytest.approx(6 * 7e9 * 16384 / (0.4 * 989e12))
+
+
+def test_load_reprints_a_saved_run_and_plots_it_in_russian(smoke):
+    out, folder = smoke
+    again = run("bench", "--load", str(folder / "bench.json"), "--language", "ru",
+                "--plot", str(folder / "bench.ru.png"), timeout=60)
+    assert again.returncode == 0, again.stderr
+    table_of = lambda text: text[text.index("tiny GPT"):text.index("targets (issue 6):")]  # noqa: E731
+    assert table_of(again.stdout) == table_of(out.stdout), "the same table, nothing measured again"
+    assert again.stderr.count("memory tiny") == 0
+    assert (folder / "bench.ru.png").read_bytes()[:4] == b"\x89PNG"
