@@ -25,8 +25,9 @@ demo: setup
 test: setup
 	OMP_NUM_THREADS=1 $(PY) -m pytest
 
-bench: setup
-	OMP_NUM_THREADS=1 $(PY) -m fsdp_mini bench-collectives --world-size 2
+bench: setup  # about 5 minutes on 2 cores; lessons/en/performance.md shows a run
+	mkdir -p build
+	OMP_NUM_THREADS=1 $(PY) -m fsdp_mini bench --simulate --json build/bench.json --plot build/bench.png
 
 site: setup
 	$(PY) -m mkdocs serve --dev-addr 127.0.0.1:8000
