@@ -231,17 +231,16 @@ def step_communication(cluster: Cluster, strategy: StrategyLike, num_params: int
     if n == 1:  # NO_SHARD: nothing to gather; the gradients travel in buckets
         for numel in _buckets(sizes, grad_bytes, bucket_cap_mb) if replicas > 1 else []:
             calls[("all_reduce", numel, grad_bytes, replicas, replica_crosses)] += 1
-        sizes = []
-    for i, numel in enumerate(sizes):
-        padded = math.ceil(numel / n) * n  # fsdp_mini's flat layout: equal shards
-        gathers = _GATHERS[strategy]
-        if root_stays_gathered and i == 0:
-            gathers = min(gathers, 1)
-        if n > 1:
+    else:
+        for i, numel in enumerate(sizes):
+            padded = math.ceil(numel / n) * n  # fsdp_mini's flat layout: equal shards
+            gathers = _GATHERS[strategy]
+            if root_stays_gathered and i == 0:
+                gathers = min(gathers, 1)
             calls[("all_gather", padded, param_bytes, n, shard_crosses)] += gathers
             calls[("reduce_scatter", padded, grad_bytes, n, shard_crosses)] += 1
-        if replicas > 1:
-            calls[("all_reduce", padded // n, grad_bytes, replicas, replica_crosses)] += 1
+            if replicas > 1:
+                calls[("all_reduce", padded // n, grad_bytes, replicas, replica_crosses)] += 1
 
     collectives = []
     for (op, numel, size, group, crosses), count in sorted(calls.items()):

@@ -108,28 +108,28 @@ class FlatParamHandle:
         with scope(self.label):
             work = C.reduce_scatter_tensor(out, flat, C.AVG, group=self.groups.shard, async_op=True,
                                            impl=self.impl)
-        self._reduce = [work, out, flat, False]  # `flat` must live until the ReduceScatter is done
+        self._reduce = (work, out, flat)  # `flat` must live until the ReduceScatter is done
 
     def start_replica_reduce(self) -> None:
         """Once the ReduceScatter is done: free the unsharded gradient and, with replicas (HYBRID_SHARD),
         start averaging the gradient shard across them (async). Called when the next unit's gradients
         are ready, so at most two units' unsharded gradients are alive at a time."""
-        if self._reduce is None or self._reduce[3]:
+        if self._reduce is None or self._reduce[2] is None:  # nothing pending, or already started
             return
-        work, out, _, _ = self._reduce
+        work, out, _ = self._reduce
         work.wait()
         replica_work = None
         if self.groups.replica is not None:
             with scope(self.label):
                 replica_work = C.all_reduce(out, C.AVG, group=self.groups.replica, async_op=True, impl=self.impl)
-        self._reduce = [replica_work, out, None, True]
+        self._reduce = (replica_work, out, None)
 
     def wait_grad(self) -> None:
         """Finish the reduction started by `reduce_grad` and add the result to `shard.grad`."""
         if self._reduce is None:
             return
         self.start_replica_reduce()
-        work, out, _, _ = self._reduce
+        work, out, _ = self._reduce
         self._reduce = None
         if work is not None:
             work.wait()
