@@ -62,6 +62,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from fsdp_mini.runtime import local_world_size
+
 __all__ = ["save_checkpoint", "load_checkpoint", "sharded_state_dict"]
 
 OPTIM_PREFIX = "optim."
@@ -162,7 +164,7 @@ class _HandleBoxes:
 # --- building the state dict DCP sees ----------------------------------------------------------------
 
 def _check_model(model) -> None:
-    if not (hasattr(model, "units") and hasattr(model, "groups") and hasattr(model, "_sd_keys")):
+    if not all(hasattr(model, a) for a in ("handles", "groups", "state_dict_keys", "reshard")):
         raise ValueError(f"expected an fsdp_mini FSDP model, got {type(model).__name__}")
     if not dist.is_initialized():
         raise RuntimeError("sharded checkpoints need torch.distributed: run under fsdp_mini.launch or torchrun")
@@ -170,7 +172,7 @@ def _check_model(model) -> None:
 
 def _device_of(model) -> Callable[[int], str]:
     if model.device.type == "cuda":
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", torch.cuda.device_count()))
+        local = local_world_size(default=torch.cuda.device_count())
         return lambda rank: f"cuda:{rank % local}"
     return lambda rank: str(model.device)
 
@@ -181,8 +183,7 @@ def _layout_plans(model) -> list[tuple[Any, _HandleBoxes]]:
     first = rank - model.groups.shard_rank
     row = list(range(first, first + size))
     device_of = _device_of(model)
-    plans = [(h, _HandleBoxes(h, row, device_of)) for unit in model.units for h in unit.handles]
-    return plans
+    return [(h, _HandleBoxes(h, row, device_of)) for h in model.handles]
 
 
 def _optimizer_params(model, optimizer, plans):
@@ -212,7 +213,7 @@ def _state_dict(model, optimizer, saving: bool):
         for info in h.layout.params:
             if info.numel == 0:  # no boxes: a plain empty tensor keeps the key (and its shape) in the file
                 sd[info.names[0]] = torch.empty(tuple(info.shape), dtype=h.shard.dtype, device=h.shard.device)
-    persistent = set(model._sd_keys)
+    persistent = set(model.state_dict_keys)
     for name, buf in model.module.named_buffers(remove_duplicate=False):
         if name in persistent:
             sd[name] = buf  # replicated: DCP writes it once and loads it in place on every rank
@@ -373,8 +374,7 @@ def load_checkpoint(path: str | os.PathLike, model, optimizer=None) -> None:
     _check_against_checkpoint(path, sd)
     for step in prepare:
         step()
-    for unit in model.units:  # the gathered copies would be stale: drop them (as load_full_state_dict does)
-        unit.reshard()
+    model.reshard()  # the gathered copies would be stale: drop them (as load_full_state_dict does)
     with torch.no_grad(), _quiet(), _as_runtime_error("loading", path):
         dcp.load(sd, storage_reader=dcp.FileSystemReader(os.fspath(path)),
                  planner=DefaultLoadPlanner(**_planner_kwargs()))

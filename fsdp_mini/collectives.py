@@ -8,7 +8,8 @@ Signatures mirror torch.distributed: `ring_reduce_scatter(output, input, op, gro
 output elements, `ring_all_gather(output, input, group)` with output = n x input elements,
 `ring_all_reduce(tensor, op, group)` in place for any size. The wrappers `all_reduce`,
 `reduce_scatter_tensor` and `all_gather_into_tensor` take torch's arguments plus `impl="builtin"` or
-`"ring"`, so the engine can switch between them. All of them log to `CommLog`.
+`"ring"`, so the engine can switch between them. All of them log to `CommLog`. Ops: SUM and AVG,
+and MAX for the all-reduces and the ring reduce-scatter (a gradient's infinity norm).
 
 `async_op=True` returns a handle with `.wait()`, as torch does. Hand-written ops then run on one
 background thread per process, in issue order: like a GPU's communication stream, it lets the next
@@ -24,13 +25,21 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from fsdp_mini.comm_log import _Pending, ring_model_sent
+from fsdp_mini.comm_log import PendingRecord
+from fsdp_mini.ring_model import ring_model_sent
 
 __all__ = ["ring_reduce_scatter", "ring_all_gather", "ring_all_reduce", "naive_all_reduce",
-           "all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "IMPLS", "release_buffers"]
+           "all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "IMPLS", "SUM", "AVG", "MAX",
+           "check_impl", "release_buffers", "torch_all_gather_into_tensor", "torch_reduce_scatter_tensor"]
 
-SUM, AVG = dist.ReduceOp.SUM, dist.ReduceOp.AVG
+SUM, AVG, MAX = dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MAX
 IMPLS = ("builtin", "ring")
+
+# The one version shim. torch 2.13 renamed all_gather_into_tensor / reduce_scatter_tensor to
+# all_gather_single / reduce_scatter_single (same signatures) and warns on the old names; older torch
+# has only the old ones. Every builtin call of these two collectives in fsdp_mini goes through here.
+torch_all_gather_into_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+torch_reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 @dataclass(frozen=True)
@@ -56,9 +65,10 @@ def _group(group) -> _Group:
     return _Group(pg, dist.get_rank(pg), dist.get_world_size(pg), dist.get_rank())
 
 
-def _check_op(op) -> None:
-    if op not in (SUM, AVG):
-        raise ValueError(f"op must be ReduceOp.SUM or ReduceOp.AVG, got {op}")
+def _check_op(op, allowed=(SUM, AVG)) -> None:
+    if op not in allowed:
+        names = " or ".join(f"ReduceOp.{o.name}" for o in allowed)
+        raise ValueError(f"op must be {names}, got {op}")
 
 
 def _flat(t: torch.Tensor, name: str) -> torch.Tensor:
@@ -70,7 +80,7 @@ def _flat(t: torch.Tensor, name: str) -> torch.Tensor:
 class Work:
     """Handle of an async collective, like torch's `Work`: `wait()` blocks until it is done."""
 
-    def __init__(self, wait_fn, pending: _Pending):
+    def __init__(self, wait_fn, pending: PendingRecord):
         self._wait_fn, self._pending, self._done = wait_fn, pending, False
 
     def wait(self) -> bool:
@@ -96,7 +106,7 @@ def _comm_thread() -> ThreadPoolExecutor:
         return _executor[1]
 
 
-def _exchange(send: torch.Tensor, recv: torch.Tensor, g: _Group, pending: _Pending) -> None:
+def _exchange(send: torch.Tensor, recv: torch.Tensor, g: _Group, pending: PendingRecord) -> None:
     """One ring step: send `send` to the right neighbour while receiving `recv` from the left one."""
     reqs = [dist.isend(send, group=g.pg, group_dst=g.right), dist.irecv(recv, group=g.pg, group_src=g.left)]
     for req in reqs:
@@ -126,7 +136,7 @@ def release_buffers() -> None:
 _PIECE_ELEMS = 1 << 20  # 4 MiB of fp32: reduce one piece while the next one is still arriving
 
 
-def _rs(out: torch.Tensor, inp: torch.Tensor, op, g: _Group, pending: _Pending) -> None:
+def _rs(out: torch.Tensor, inp: torch.Tensor, op, g: _Group, pending: PendingRecord) -> None:
     n, r = g.size, g.rank
     chunks = inp.view(n, -1)
     if n == 1:
@@ -145,7 +155,7 @@ def _rs(out: torch.Tensor, inp: torch.Tensor, op, g: _Group, pending: _Pending) 
         recvs = [dist.irecv(recv[a:b], group=g.pg, group_src=g.left) for a, b in pieces]
         for (a, b), req in zip(pieces, recvs):
             req.wait()
-            torch.add(recv[a:b], chunks[j][a:b], out=target[a:b])
+            (torch.maximum if op == MAX else torch.add)(recv[a:b], chunks[j][a:b], out=target[a:b])
         for req in sends:
             req.wait()
         pending.sent += send.numel() * send.element_size()
@@ -154,7 +164,7 @@ def _rs(out: torch.Tensor, inp: torch.Tensor, op, g: _Group, pending: _Pending) 
         out.div_(n)
 
 
-def _ag(out: torch.Tensor, inp: torch.Tensor, g: _Group, pending: _Pending) -> None:
+def _ag(out: torch.Tensor, inp: torch.Tensor, g: _Group, pending: PendingRecord) -> None:
     n, r = g.size, g.rank
     chunks = out.view(n, -1)
     if chunks[r].data_ptr() != inp.data_ptr():
@@ -164,7 +174,7 @@ def _ag(out: torch.Tensor, inp: torch.Tensor, g: _Group, pending: _Pending) -> N
         _exchange(chunks[(r - step) % n], chunks[(r - step - 1) % n], g, pending)
 
 
-def _run(body, pending: _Pending, async_op: bool, n: int):
+def _run(body, pending: PendingRecord, async_op: bool, n: int):
     """Run a ring op on the communication thread; block unless async_op."""
     if n == 1 and not async_op:
         body()
@@ -183,11 +193,11 @@ def ring_reduce_scatter(output: torch.Tensor, input: torch.Tensor, op=SUM, group
     its own part. After n-1 steps that chunk is r, summed over all n ranks. Each rank sends
     (n-1)·S/n bytes: the bandwidth optimum, and half of an all-reduce.
     """
-    _check_op(op)
+    _check_op(op, (SUM, AVG, MAX))
     g, inp, out = _group(group), _flat(input, "input"), _flat(output, "output")
     if inp.numel() != g.size * out.numel():
         raise ValueError(f"input has {inp.numel()} elements, expected group size {g.size} x output's {out.numel()}")
-    pending = _Pending("reduce_scatter", "ring", inp.numel() * inp.element_size(), g.size, g.global_rank)
+    pending = PendingRecord("reduce_scatter", "ring", inp.numel() * inp.element_size(), g.size, g.global_rank)
     return _run(lambda: _rs(out, inp, op, g, pending), pending, async_op, g.size)
 
 
@@ -201,7 +211,7 @@ def ring_all_gather(output: torch.Tensor, input: torch.Tensor, group=None, async
     g, inp, out = _group(group), _flat(input, "input"), _flat(output, "output")
     if out.numel() != g.size * inp.numel():
         raise ValueError(f"output has {out.numel()} elements, expected group size {g.size} x input's {inp.numel()}")
-    pending = _Pending("all_gather", "ring", out.numel() * out.element_size(), g.size, g.global_rank)
+    pending = PendingRecord("all_gather", "ring", out.numel() * out.element_size(), g.size, g.global_rank)
     return _run(lambda: _ag(out, inp, g, pending), pending, async_op, g.size)
 
 
@@ -213,12 +223,12 @@ def ring_all_reduce(tensor: torch.Tensor, op=SUM, group=None, async_op=False):
     all-gather steps hand every finished chunk around the ring. Each rank sends 2(n-1)·ceil(numel/n)
     elements, about 2(n-1)/n·S: nearly independent of n, unlike `naive_all_reduce`.
     """
-    _check_op(op)
+    _check_op(op, (SUM, AVG, MAX))
     g = _group(group)
     flat = tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)
     numel, n = flat.numel(), g.size
     chunk = -(-numel // n)
-    pending = _Pending("all_reduce", "ring", numel * flat.element_size(), n, g.global_rank)
+    pending = PendingRecord("all_reduce", "ring", numel * flat.element_size(), n, g.global_rank)
 
     def body():
         buf = flat
@@ -245,7 +255,7 @@ def naive_all_reduce(tensor: torch.Tensor, op=SUM, group=None) -> None:
     _check_op(op)
     g = _group(group)
     flat = _flat(tensor, "tensor")
-    pending = _Pending("all_reduce", "naive", flat.numel() * flat.element_size(), g.size, g.global_rank)
+    pending = PendingRecord("all_reduce", "naive", flat.numel() * flat.element_size(), g.size, g.global_rank)
 
     def body():
         if g.rank == 0:
@@ -268,12 +278,13 @@ def naive_all_reduce(tensor: torch.Tensor, op=SUM, group=None) -> None:
 
 # --- logged wrappers with torch's signatures ------------------------------------------------------
 
-def _check_impl(impl: str) -> None:
+def check_impl(impl: str) -> None:
+    """A clear error for an unknown `impl` (what the engine's constructors check first)."""
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
 
 
-def _builtin(call, post, pending: _Pending, async_op: bool):
+def _builtin(call, post, pending: PendingRecord, async_op: bool):
     work = call()
     handle = Work(lambda: (work.wait(), post and post()), pending)
     return handle if async_op else handle.wait() and None
@@ -281,40 +292,41 @@ def _builtin(call, post, pending: _Pending, async_op: bool):
 
 def all_reduce(tensor: torch.Tensor, op=SUM, group=None, async_op=False, impl="builtin"):
     """`torch.distributed.all_reduce`, logged; impl="ring" runs `ring_all_reduce` instead."""
-    _check_impl(impl)
+    check_impl(impl)
     if impl == "ring":
         return ring_all_reduce(tensor, op, group, async_op)
-    _check_op(op)
+    _check_op(op, (SUM, AVG, MAX))
     g = _group(group)
-    pending = _Pending("all_reduce", "builtin", tensor.numel() * tensor.element_size(), g.size, g.global_rank,
+    pending = PendingRecord("all_reduce", "builtin", tensor.numel() * tensor.element_size(), g.size, g.global_rank,
                        sent=ring_model_sent("all_reduce", tensor.numel(), tensor.element_size(), g.size))
     # gloo has no AVG for all_reduce: SUM, then divide (NCCL would do the same work internally).
     post = (lambda: tensor.div_(g.size)) if op == AVG else None
-    return _builtin(lambda: dist.all_reduce(tensor, SUM, group=g.pg, async_op=True), post, pending, async_op)
+    wire_op = SUM if op == AVG else op
+    return _builtin(lambda: dist.all_reduce(tensor, wire_op, group=g.pg, async_op=True), post, pending, async_op)
 
 
 def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op=SUM, group=None, async_op=False,
                           impl="builtin"):
     """`torch.distributed.reduce_scatter_tensor`, logged; impl="ring" runs `ring_reduce_scatter`."""
-    _check_impl(impl)
+    check_impl(impl)
     if impl == "ring":
         return ring_reduce_scatter(output, input, op, group, async_op)
     _check_op(op)
     g = _group(group)
-    pending = _Pending("reduce_scatter", "builtin", input.numel() * input.element_size(), g.size, g.global_rank,
+    pending = PendingRecord("reduce_scatter", "builtin", input.numel() * input.element_size(), g.size, g.global_rank,
                        sent=ring_model_sent("reduce_scatter", input.numel(), input.element_size(), g.size))
-    rs = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
-    return _builtin(lambda: rs(output, input, op, group=g.pg, async_op=True), None, pending, async_op)
+    return _builtin(lambda: torch_reduce_scatter_tensor(output, input, op, group=g.pg, async_op=True), None,
+                    pending, async_op)
 
 
 def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor, group=None, async_op=False,
                            impl="builtin"):
     """`torch.distributed.all_gather_into_tensor`, logged; impl="ring" runs `ring_all_gather`."""
-    _check_impl(impl)
+    check_impl(impl)
     if impl == "ring":
         return ring_all_gather(output, input, group, async_op)
     g = _group(group)
-    pending = _Pending("all_gather", "builtin", output.numel() * output.element_size(), g.size, g.global_rank,
+    pending = PendingRecord("all_gather", "builtin", output.numel() * output.element_size(), g.size, g.global_rank,
                        sent=ring_model_sent("all_gather", output.numel(), output.element_size(), g.size))
-    ag = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
-    return _builtin(lambda: ag(output, input, group=g.pg, async_op=True), None, pending, async_op)
+    return _builtin(lambda: torch_all_gather_into_tensor(output, input, group=g.pg, async_op=True), None,
+                    pending, async_op)

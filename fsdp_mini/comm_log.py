@@ -10,9 +10,8 @@ a `CommRecord` to each active `CommLog` of its process:
 
 `nbytes` is S, the full tensor (all-reduce: the tensor; reduce-scatter: its input; all-gather: its
 output). `sent` is what this rank put on the wire: counted send by send for the hand-written ops, and
-the ring model for builtins, whose algorithm we cannot see (all-reduce 2(n-1)/n·S, reduce-scatter and
-all-gather (n-1)/n·S). A ring splits S into n equal chunks, padding the last, so the model counts
-2(n-1)·ceil(numel/n) elements for an all-reduce: padding is counted, exactly as the ring sends it.
+the ring model for builtins, whose algorithm we cannot see (`fsdp_mini.ring_model.ring_model_sent`,
+re-exported here: all-reduce 2(n-1)·ceil(numel/n) elements, reduce-scatter and all-gather (n-1)/n·S).
 """
 from __future__ import annotations
 
@@ -21,7 +20,9 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-__all__ = ["CommLog", "CommRecord", "ring_model_sent", "scope"]
+from fsdp_mini.ring_model import ring_model_sent
+
+__all__ = ["CommLog", "CommRecord", "PendingRecord", "ring_model_sent", "scope"]
 
 _active: list["CommLog"] = []
 _lock = threading.Lock()
@@ -45,17 +46,6 @@ class CommRecord:
         return self.end - self.start
 
 
-def ring_model_sent(op: str, numel: int, element_size: int, n: int) -> int:
-    """Bytes one rank sends in a ring `op` over n ranks; numel is S's element count.
-
-    all_reduce: 2(n-1) chunks of ceil(numel/n); reduce_scatter and all_gather: (n-1) chunks of numel/n
-    (there numel is always a multiple of n: input = n x output).
-    """
-    chunk = -(-numel // n)
-    steps = {"all_reduce": 2 * (n - 1), "reduce_scatter": n - 1, "all_gather": n - 1}[op]
-    return steps * chunk * element_size
-
-
 @contextmanager
 def scope(label: str):
     """Label the collectives issued inside (e.g. "layers.0 forward"); shown by `CommLog.table`."""
@@ -67,8 +57,10 @@ def scope(label: str):
         _scope.label = previous
 
 
-class _Pending:
-    """One collective in flight: created when issued, appended to the logs when finished."""
+class PendingRecord:
+    """One collective in flight: created by `fsdp_mini.collectives` when it issues the op (the issue time
+    and the caller's `scope` are taken then), counted up in `sent` while a hand-written ring runs, and
+    appended to every active CommLog as a `CommRecord` by `finish()` when the op is complete."""
 
     __slots__ = ("op", "impl", "nbytes", "group_size", "rank", "start", "label", "sent")
 

@@ -12,7 +12,8 @@ global batch, and the replicas stay identical (they start identical: rank 0's we
 Three ideas turn the naive version (`all_reduce_gradients`: one blocking AllReduce per parameter after
 backward) into a fast one, and they are what torch.nn.parallel.DistributedDataParallel does:
 
-  1. buckets   gradients are packed into buckets of at most `bucket_cap_mb` MiB and each bucket is one
+  1. buckets   gradients are packed into buckets of about `bucket_cap_mb` MiB (`fsdp_mini.grad_buckets`:
+               DDP's rule, a bucket closes once it holds at least the cap) and each bucket is one
                AllReduce: every collective pays a fixed latency, so fewer, larger messages amortise it
                (a transformer has many tiny tensors: LayerNorm weights, biases).
   2. reverse   buckets are filled in reverse registration order, the order in which backward produces
@@ -30,12 +31,11 @@ gradients into preallocated bucket buffers in the hook (here the bucket is flatt
 complete), re-broadcasts buffers at every forward (here only at construction), and needs
 `find_unused_parameters=True` for parameters without gradients, which it then leaves at None when no
 rank used them; here every trainable parameter ends a synchronised backward with a gradient (zeros
-if no rank used it). fsdp_mini.FSDP with NO_SHARD does the same job with one bucket per FSDP unit.
+if no rank used it). fsdp_mini.FSDP with NO_SHARD does the same job with whole FSDP units as the tensors
+it puts in buckets, by the same rule.
 """
 from __future__ import annotations
 
-import hashlib
-from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 
@@ -45,11 +45,11 @@ import torch.nn as nn
 
 from fsdp_mini import collectives as C
 from fsdp_mini.comm_log import scope
-from fsdp_mini.launch import get_device
+from fsdp_mini.data_parallel import GradientSync, check_same_everywhere
+from fsdp_mini.grad_buckets import MiB, assign_buckets, check_bucket_cap_mb
+from fsdp_mini.runtime import get_device
 
-__all__ = ["DistributedDataParallel", "Bucket", "plan_buckets", "all_reduce_gradients", "MiB"]
-
-MiB = 1024 * 1024  # torch's DDP counts bucket_cap_mb in MiB as well
+__all__ = ["DistributedDataParallel", "Bucket", "plan_buckets", "all_reduce_gradients"]
 
 
 @dataclass(frozen=True)
@@ -71,46 +71,29 @@ class Bucket:
         return self.numel * torch.empty((), dtype=self.dtype).element_size()
 
 
-def _check_cap(bucket_cap_mb) -> None:
-    if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float)) or not bucket_cap_mb > 0:
-        raise ValueError(f"bucket_cap_mb must be a positive number of MiB, got {bucket_cap_mb!r}")
-
-
 def plan_buckets(module: nn.Module, bucket_cap_mb: float = 25) -> list[Bucket]:
-    """Group `module`'s trainable parameters into buckets of at most `bucket_cap_mb` MiB (pure: no
-    communication, works on the meta device).
+    """Group `module`'s trainable parameters into buckets of about `bucket_cap_mb` MiB (pure: no
+    communication, works on the meta device), as PyTorch's DDP does.
 
     Parameters are taken in *reverse* registration order: backward runs the layers from last to first,
     so that is roughly the order in which gradients become ready, and bucket 0 fills up first. A tied
-    parameter (embedding = head) counts once, under its first name. A bucket closes when the next
-    parameter would overflow the cap (or has another dtype); a parameter larger than the cap gets a
-    bucket of its own. A tiny cap gives one bucket per parameter, a huge one a single bucket.
+    parameter (embedding = head) counts once, under its first name. A bucket closes as soon as it holds
+    at least the cap, or before a parameter of another dtype (`fsdp_mini.grad_buckets`). A tiny cap gives
+    one bucket per parameter, a huge one a single bucket.
     """
-    _check_cap(bucket_cap_mb)
-    cap = bucket_cap_mb * MiB
+    check_bucket_cap_mb(bucket_cap_mb)
     trainable = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
-    buckets: list[Bucket] = []
-    names: list[str] = []
-    numels: list[int] = []
-    size, dtype = 0, None
-    for name, p in reversed(trainable):
-        nbytes = p.numel() * p.element_size()
-        if names and (size + nbytes > cap or p.dtype != dtype):
-            buckets.append(Bucket(len(buckets), tuple(names), tuple(numels), dtype))
-            names, numels, size = [], [], 0
-        names.append(name)
-        numels.append(p.numel())
-        size, dtype = size + nbytes, p.dtype
-    if names:
-        buckets.append(Bucket(len(buckets), tuple(names), tuple(numels), dtype))
-    return buckets
+    params = dict(trainable)
+    backward_order = [(name, p.numel() * p.element_size(), p.dtype) for name, p in reversed(trainable)]
+    return [Bucket(i, tuple(names), tuple(params[n].numel() for n in names), params[names[0]].dtype)
+            for i, names in enumerate(assign_buckets(backward_order, bucket_cap_mb * MiB))]
 
 
 def all_reduce_gradients(module: nn.Module, group=None, impl: str = "builtin") -> None:
     """The naive data-parallel step, for contrast: after backward, average every gradient across the
     ranks with one blocking AllReduce per parameter. Correct, but it pays one collective's latency per
     tensor (dozens of tiny messages) and the network idles during all of backward."""
-    C._check_impl(impl)
+    C.check_impl(impl)
     for name, p in module.named_parameters():
         if p.requires_grad:
             if p.grad is None:
@@ -119,10 +102,10 @@ def all_reduce_gradients(module: nn.Module, group=None, impl: str = "builtin") -
                 C.all_reduce(p.grad, C.AVG, group=group, impl=impl)
 
 
-class DistributedDataParallel(nn.Module):
+class DistributedDataParallel(GradientSync, nn.Module):
     """Data parallelism with bucketed, overlapped gradient AllReduce (see the module doc).
 
-    `bucket_cap_mb`: the largest bucket, in MiB, as in torch's DDP. `impl`: "builtin"
+    `bucket_cap_mb`: the bucket size in MiB, as in torch's DDP (a bucket closes once it reaches it). `impl`: "builtin"
     (torch.distributed) or "ring" (fsdp_mini's hand-written ring). `group`: the process group to
     average over (default: all ranks); its rank 0 broadcasts the initial parameters and buffers.
     `buckets` lists the plan; `no_sync()` accumulates gradients locally.
@@ -134,8 +117,8 @@ class DistributedDataParallel(nn.Module):
             raise ValueError(f"module must be an nn.Module, got {type(module).__name__}")
         if isinstance(module, DistributedDataParallel):
             raise ValueError("module is already wrapped in DistributedDataParallel")
-        _check_cap(bucket_cap_mb)
-        C._check_impl(impl)
+        check_bucket_cap_mb(bucket_cap_mb)
+        C.check_impl(impl)
         if not dist.is_initialized():
             raise RuntimeError("DistributedDataParallel needs torch.distributed: run under fsdp_mini.launch "
                                "or torchrun and call fsdp_mini.init() first")
@@ -146,9 +129,9 @@ class DistributedDataParallel(nn.Module):
         self.buckets = plan_buckets(module, bucket_cap_mb)
         by_name = dict(module.named_parameters())
         self._bucket_params = [[by_name[n] for n in b.names] for b in self.buckets]
-        _check_same_model_everywhere(module, group)
+        check_same_everywhere(_description(module), "model", " of the group (every rank must build the same "
+                              "DistributedDataParallel)", group=group, device=_device_of(module))
         _broadcast_from_rank0(module, group)
-        self._sync = True
         self._reset()
         for i, params in enumerate(self._bucket_params):
             for j, p in enumerate(params):
@@ -168,7 +151,7 @@ class DistributedDataParallel(nn.Module):
 
     def _on_grad(self, i: int, j: int, param: torch.Tensor) -> None:
         """Hook: parameter j of bucket i has its gradient. Start every bucket that is now complete."""
-        if not self._sync:
+        if not self.require_gradient_sync:
             return
         if not self._callback_queued:  # the first gradient of this backward
             self._callback_queued = True
@@ -203,16 +186,6 @@ class DistributedDataParallel(nn.Module):
                     p.grad.copy_(avg.view_as(p))
         self._reset()
 
-    @contextmanager
-    def no_sync(self):
-        """Accumulate gradients locally, without communication (gradient accumulation); the first
-        backward after the block averages everything accumulated."""
-        previous, self._sync = self._sync, False
-        try:
-            yield
-        finally:
-            self._sync = previous
-
 
 def _state_tensors(module: nn.Module) -> list[torch.Tensor]:
     """Every parameter and buffer once (tied ones once), in registration order."""
@@ -240,20 +213,11 @@ def _broadcast_from_rank0(module: nn.Module, group) -> None:
                 t.copy_(value.view_as(t))
 
 
-def _check_same_model_everywhere(module: nn.Module, group) -> None:
-    """Compare a hash of the parameter and buffer names, shapes and dtypes across ranks, so a mismatched
-    model fails here with a clear error instead of hanging or mixing tensors in the first broadcast."""
-    n = dist.get_world_size(group)
-    if n == 1:
-        return
-    parts = [(name, tuple(t.shape), str(t.dtype), t.requires_grad)
-             for name, t in list(module.named_parameters()) + list(module.named_buffers())]
-    digest = int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:7], "big")
-    device = next((t.device for t in _state_tensors(module)), torch.device("cpu"))
-    mine = torch.tensor([digest], dtype=torch.int64, device=device)
-    everyone = torch.empty(n, dtype=torch.int64, device=device)
-    getattr(dist, "all_gather_single", dist.all_gather_into_tensor)(everyone, mine, group=group)
-    differ = [r for r, d in enumerate(everyone.tolist()) if d != everyone[0].item()]
-    if differ:
-        raise ValueError(f"ranks {differ} of the group wrap a different model than its rank 0 "
-                         f"(every rank must build the same DistributedDataParallel)")
+def _description(module: nn.Module) -> list[tuple]:
+    """What must agree across replicas: every parameter's and buffer's name, shape, dtype, requires_grad."""
+    return [(name, tuple(t.shape), str(t.dtype), t.requires_grad)
+            for name, t in list(module.named_parameters()) + list(module.named_buffers())]
+
+
+def _device_of(module: nn.Module) -> torch.device:
+    return next((t.device for t in _state_tensors(module)), torch.device("cpu"))

@@ -14,8 +14,14 @@ Freeing is `untyped_storage().resize_(0)`, not dropping the tensor: autograd sav
 and FULL_SHARD must refill the *same* storage before backward for them to be valid again. Refilling is an
 in-place write, which would bump the views' version counter and make autograd refuse the saved tensors;
 the counter is restored after each gather, as PyTorch's FSDP does, because the values are the same.
+
+Its states are named, as in PyTorch (`ShardedState`, and the stages of a gradient's reduction), so that
+a reader, a test or a debugger can ask a handle where it is instead of decoding which fields are None.
 """
 from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -26,7 +32,49 @@ from fsdp_mini.flat_param import FlatLayout, flatten, unflatten_views
 from fsdp_mini.groups import Groups
 from fsdp_mini.memory import MemoryTracker
 
-__all__ = ["FlatParamHandle"]
+__all__ = ["FlatParamHandle", "ShardedState", "ReduceStage", "PendingGather", "PendingReduction"]
+
+
+class ShardedState(enum.Enum):
+    """Where a flat parameter's values are."""
+
+    SHARDED = enum.auto()
+    """Only this rank's shard exists; the gathered buffer has no storage."""
+    UNSHARDING = enum.auto()
+    """The AllGather into the gathered buffer has been issued and not yet waited for."""
+    UNSHARDED = enum.auto()
+    """The gathered buffer holds every parameter; the module's parameters (views of it) can be used."""
+
+
+class ReduceStage(enum.Enum):
+    """How far the reduction of one backward's gradients has come."""
+
+    SCATTERING = enum.auto()
+    """The ReduceScatter into the gradient shard is in flight; the unsharded flat gradient must live."""
+    ACROSS_REPLICAS = enum.auto()
+    """The ReduceScatter is done and its input freed; the AllReduce of the shard across replica groups
+    (HYBRID_SHARD) is in flight, or there is none to do."""
+
+
+@dataclass
+class PendingGather:
+    """An AllGather in flight: its work (None when a copy sufficed), the gathered buffer's version
+    counter before it (restored when it is done), and the source, kept alive until then."""
+
+    work: object
+    version: int
+    source: torch.Tensor
+
+
+@dataclass
+class PendingReduction:
+    """A gradient reduction in flight: its stage, the work to wait for (None if there is none), the
+    gradient shard it writes, and the unsharded flat gradient it reads (None once freed)."""
+
+    stage: ReduceStage
+    work: object
+    shard_grad: torch.Tensor
+    unsharded_grad: torch.Tensor | None
 
 
 class FlatParamHandle:
@@ -49,18 +97,20 @@ class FlatParamHandle:
             for module, name in owners_of_leaf:
                 setattr(module, name, leaf)
         self.nbytes = 0 if self.aliased else self.padded.numel() * self.padded.element_size()
-        self.unsharded, self._gather, self._reduce = True, None, None
-        self.tracker.alloc(self.nbytes)
+        self.state = ShardedState.UNSHARDED
+        self.gather: PendingGather | None = None
+        self.reduction: PendingReduction | None = None
+        self.tracker.alloc(self.nbytes, self.label)
         self.grads_ready = 0
 
     # --- parameters ----------------------------------------------------------------------------------
 
     def unshard(self, async_op: bool = False) -> None:
         """Start gathering the full parameters (if they are not there already); `wait_unshard` ends it."""
-        if self.unsharded or self._gather is not None:
+        if self.state is not ShardedState.SHARDED:
             return
         self.padded.untyped_storage().resize_(self.nbytes)
-        self.tracker.alloc(self.nbytes)
+        self.tracker.alloc(self.nbytes, self.label)
         version = self.padded._version
         src = self.shard.detach().to(self.compute_dtype)
         if self.groups.shard is None:
@@ -70,26 +120,29 @@ class FlatParamHandle:
             with scope(self.label):
                 work = C.all_gather_into_tensor(self.padded, src, group=self.groups.shard, async_op=True,
                                                 impl=self.impl)
-        self._gather = (work, version, src)
+        self.gather, self.state = PendingGather(work, version, src), ShardedState.UNSHARDING
         if not async_op:
             self.wait_unshard()
 
     def wait_unshard(self) -> None:
-        if self._gather is None:
+        """Finish a pending gather (no-op otherwise): afterwards the parameters can be used."""
+        if self.gather is None:
             return
-        work, version, _ = self._gather
-        if work is not None:
-            work.wait()
-        torch._C._autograd._unsafe_set_version_counter((self.padded,), (version,))
-        self._gather, self.unsharded = None, True
+        if self.gather.work is not None:
+            self.gather.work.wait()
+        torch._C._autograd._unsafe_set_version_counter((self.padded,), (self.gather.version,))
+        self.gather, self.state = None, ShardedState.UNSHARDED
 
     def reshard(self) -> None:
-        """Free the gathered parameters; the shard stays. A pending gather is finished first."""
+        """Free the gathered parameters; the shard stays. A pending gather is finished first. Aliased
+        parameters (views of the shard itself) have nothing to free and stay usable."""
         self.wait_unshard()
-        if self.unsharded and not self.aliased:
+        if self.aliased:
+            return
+        if self.state is ShardedState.UNSHARDED:
             self.padded.untyped_storage().resize_(0)
-            self.tracker.free(self.nbytes)
-        self.unsharded = self.aliased
+            self.tracker.free(self.nbytes, self.label)
+        self.state = ShardedState.SHARDED
 
     # --- gradients -----------------------------------------------------------------------------------
 
@@ -108,32 +161,31 @@ class FlatParamHandle:
         with scope(self.label):
             work = C.reduce_scatter_tensor(out, flat, C.AVG, group=self.groups.shard, async_op=True,
                                            impl=self.impl)
-        self._reduce = (work, out, flat)  # `flat` must live until the ReduceScatter is done
+        self.reduction = PendingReduction(ReduceStage.SCATTERING, work, out, flat)
 
     def start_replica_reduce(self) -> None:
         """Once the ReduceScatter is done: free the unsharded gradient and, with replicas (HYBRID_SHARD),
         start averaging the gradient shard across them (async). Called when the next unit's gradients
         are ready, so at most two units' unsharded gradients are alive at a time."""
-        if self._reduce is None or self._reduce[2] is None:  # nothing pending, or already started
+        r = self.reduction
+        if r is None or r.stage is not ReduceStage.SCATTERING:
             return
-        work, out, _ = self._reduce
-        work.wait()
-        replica_work = None
+        r.work.wait()
+        r.work, r.unsharded_grad, r.stage = None, None, ReduceStage.ACROSS_REPLICAS
         if self.groups.replica is not None:
             with scope(self.label):
-                replica_work = C.all_reduce(out, C.AVG, group=self.groups.replica, async_op=True, impl=self.impl)
-        self._reduce = (replica_work, out, None)
+                r.work = C.all_reduce(r.shard_grad, C.AVG, group=self.groups.replica, async_op=True,
+                                      impl=self.impl)
 
     def wait_grad(self) -> None:
         """Finish the reduction started by `reduce_grad` and add the result to `shard.grad`."""
-        if self._reduce is None:
+        if self.reduction is None:
             return
         self.start_replica_reduce()
-        work, out, _ = self._reduce
-        self._reduce = None
-        if work is not None:
-            work.wait()
-        self.accumulate_grad(out)
+        r, self.reduction = self.reduction, None
+        if r.work is not None:
+            r.work.wait()
+        self.accumulate_grad(r.shard_grad)
 
     def accumulate_grad(self, grad: torch.Tensor) -> None:
         """Set or add (after `no_sync`) a reduced gradient of this rank's shard."""

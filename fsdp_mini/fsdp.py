@@ -26,11 +26,14 @@ r = replicas (CommLog's S bytes; the root unit skips the backward AllGather):
                                   least bucket_cap_mb (the last one holds the rest)
 
 Prefetch order is the execution order recorded in the first forward and backward, as in PyTorch FSDP.
+Which modules become units and how their parameters are grouped is `fsdp_mini.plan`'s (pure) decision;
+what each strategy implies (reshard after forward, shard-group size) is `fsdp_mini.strategy`'s.
 """
 from __future__ import annotations
 
-import hashlib
+import enum
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from functools import partial
 
 import torch
@@ -38,20 +41,30 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from fsdp_mini import collectives as C
-from fsdp_mini.comm_log import scope
 from fsdp_mini import state_dict as SD
-from fsdp_mini.flat_param import FlatLayout, flatten
+from fsdp_mini.comm_log import scope
+from fsdp_mini.data_parallel import GradientSync, check_same_everywhere
+from fsdp_mini.flat_param import flatten
 from fsdp_mini.flat_param_handle import FlatParamHandle
-from fsdp_mini.grad_buckets import GradBuckets
-from fsdp_mini.groups import make_groups, shard_size_for
-from fsdp_mini.launch import get_device
+from fsdp_mini.grad_buckets import GradBuckets, check_bucket_cap_mb
+from fsdp_mini.groups import make_groups
 from fsdp_mini.memory import MemoryTracker, optimizer_state_bytes, tensor_bytes
-from fsdp_mini.mixed_precision import MixedPrecision
-from fsdp_mini.strategy import ShardingStrategy, as_strategy
+from fsdp_mini.mixed_precision import MixedPrecision, cast_floating
+from fsdp_mini.nested import tensors_in
+from fsdp_mini.plan import FlatParamPlan, Plan, plan_units
+from fsdp_mini.runtime import get_device
+from fsdp_mini.strategy import ShardingStrategy, as_strategy, reshard_after_forward, shard_group_size
 
-__all__ = ["FSDP", "FSDPUnit"]
+__all__ = ["FSDP", "FSDPUnit", "TrainingState", "ExecutionOrder"]
 
-_RESHARD_AFTER_FORWARD = {ShardingStrategy.FULL_SHARD, ShardingStrategy.HYBRID_SHARD}
+
+class TrainingState(enum.Enum):
+    """Where a unit is in the training step (PyTorch FSDP's name for the same idea)."""
+
+    IDLE = enum.auto()
+    """Between steps, or in forward (forward needs no per-unit state: its hooks are enough)."""
+    PRE_BACKWARD = enum.auto()
+    """Backward has reached the unit's outputs: its parameters are gathered (again) for backward."""
 
 
 class FSDPUnit:
@@ -59,7 +72,7 @@ class FSDPUnit:
 
     def __init__(self, name: str, module: nn.Module, handles: list[FlatParamHandle], is_root: bool):
         self.name, self.module, self.handles, self.is_root = name, module, handles, is_root
-        self.backward_started = False
+        self.state = TrainingState.IDLE
 
     def unshard(self, async_op: bool = False) -> None:
         for h in self.handles:
@@ -76,32 +89,34 @@ class FSDPUnit:
             h.reshard()
 
     def __repr__(self) -> str:
-        return f"FSDPUnit({self.name or '<root>'}, {len(self.handles)} flat params)"
+        return f"FSDPUnit({self.name or '<root>'}, {len(self.handles)} flat params, {self.state.name})"
 
 
-def _tensors(obj):
-    """Every tensor inside nested tuples, lists and dicts (a forward's inputs or outputs)."""
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for x in obj:
-            yield from _tensors(x)
-    elif isinstance(obj, dict):
-        for x in obj.values():
-            yield from _tensors(x)
+@dataclass
+class ExecutionOrder:
+    """The order in which units run in one pass (forward, or backward), recorded in the first pass and
+    replayed afterwards to know which unit comes next, so its AllGather can start early (prefetch)."""
+
+    units: list = field(default_factory=list)
+    recording: bool = True
+    position: int = 0  # how many units this pass has reached
+
+    def start_pass(self) -> None:
+        self.position = 0
+
+    def end_recording(self) -> None:
+        self.recording = False
+
+    def reached(self, unit: FSDPUnit) -> FSDPUnit | None:
+        """`unit` is running now: record it (first pass), or return the unit that runs after it."""
+        i, self.position = self.position, self.position + 1
+        if self.recording:
+            self.units.append(unit)
+            return None
+        return self.units[i + 1] if i + 1 < len(self.units) else None
 
 
-def _cast(obj, dtype):
-    if isinstance(obj, torch.Tensor):
-        return obj.to(dtype) if obj.is_floating_point() else obj
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_cast(x, dtype) for x in obj)
-    if isinstance(obj, dict):
-        return {k: _cast(v, dtype) for k, v in obj.items()}
-    return obj
-
-
-class FSDP(nn.Module):
+class FSDP(GradientSync, nn.Module):
     """Fully Sharded Data Parallel over all ranks of the default process group (see the module doc).
 
     `wrap`: module classes that become their own unit. `shard_size`: ranks per shard group for the
@@ -109,6 +124,8 @@ class FSDP(nn.Module):
     parameter or buffer in place by its name, required for a model built on the meta device, which is
     materialised one unit at a time. `impl`: "builtin" (torch.distributed) or "ring" (fsdp_mini's own).
     `bucket_cap_mb`: NO_SHARD only, the size of its gradient buckets, as in PyTorch's DDP.
+    Public state: `units` (root first), each with its `handles`; `groups`; `memory` (the tracker of
+    gathered bytes); `state_dict_keys`; `forward_order` / `backward_order` (prefetch).
     """
 
     def __init__(self, module: nn.Module, sharding_strategy=ShardingStrategy.FULL_SHARD, wrap=(),
@@ -122,26 +139,27 @@ class FSDP(nn.Module):
             raise ValueError("module is already wrapped in FSDP")
         if mixed_precision is not None and not isinstance(mixed_precision, MixedPrecision):
             raise ValueError(f"mixed_precision must be a MixedPrecision, got {type(mixed_precision).__name__}")
-        C._check_impl(impl)
-        if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float)) or not bucket_cap_mb > 0:
-            raise ValueError(f"bucket_cap_mb must be a positive number of MiB, got {bucket_cap_mb!r}")
+        C.check_impl(impl)
+        check_bucket_cap_mb(bucket_cap_mb)
         self.strategy = as_strategy(sharding_strategy)
         self.mixed_precision = mixed_precision or MixedPrecision()
         self.prefetch, self.impl, self.device = prefetch, impl, get_device()
-        size = shard_size_for(self.strategy, dist.get_world_size(), shard_size)
-        plan = _plan_units(module, _wrap_classes(wrap, module))
-        _check_same_model_everywhere(self.strategy, size, plan, self.device)
+        self.reshard_after_forward = reshard_after_forward(self.strategy)
+        size = shard_group_size(self.strategy, dist.get_world_size(), shard_size)
+        plan = plan_units(module, wrap)
+        check_same_everywhere((self.strategy.name, size, plan.signature()), "model, wrap set or strategy",
+                              " (every rank must build the same FSDP)", device=self.device)
 
         self.module = module
         self.groups = make_groups(size)
         self.memory = MemoryTracker()
-        self._buckets = GradBuckets(self.groups.replica, impl, int(bucket_cap_mb * 2**20))
+        self.grad_buckets = GradBuckets(self.groups.replica, impl, bucket_cap_mb)
         self.units = self._materialise(plan, param_init_fn)
-        self._flat_params = nn.ParameterList([h.shard for u in self.units for h in u.handles])
-        self._sd_keys = plan.state_dict_keys
-        self._sync, self._backward_queued, self._pending = True, False, []
-        self._fwd_order, self._bwd_order, self._fwd_calls, self._bwd_calls = [], [], 0, 0
-        self._recording_fwd = self._recording_bwd = True
+        self._flat_params = nn.ParameterList([h.shard for h in self.handles])
+        self.state_dict_keys: tuple[str, ...] = plan.state_dict_keys
+        self.forward_order, self.backward_order = ExecutionOrder(), ExecutionOrder()
+        self._backward_queued = False
+        self._pending: list[FlatParamHandle] = []  # handles whose reduction is in flight, in issue order
         for unit in self.units:
             if not unit.is_root:
                 unit.module.register_forward_pre_hook(partial(self._pre_forward, unit))
@@ -150,26 +168,18 @@ class FSDP(nn.Module):
                 for leaf in (h.leaves if h.requires_grad else []):
                     leaf.register_post_accumulate_grad_hook(partial(self._on_grad, h))
 
+    @property
+    def handles(self) -> list[FlatParamHandle]:
+        """Every flat parameter of every unit, root first, in build order."""
+        return [h for u in self.units for h in u.handles]
+
     # --- construction --------------------------------------------------------------------------------
 
-    def _materialise(self, plan, init_fn) -> list[FSDPUnit]:
+    def _materialise(self, plan: Plan, init_fn) -> list[FSDPUnit]:
         """Build each unit's shards one unit at a time: at most one unit is ever whole on this rank."""
-        mp, units = self.mixed_precision, []
-        for unit_name, unit_module, groups_of_params in plan.units:
-            handles = []
-            for (requires_grad, dtype), entries in groups_of_params.items():
-                layout = FlatLayout([e.names for e in entries], [e.param.shape for e in entries],
-                                    self.groups.shard_size)
-                full = _full_flat(entries, layout, dtype, self.device, init_fn)
-                for e in entries:
-                    for module, name in e.owners:
-                        del module._parameters[name]
-                compute = mp.param_dtype or dtype
-                reduce = mp.reduce_dtype or compute
-                label = f"{unit_name or 'root'}" + ("" if requires_grad else " (frozen)")
-                handles.append(FlatParamHandle(layout, [e.owners for e in entries], full, self.groups,
-                                               requires_grad, compute, reduce, self.impl, self.memory, label))
-            unit = FSDPUnit(unit_name, unit_module, handles, is_root=unit_name == "")
+        units = []
+        for u in plan.units:
+            unit = FSDPUnit(u.name, u.module, [self._handle(fp, init_fn) for fp in u.flat_params], u.is_root)
             unit.reshard()
             units.append(unit)
         for name, buf in list(self.module.named_buffers()):
@@ -185,17 +195,28 @@ class FSDP(nn.Module):
                 mod._buffers[attr] = buf.to(self.device)
         return units
 
+    def _handle(self, fp: FlatParamPlan, init_fn) -> FlatParamHandle:
+        layout = fp.layout(self.groups.shard_size)
+        full = _full_flat(fp, layout, self.device, init_fn)
+        for p in fp.params:
+            for module, name in p.owners:
+                del module._parameters[name]
+        compute = self.mixed_precision.param_dtype or fp.dtype
+        reduce = self.mixed_precision.reduce_dtype or compute
+        return FlatParamHandle(layout, [p.owners for p in fp.params], full, self.groups, fp.requires_grad,
+                               compute, reduce, self.impl, self.memory, fp.label)
+
     # --- forward -------------------------------------------------------------------------------------
 
     def forward(self, *args, **kwargs):
-        for t in _tensors((args, kwargs)):
+        for t in tensors_in((args, kwargs)):
             if t.device != self.device:
                 raise ValueError(f"input on {t.device}, but this rank computes on {self.device}: "
                                  f"move inputs with .to(fsdp_mini.get_device())")
         if self.mixed_precision.param_dtype is not None and self.mixed_precision.cast_forward_inputs:
-            args, kwargs = _cast((args, kwargs), self.mixed_precision.param_dtype)
+            args, kwargs = cast_floating((args, kwargs), self.mixed_precision.param_dtype)
         root = self.units[0]
-        self._fwd_calls = 0
+        self.forward_order.start_pass()
         self._pre_forward(root, self.module, args)
         out = self.module(*args, **kwargs)
         self._post_forward(root, self.module, args, out)
@@ -203,28 +224,25 @@ class FSDP(nn.Module):
 
     def _pre_forward(self, unit: FSDPUnit, module, args) -> None:
         unit.unshard(async_op=True)
-        self._advance(unit, self._fwd_order, "_recording_fwd", "_fwd_calls")
+        self._prefetch_after(unit, self.forward_order)
         unit.wait()
 
-    def _advance(self, unit, order, recording, calls) -> None:
-        """Record the execution order in the first pass; later, prefetch the unit that comes next."""
-        i = getattr(self, calls)
-        setattr(self, calls, i + 1)
-        if getattr(self, recording):
-            order.append(unit)
-        elif self.prefetch and i + 1 < len(order):
-            order[i + 1].unshard(async_op=True)
+    def _prefetch_after(self, unit: FSDPUnit, order: ExecutionOrder) -> None:
+        """Record the execution order in the first pass; later, start gathering the unit that comes next."""
+        following = order.reached(unit)
+        if self.prefetch and following is not None:
+            following.unshard(async_op=True)
 
     def _post_forward(self, unit: FSDPUnit, module, args, out) -> None:
-        needs_grad = [t for t in _tensors(out) if t.requires_grad]
+        needs_grad = [t for t in tensors_in(out) if t.requires_grad]
         for t in needs_grad:
             t.register_hook(partial(self._pre_backward, unit))
         if unit.is_root:
-            self._recording_fwd = False
+            self.forward_order.end_recording()
             if not needs_grad:  # inference: no backward will come to free anything
                 for u in self.units:
                     u.reshard()
-        elif not needs_grad or self.strategy in _RESHARD_AFTER_FORWARD:
+        elif not needs_grad or self.reshard_after_forward:
             unit.reshard()
 
     # --- backward ------------------------------------------------------------------------------------
@@ -232,19 +250,19 @@ class FSDP(nn.Module):
     def _pre_backward(self, unit: FSDPUnit, grad) -> None:
         if not self._backward_queued:
             self._backward_queued = True
-            self._bwd_calls = 0
+            self.backward_order.start_pass()
             torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
-        if unit.backward_started:
+        if unit.state is TrainingState.PRE_BACKWARD:
             return
-        unit.backward_started = True
+        unit.state = TrainingState.PRE_BACKWARD
         unit.unshard(async_op=True)
-        self._advance(unit, self._bwd_order, "_recording_bwd", "_bwd_calls")
+        self._prefetch_after(unit, self.backward_order)
         unit.wait()
 
     def _on_grad(self, handle: FlatParamHandle, leaf) -> None:
         handle.grads_ready += 1
         if handle.grads_ready == len(handle.leaves):  # every parameter's gradient is complete
-            if self._sync:
+            if self.require_gradient_sync:
                 self._reduce(handle)
             handle.reshard()
 
@@ -252,7 +270,7 @@ class FSDP(nn.Module):
         """Start reducing one handle's gradients: into the open bucket (NO_SHARD), or a ReduceScatter;
         the previous handle's ReduceScatter is done by now, so its replica AllReduce starts."""
         if self.groups.shard is None:
-            self._buckets.add(handle, handle.take_flat_grad())
+            self.grad_buckets.add(handle, handle.take_flat_grad())
         else:
             handle.reduce_grad()
             if self._pending:
@@ -262,31 +280,21 @@ class FSDP(nn.Module):
     def _finish_backward(self) -> None:
         """End of backward: reduce what post-backward did not (unused parameters, accumulated no_sync
         gradients), wait for every reduction, and free every gathered unit."""
-        for unit in self.units:
-            for h in unit.handles:
-                if self._sync and h.has_unsharded_grads() and h not in self._pending:
-                    self._reduce(h)
-        self._buckets.wait()
+        for h in self.handles:
+            if self.require_gradient_sync and h.has_unsharded_grads() and h not in self._pending:
+                self._reduce(h)
+        self.grad_buckets.wait()
         for h in self._pending:
             h.wait_grad()
         for unit in self.units:
             unit.reshard()
-            unit.backward_started = False
+            unit.state = TrainingState.IDLE
             for h in unit.handles:
                 h.grads_ready = 0
-        self._pending, self._backward_queued, self._recording_bwd = [], False, False
+        self._pending, self._backward_queued = [], False
+        self.backward_order.end_recording()
 
     # --- public helpers ------------------------------------------------------------------------------
-
-    @contextmanager
-    def no_sync(self):
-        """Accumulate unsharded gradients locally without communication (gradient accumulation); the
-        first backward after the block reduces everything accumulated."""
-        previous, self._sync = self._sync, False
-        try:
-            yield
-        finally:
-            self._sync = previous
 
     @contextmanager
     def summon_full_params(self):
@@ -301,22 +309,21 @@ class FSDP(nn.Module):
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clip the global gradient norm, computed over all shards, as `torch.nn.utils.clip_grad_norm_`
-        would on the unsharded model; returns the norm. Call it after backward, before the step."""
-        grads = [h.shard.grad for u in self.units for h in u.handles if h.requires_grad and h.shard.grad is not None]
+        would on the unsharded model; returns the norm. Call it after backward, before the step. One
+        AllReduce of one number over the shard group (SUM of |g|^p, or MAX for the infinity norm),
+        through `fsdp_mini.collectives`, so CommLog sees it and `impl` applies."""
+        grads = [h.shard.grad for h in self.handles if h.requires_grad and h.shard.grad is not None]
         norm_type = float(norm_type)
         if not grads:
             return torch.zeros((), device=self.device)
         if norm_type == float("inf"):
-            local = torch.stack([g.detach().abs().max() for g in grads]).max().float()
-            if self.groups.shard is not None:
-                dist.all_reduce(local, dist.ReduceOp.MAX, group=self.groups.shard)
-            total = local
+            local, op = torch.stack([g.detach().abs().max() for g in grads]).max().float().reshape(1), C.MAX
         else:
-            local = sum(g.detach().float().abs().pow(norm_type).sum() for g in grads).reshape(1)
-            if self.groups.shard is not None:
-                with scope("clip_grad_norm_"):
-                    C.all_reduce(local, C.SUM, group=self.groups.shard, impl=self.impl)
-            total = local[0].pow(1.0 / norm_type)
+            local, op = sum(g.detach().float().abs().pow(norm_type).sum() for g in grads).reshape(1), C.SUM
+        if self.groups.shard is not None:
+            with scope("clip_grad_norm_"):
+                C.all_reduce(local, op, group=self.groups.shard, impl=self.impl)
+        total = local[0] if op == C.MAX else local[0].pow(1.0 / norm_type)
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         for g in grads:
             g.mul_(coef.to(g.dtype))
@@ -324,10 +331,15 @@ class FSDP(nn.Module):
 
     def memory_stats(self, optimizer=None) -> dict[str, int]:
         """This rank's bytes: sharded params, sharded grads, optimizer state, unsharded params now/peak."""
-        shards = [h.shard for u in self.units for h in u.handles]
+        shards = [h.shard for h in self.handles]
         return {"params": tensor_bytes(shards), "grads": tensor_bytes(s.grad for s in shards),
                 "optimizer": optimizer_state_bytes(optimizer) if optimizer is not None else 0,
                 "unsharded_now": self.memory.current, "unsharded_peak": self.memory.peak}
+
+    def reshard(self) -> None:
+        """Free every gathered unit (what loading new values into the shards needs first)."""
+        for unit in self.units:
+            unit.reshard()
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The unsharded state dict on every rank, on CPU: the keys and shapes of the wrapped module's."""
@@ -355,91 +367,13 @@ class FSDP(nn.Module):
             return getattr(inner, name)
 
 
-# --- planning: which unit owns which parameter (pure, before any collective) ------------------------
-
-class _Entry:
-    """A parameter to flatten: the tensor, its names (tied), and every (module, attribute) holding it."""
-
-    def __init__(self, param: nn.Parameter):
-        self.param, self.names, self.owners = param, [], []
-
-
-class _Plan:
-    def __init__(self, units, state_dict_keys):
-        self.units, self.state_dict_keys = units, state_dict_keys
-
-
-def _wrap_classes(wrap, module: nn.Module) -> tuple[type, ...]:
-    wrap = (wrap,) if isinstance(wrap, type) else tuple(wrap or ())
-    for cls in wrap:
-        if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
-            raise ValueError(f"wrap must hold nn.Module classes, got {cls!r}")
-        if not any(isinstance(m, cls) for name, m in module.named_modules() if name):
-            raise ValueError(f"wrap class {cls.__name__} matches no submodule of {type(module).__name__}")
-    return wrap
-
-
-def _plan_units(module: nn.Module, wrap: tuple[type, ...]) -> _Plan:
-    unit_names = [""] + [n for n, m in module.named_modules() if n and isinstance(m, wrap)]
-    owner_unit: dict[int, str] = {}
-    per_unit: dict[str, dict[int, _Entry]] = {u: {} for u in unit_names}
-    for fqn, p in module.named_parameters(remove_duplicate=False):
-        mod_path, _, attr = fqn.rpartition(".")
-        unit = max((u for u in unit_names if u == "" or mod_path == u or mod_path.startswith(u + ".")), key=len)
-        if owner_unit.setdefault(id(p), unit) != unit:
-            first = next(e for e in per_unit[owner_unit[id(p)]].values() if e.param is p).names[0]
-            raise ValueError(f"parameter {fqn} is tied to {first}, which is in another FSDP unit "
-                             f"({owner_unit[id(p)] or 'root'} vs {unit or 'root'}); tied parameters must "
-                             f"live in one unit: wrap their common parent instead")
-        entry = per_unit[unit].setdefault(id(p), _Entry(p))
-        entry.names.append(fqn)
-        entry.owners.append((module.get_submodule(mod_path), attr))
-    units = []
-    for u in unit_names:
-        groups: dict[tuple[bool, torch.dtype], list[_Entry]] = {}
-        for e in per_unit[u].values():
-            groups.setdefault((e.param.requires_grad, e.param.dtype), []).append(e)
-        ordered = dict(sorted(groups.items(), key=lambda kv: not kv[0][0]))  # trainable first
-        if ordered:
-            units.append((u, module.get_submodule(u), ordered))
-    if not units:
-        raise ValueError(f"{type(module).__name__} has no parameters to shard")
-    if units[0][0] != "":  # the root unit exists even without parameters of its own
-        units.insert(0, ("", module, {}))
-    params = {fqn for fqn, _ in module.named_parameters(remove_duplicate=False)}
-    buffers = {fqn for fqn, _ in module.named_buffers(remove_duplicate=False)}
-    keys = list(module.state_dict().keys())
-    extra = [k for k in keys if k not in params and k not in buffers]
-    if extra:
-        raise ValueError(f"state dict entries that are neither parameters nor buffers are not supported: {extra}")
-    return _Plan(units, keys)
-
-
-def _full_flat(entries, layout: FlatLayout, dtype, device, init_fn) -> torch.Tensor:
+def _full_flat(fp: FlatParamPlan, layout, device, init_fn) -> torch.Tensor:
     """The unit's whole flat buffer: copied from the parameters, or built by `init_fn` on meta ones."""
-    if not any(e.param.is_meta for e in entries):
-        return flatten([e.param.detach() for e in entries], layout, dtype=dtype, device=device)
+    if not any(p.param.is_meta for p in fp.params):
+        return flatten([p.param.detach() for p in fp.params], layout, dtype=fp.dtype, device=device)
     if init_fn is None:
-        raise ValueError(f"parameter {entries[0].names[0]} is on the meta device: pass param_init_fn")
-    full = torch.zeros(layout.padded_numel, dtype=dtype, device=device)
-    for e, info in zip(entries, layout.params):
-        view = full[info.offset:info.offset + info.numel].view(info.shape)
-        init_fn(e.names[0], view)
+        raise ValueError(f"parameter {fp.params[0].names[0]} is on the meta device: pass param_init_fn")
+    full = torch.zeros(layout.padded_numel, dtype=fp.dtype, device=device)
+    for p, info in zip(fp.params, layout.params):
+        init_fn(p.names[0], full[info.offset:info.offset + info.numel].view(info.shape))
     return full
-
-
-def _check_same_model_everywhere(strategy, shard_size, plan, device) -> None:
-    """Compare a hash of the unit plan across ranks, so mismatched models fail here with a clear error
-    instead of hanging or silently mixing shards in the first AllGather."""
-    parts = [strategy.name, shard_size]
-    for name, _, groups in plan.units:
-        parts.append((name, [(k[0], str(k[1]), [(e.names, tuple(e.param.shape)) for e in v])
-                             for k, v in groups.items()]))
-    digest = int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:7], "big")
-    mine = torch.tensor([digest], dtype=torch.int64, device=device)
-    everyone = torch.empty(dist.get_world_size(), dtype=torch.int64, device=device)
-    getattr(dist, "all_gather_single", dist.all_gather_into_tensor)(everyone, mine)
-    differ = [r for r, d in enumerate(everyone.tolist()) if d != everyone[0].item()]
-    if differ:
-        raise ValueError(f"ranks {differ} wrap a different model, wrap set or strategy than rank 0 "
-                         f"(every rank must build the same FSDP)")

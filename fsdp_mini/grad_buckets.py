@@ -1,58 +1,121 @@
-"""NO_SHARD's gradient buckets: the units' flat gradients AllReduced together, as DDP's buckets are.
+"""Gradient buckets: DDP's rule for packing gradients into few, large AllReduces, and NO_SHARD's buckets.
 
-Under NO_SHARD nothing is sharded, so every unit's gradient needs one AllReduce over all ranks. One call
-per unit pays the fixed cost of a collective once per unit and sends many small messages; on gloo that
-made NO_SHARD 1.1-1.7x slower than PyTorch's DDP. DDP packs gradients into buckets of `bucket_cap_mb`
-(25 MiB) instead, and AllReduces a bucket as soon as it is full while backward goes on. This does the
-same with whole flat gradients: a unit joins the open bucket when backward has finished it (so buckets
-fill in reverse order, as in DDP), a bucket is sent once it holds at least the cap, the last one at
-the end of backward. A unit is never split across buckets.
+Every collective pays a fixed latency, and a model has many small gradients (LayerNorm weights,
+biases), so data parallelism sends them in *buckets* of about `bucket_cap_mb` MiB, one AllReduce each,
+and starts a bucket's AllReduce as soon as backward has filled it, while earlier layers still compute.
+
+The rule, PyTorch DDP's own (`torch.distributed._compute_bucket_assignment_by_size`): tensors join the
+open bucket in the order backward produces them; a bucket closes as soon as it holds *at least* the cap
+(so a bucket may pass the cap by its last tensor, and a tensor larger than the cap fills one alone), and
+a tensor of another dtype closes it first. `BucketFiller` is that rule, one tensor at a time; it is used
+by `fsdp_mini.ddp` (per parameter, planned up front), by FSDP's NO_SHARD (`GradBuckets`, per unit's flat
+gradient, as backward finishes it) and by the course's cluster model, so all three agree byte for byte.
+
+Under NO_SHARD nothing is sharded, so every unit's flat gradient needs one AllReduce over all ranks; one
+call per unit made NO_SHARD 1.1-1.7x slower than PyTorch's DDP on gloo, buckets brought it level. A unit
+is never split across buckets.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Generic, Hashable, Iterable, TypeVar
 
 import torch
 
 from fsdp_mini import collectives as C
 from fsdp_mini.comm_log import scope
 
-__all__ = ["GradBuckets"]
+__all__ = ["MiB", "check_bucket_cap_mb", "BucketFiller", "assign_buckets", "GradBuckets"]
+
+MiB = 1024 * 1024  # torch's DDP counts bucket_cap_mb in MiB
+
+K = TypeVar("K")
+
+
+def check_bucket_cap_mb(bucket_cap_mb) -> float:
+    """A clear error for a cap that is not a positive number of MiB (before any collective)."""
+    if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float)) or not bucket_cap_mb > 0:
+        raise ValueError(f"bucket_cap_mb must be a positive number of MiB, got {bucket_cap_mb!r}")
+    return bucket_cap_mb
+
+
+@dataclass
+class BucketFiller(Generic[K]):
+    """DDP's bucket rule, fed one tensor at a time: `add` returns the keys of the bucket it closed."""
+
+    cap_bytes: float
+    _keys: list = field(default_factory=list, init=False, repr=False)
+    _nbytes: int = field(default=0, init=False, repr=False)
+    _dtype: Hashable = field(default=None, init=False, repr=False)
+
+    def add(self, key: K, nbytes: int, dtype: Hashable = None) -> list[list[K]]:
+        """Put one tensor in; return the buckets this closed (none, or one, or two when a change of
+        dtype closed the open bucket and the tensor alone reaches the cap)."""
+        closed = []
+        if self._keys and dtype != self._dtype:
+            closed.append(self.flush())
+        self._keys.append(key)
+        self._nbytes += nbytes
+        self._dtype = dtype
+        if self._nbytes >= self.cap_bytes:
+            closed.append(self.flush())
+        return closed
+
+    def flush(self) -> list[K]:
+        """Close the open bucket (the last one of a backward) and return its keys; [] if empty."""
+        keys, self._keys, self._nbytes = self._keys, [], 0
+        return keys
+
+
+def assign_buckets(sizes: Iterable[tuple[K, int, Hashable]], cap_bytes: float) -> list[list[K]]:
+    """Buckets for (key, nbytes, dtype) tensors given in backward order: lists of keys, by DDP's rule."""
+    filler: BucketFiller[K] = BucketFiller(cap_bytes)
+    out = [bucket for key, nbytes, dtype in sizes for bucket in filler.add(key, nbytes, dtype)]
+    last = filler.flush()
+    return out + ([last] if last else [])
+
+
+@dataclass(frozen=True)
+class SentBucket:
+    """A bucket whose AllReduce is in flight: the work to wait for (None in a world of one), the
+    concatenated buffer it averages in place, and the flat parameters whose gradients it holds."""
+
+    work: object
+    buffer: torch.Tensor
+    handles: list
 
 
 class GradBuckets:
-    """Collect flat gradients, AllReduce (AVG) them in buckets of >= `cap_bytes`, hand each back."""
+    """NO_SHARD's buckets: collect flat gradients, AllReduce (AVG) them by DDP's rule, hand each back."""
 
-    def __init__(self, group, impl: str, cap_bytes: int):
-        self.group, self.impl, self.cap_bytes = group, impl, cap_bytes
-        self._open: list[tuple[object, torch.Tensor]] = []  # (handle, flat gradient)
-        self._sent: list[tuple[object, torch.Tensor, list]] = []  # (work, buffer, handles)
-        self._count = 0
+    def __init__(self, group, impl: str, bucket_cap_mb: float):
+        self.group, self.impl = group, impl
+        self._filler: BucketFiller[tuple[object, torch.Tensor]] = BucketFiller(bucket_cap_mb * MiB)
+        self._sent: list[SentBucket] = []
 
     def add(self, handle, flat: torch.Tensor) -> None:
-        """Put one unit's flat gradient into the open bucket; send the bucket once it is full."""
-        if self._open and self._open[0][1].dtype != flat.dtype:  # one dtype per bucket
-            self._send()
-        self._open.append((handle, flat))
-        if sum(f.numel() * f.element_size() for _, f in self._open) >= self.cap_bytes:
-            self._send()
+        """Put one unit's flat gradient into the open bucket; send every bucket that this closes."""
+        for bucket in self._filler.add((handle, flat), flat.numel() * flat.element_size(), flat.dtype):
+            self._send(bucket)
 
-    def _send(self) -> None:
-        if not self._open:
+    def _send(self, bucket: list[tuple[object, torch.Tensor]]) -> None:
+        if not bucket:
             return
-        flats = [f for _, f in self._open]
+        flats = [f for _, f in bucket]
         buffer = flats[0] if len(flats) == 1 else torch.cat(flats)
         work = None
         if self.group is not None:  # a world of one has nobody to average with
-            with scope(f"grad bucket {self._count}"):
+            with scope(f"grad bucket {len(self._sent)}"):
                 work = C.all_reduce(buffer, C.AVG, group=self.group, async_op=True, impl=self.impl)
-        self._sent.append((work, buffer, [h for h, _ in self._open]))
-        self._open, self._count = [], self._count + 1
+        self._sent.append(SentBucket(work, buffer, [h for h, _ in bucket]))
 
     def wait(self) -> None:
         """End of backward: send the last bucket, wait for every AllReduce, give each unit its slice."""
-        self._send()
-        for work, buffer, handles in self._sent:
-            if work is not None:
-                work.wait()
-            for handle, piece in zip(handles, buffer.split([h.layout.padded_numel for h in handles])):
+        self._send(self._filler.flush())
+        for sent in self._sent:
+            if sent.work is not None:
+                sent.work.wait()
+            sizes = [h.layout.padded_numel for h in sent.handles]
+            for handle, piece in zip(sent.handles, sent.buffer.split(sizes)):
                 handle.accumulate_grad(piece)
-        self._sent, self._count = [], 0
+        self._sent = []

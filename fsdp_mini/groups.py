@@ -7,20 +7,17 @@ Lay the ranks out as a grid of `replicas x shard_size` (ranks of one node side b
          2  3
 
 Each rank holds shard `shard_rank` of every unit, the same shard as the other ranks of its column.
-Every strategy is a choice of `shard_size`: FULL_SHARD and SHARD_GRAD_OP shard over the whole world
+Every strategy is a choice of `shard_size` (`fsdp_mini.strategy.shard_group_size`): FULL_SHARD and SHARD_GRAD_OP shard over the whole world
 (one row, no replication), NO_SHARD over one rank (one column: plain DDP, whose AllReduce is the
 replica AllReduce), and the hybrids over one node.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from fsdp_mini.strategy import ShardingStrategy, as_strategy, is_hybrid
-
-__all__ = ["Groups", "shard_size_for", "grid", "make_groups"]
+__all__ = ["Groups", "grid", "make_groups"]
 
 
 @dataclass(frozen=True)
@@ -34,20 +31,6 @@ class Groups:
     replicas: int
 
 
-def shard_size_for(strategy, world_size: int, shard_size: int | None) -> int:
-    """How many ranks share one copy of the model; a clear error when the grid does not fit."""
-    strategy = as_strategy(strategy)
-    if not is_hybrid(strategy):
-        if shard_size is not None:
-            raise ValueError(f"shard_size applies to the hybrid strategies only, not to {strategy.name}")
-        return 1 if strategy is ShardingStrategy.NO_SHARD else world_size
-    if shard_size is None:
-        shard_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size < 1 or world_size % shard_size:
-        raise ValueError(f"shard_size={shard_size!r} must be a positive divisor of the world size {world_size}")
-    return shard_size
-
-
 def grid(world_size: int, shard_size: int) -> tuple[list[list[int]], list[list[int]]]:
     """(shard groups, replica groups) as lists of global ranks: rows and columns of the grid."""
     if shard_size < 1 or world_size % shard_size:
@@ -59,7 +42,7 @@ def grid(world_size: int, shard_size: int) -> tuple[list[list[int]], list[list[i
 
 def make_groups(size: int) -> Groups:
     """Create this rank's shard and replica process groups for shard groups of `size` ranks (from
-    `shard_size_for`); collective: every rank must call it, in the same order."""
+    `fsdp_mini.strategy.shard_group_size`); collective: every rank must call it, in the same order."""
     world, rank = dist.get_world_size(), dist.get_rank()
     if world % size:
         raise ValueError(f"shard groups of {size} ranks do not tile a world of {world}")

@@ -12,9 +12,8 @@ and original traceback) is raised in the caller within seconds and every other r
 collective that some rank skipped ends in a `LaunchTimeout` after `timeout` seconds that shows where each
 stuck rank was waiting. No child outlives `launch`.
 
-Under `torchrun` the same worker runs unchanged: call `init()` first; it reads RANK, WORLD_SIZE,
-LOCAL_RANK and MASTER_ADDR/MASTER_PORT from the environment, as `torch.distributed.run` sets them, and
-end the script with `finish()`.
+Under `torchrun` the same worker runs unchanged: call `fsdp_mini.init()` first and end the script with
+`fsdp_mini.finish()` (both in `fsdp_mini.runtime`, which is all a rank needs; this module is the caller's).
 
 Rendezvous uses a `file://` store in a fresh temporary folder rather than a TCP port: no port can
 collide between launches in a row or in parallel, and it avoids a 5 s reverse-DNS stall that TCPStore
@@ -40,9 +39,9 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
-__all__ = ["launch", "init", "finish", "under_torchrun", "get_device", "LaunchError", "LaunchTimeout"]
+from fsdp_mini.runtime import check_backend
 
-BACKENDS = ("gloo", "nccl")
+__all__ = ["launch", "LaunchError", "LaunchTimeout"]
 _LOG_TAIL_LINES = 40
 _GRACE_S = 1.0  # after a first error: time to collect the others and pick the earliest
 _PG_TIMEOUT_MARGIN_S = 30.0
@@ -59,66 +58,6 @@ class LaunchError(RuntimeError):
 
 class LaunchTimeout(LaunchError, TimeoutError):
     """Ranks did not finish within `timeout` seconds: usually ranks that disagree on collectives."""
-
-
-# ---------------------------------------------------------------------------------------------------
-# Inside a rank
-
-
-def _default_backend() -> str:
-    return "nccl" if torch.cuda.is_available() else "gloo"
-
-
-def get_device() -> torch.device:
-    """The device this rank computes on: `cuda:LOCAL_RANK` under NCCL, the CPU under gloo."""
-    if dist.is_initialized() and dist.get_backend() == "nccl":
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-    return torch.device("cpu")
-
-
-def init(backend: str | None = None, timeout: float = 600.0) -> tuple[int, int]:
-    """Initialise `torch.distributed` from torchrun's environment and return `(rank, world_size)`.
-
-    Inside `launch` (already initialised) this only returns the rank. Under `torchrun` it reads RANK,
-    WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT (the `env://` convention). Run as a plain script
-    (none of them set) it forms a world of one process, so the same script works everywhere.
-    """
-    if not dist.is_initialized():
-        backend = _check_backend(backend)
-        kwargs: dict[str, Any] = {"timeout": datetime.timedelta(seconds=timeout)}
-        if "RANK" in os.environ:
-            kwargs["init_method"] = "env://"
-        else:  # a plain `python script.py`: a world of one, no port needed
-            folder = tempfile.mkdtemp(prefix="fsdp_mini_")
-            kwargs.update(init_method=f"file://{folder}/store", rank=0, world_size=1)
-            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
-        if backend == "nccl":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        dist.init_process_group(backend, **kwargs)
-    return dist.get_rank(), dist.get_world_size()
-
-
-def under_torchrun() -> bool:
-    """True in a rank started by torchrun (or any `env://` launcher): RANK and WORLD_SIZE are set."""
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
-
-
-def finish(exit_code: int = 0) -> None:
-    """End a torchrun rank: destroy the process group, flush the output and exit with `exit_code`.
-
-    Why not simply return: gloo's worker threads drop a finished collective's tensors a moment after
-    `wait()` has returned. If the interpreter is already shutting down by then, that drop needs the GIL,
-    the thread is killed and the rank dies with SIGABRT ("terminate called without an active
-    exception"), after all its work was done; here it hit about 1 run in 15 of a 2-rank torchrun demo.
-    `os._exit` skips the interpreter's shutdown, so there is nothing to race with. Never returns.
-    """
-    try:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(exit_code)
 
 
 def _die_with_parent() -> None:
@@ -205,18 +144,6 @@ def _warm_lazy_imports() -> None:
         pass
 
 
-def _check_backend(backend: str | None, world_size: int = 1, local_world_size: int | None = None) -> str:
-    backend = _default_backend() if backend is None else backend
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}: use one of {BACKENDS} or None (auto)")
-    if backend == "nccl":
-        needed = min(world_size, local_world_size or world_size)
-        available = torch.cuda.device_count()
-        if available < needed:
-            raise ValueError(f"backend 'nccl' needs {needed} GPUs (one per rank), this machine has {available}")
-    return backend
-
-
 def _validate(fn, world_size, args, timeout, local_world_size) -> None:
     if not callable(fn):
         raise ValueError(f"fn must be callable, got {type(fn).__name__}")
@@ -298,7 +225,7 @@ def launch(
     """
     local_world_size = world_size if local_world_size is None else local_world_size
     _validate(fn, world_size, args, timeout, local_world_size)
-    backend = _check_backend(backend, world_size, local_world_size)
+    backend = check_backend(backend, world_size, local_world_size)
     if backend == "nccl" and torch.cuda.is_initialized():
         raise ValueError("CUDA is already initialised in this process, so ranks cannot be forked from it: "
                          "call launch() before touching the GPU, or run the script under torchrun")

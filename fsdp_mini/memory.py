@@ -20,11 +20,12 @@ digit; `format_bytes` prints them that way.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
-from fsdp_mini.strategy import StrategyLike, is_hybrid, sharded_states
+from fsdp_mini.strategy import StrategyLike, shard_group_size, sharded_states
 
-__all__ = ["MemoryEstimate", "estimate_memory", "format_bytes", "MemoryTracker", "tensor_bytes", "optimizer_state_bytes",
-           "SavedActivations"]
+__all__ = ["MemoryEstimate", "estimate_memory", "format_bytes", "MemoryTracker", "MemoryChange", "ListenerHandle",
+           "tensor_bytes", "optimizer_state_bytes", "SavedActivations"]
 
 _UNITS = ("B", "kB", "MB", "GB", "TB", "PB")
 
@@ -65,8 +66,8 @@ def estimate_memory(
 
     `strategy` is a `ShardingStrategy` (or its name) or `ZERO1`. A sharded state is split over all
     `world_size` ranks, except for the hybrid strategies, which split it over a shard group of
-    `shard_size` ranks and replicate it across the `world_size // shard_size` groups; that is why
-    `shard_size` is required for them and meaningless (so rejected) for the others.
+    `shard_size` ranks and replicate it across the `world_size // shard_size` groups; `shard_size`
+    follows `fsdp_mini.strategy.shard_group_size` (default: one node), and is rejected for the others.
 
     The byte defaults are mixed-precision Adam (ZeRO's K = 12); for plain fp32 Adam pass
     `param_bytes=4, grad_bytes=4, optimizer_bytes=8`. `num_params` may be an integral float such as
@@ -78,7 +79,7 @@ def estimate_memory(
     grad_bytes = _check_int("grad_bytes", grad_bytes, minimum=0)
     optimizer_bytes = _check_int("optimizer_bytes", optimizer_bytes, minimum=0)
     sharded = sharded_states(strategy)
-    group = _shard_group_size(strategy, world_size, shard_size)
+    group = shard_group_size(strategy, world_size, shard_size)
 
     def per_rank(state: str, bytes_per_element: int) -> int:
         # -(-a // b) is ceil(a / b) in exact integer arithmetic (a float division would round).
@@ -103,19 +104,6 @@ def format_bytes(nbytes: int | float) -> str:
     return f"{value:.1f} {_UNITS[unit]}"
 
 
-def _shard_group_size(strategy: StrategyLike, world_size: int, shard_size: int | None) -> int:
-    if not is_hybrid(strategy):
-        if shard_size is not None:
-            raise ValueError(f"shard_size={shard_size!r} is only meaningful for the hybrid strategies")
-        return world_size
-    if shard_size is None:
-        raise ValueError("shard_size is required for the hybrid strategies (ranks per shard group)")
-    shard_size = _check_int("shard_size", shard_size, minimum=1)
-    if world_size % shard_size != 0:
-        raise ValueError(f"shard_size={shard_size} does not divide world_size={world_size}")
-    return shard_size
-
-
 def _check_int(name: str, value: int | float, minimum: int) -> int:
     if isinstance(value, float) and value.is_integer():
         value = int(value)
@@ -126,36 +114,76 @@ def _check_int(name: str, value: int | float, minimum: int) -> int:
     return value
 
 
+@dataclass(frozen=True)
+class MemoryChange:
+    """One `alloc` or `free` seen by a `MemoryTracker`: `kind` is "alloc" or "free", `label` what was
+    allocated (an FSDP flat parameter's label), `current` the tracked bytes right after."""
+
+    kind: str
+    label: str
+    nbytes: int
+    current: int
+
+
 class MemoryTracker:
     """Live and peak bytes of one kind of buffer, counted where the engine allocates and frees them.
 
     Tracked, not guessed: FSDP calls `alloc` when it materialises a unit's gathered parameters and
     `free` when it releases them, so `peak` is the largest amount of unsharded parameter memory that
     was ever alive at once on this rank (for FULL_SHARD with prefetch: about two units, not the model).
+
+    `listen(fn)` calls `fn(MemoryChange)` after every alloc and free until the returned handle's
+    `remove()`: how a timeline (`fsdp_mini.course.trace`) sees each gather and free as it happens.
     """
 
     def __init__(self) -> None:
         self.current = 0
         self.peak = 0
+        self._listeners: dict[int, Callable[[MemoryChange], None]] = {}
+        self._next_id = 0
 
-    def alloc(self, nbytes: int) -> None:
+    def alloc(self, nbytes: int, label: str = "") -> None:
         if nbytes < 0:
             raise ValueError(f"cannot allocate {nbytes} bytes")
         self.current += nbytes
         self.peak = max(self.peak, self.current)
+        self._tell("alloc", label, nbytes)
 
-    def free(self, nbytes: int) -> None:
+    def free(self, nbytes: int, label: str = "") -> None:
         if nbytes < 0:
             raise ValueError(f"cannot free {nbytes} bytes")
         if nbytes > self.current:
             raise RuntimeError(f"freeing {nbytes} bytes but only {self.current} are tracked")
         self.current -= nbytes
+        self._tell("free", label, nbytes)
+
+    def listen(self, fn: Callable[[MemoryChange], None]) -> "ListenerHandle":
+        """Call `fn` with each later `MemoryChange`; `handle.remove()` stops it."""
+        key, self._next_id = self._next_id, self._next_id + 1
+        self._listeners[key] = fn
+        return ListenerHandle(lambda: self._listeners.pop(key, None))
+
+    def _tell(self, kind: str, label: str, nbytes: int) -> None:
+        if self._listeners:
+            change = MemoryChange(kind, label, nbytes, self.current)
+            for fn in list(self._listeners.values()):
+                fn(change)
 
     def reset_peak(self) -> None:
         self.peak = self.current
 
     def __repr__(self) -> str:
         return f"MemoryTracker(current={self.current}, peak={self.peak})"
+
+
+class ListenerHandle:
+    """What `MemoryTracker.listen` returns: `remove()` unsubscribes (idempotent)."""
+
+    def __init__(self, remove: Callable[[], object]):
+        self._remove = remove
+
+    def remove(self) -> None:
+        self._remove()
 
 
 def tensor_bytes(tensors) -> int:

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["MixedPrecision"]
+from fsdp_mini.nested import map_tensors
+
+__all__ = ["MixedPrecision", "cast_floating"]
 
 
 @dataclass(frozen=True)
@@ -30,3 +32,9 @@ class MixedPrecision:
             value = getattr(self, name)
             if value is not None and not (isinstance(value, torch.dtype) and value.is_floating_point):
                 raise ValueError(f"MixedPrecision.{name} must be a floating-point torch.dtype, got {value!r}")
+
+
+def cast_floating(obj, dtype: torch.dtype):
+    """`obj` (nested tuples, lists, dicts) with its floating-point tensors cast to `dtype`; integer
+    tensors (token ids, masks) are left alone, as PyTorch's `cast_forward_inputs` does."""
+    return map_tensors(lambda t: t.to(dtype) if t.is_floating_point() else t, obj)

@@ -5,6 +5,9 @@ loads into the plain model, into `torch.distributed.fsdp`, or into fsdp_mini at 
 strategy. Saving gathers every unit once (an AllGather of its fp32 shards); loading needs no
 communication at all: every rank reads the full tensors and copies out the pieces its shard holds.
 For checkpoints too large to gather, see `fsdp_mini.checkpoint` (sharded, torch.distributed.checkpoint).
+
+It works on an `fsdp_mini.FSDP` model through its public surface only (`handles`, `groups`, `impl`,
+`module`, `state_dict_keys`, `reshard()`); `FSDP.full_state_dict` and `FSDP.load_full_state_dict` call it.
 """
 from __future__ import annotations
 
@@ -28,38 +31,35 @@ def _gather_shard(model, h) -> torch.Tensor:
 
 def full_state_dict(model) -> dict[str, torch.Tensor]:
     values: dict[str, torch.Tensor] = {}
-    for unit in model.units:
-        for h in unit.handles:
-            full = _gather_shard(model, h)
-            for info, view in zip(h.layout.params, unflatten_views(full, h.layout)):
-                for name in info.names:
-                    values[name] = view.detach().to("cpu", copy=True)
+    for h in model.handles:
+        full = _gather_shard(model, h)
+        for info, view in zip(h.layout.params, unflatten_views(full, h.layout)):
+            for name in info.names:
+                values[name] = view.detach().to("cpu", copy=True)
     for name, buf in model.module.named_buffers(remove_duplicate=False):
         values[name] = buf.detach().to("cpu", copy=True)
-    return {k: values[k] for k in model._sd_keys}
+    return {k: values[k] for k in model.state_dict_keys}
 
 
 def load_full_state_dict(model, state_dict: dict[str, torch.Tensor]) -> None:
-    expected = set(model._sd_keys)
-    missing = [k for k in model._sd_keys if k not in state_dict]
+    expected = set(model.state_dict_keys)
+    missing = [k for k in model.state_dict_keys if k not in state_dict]
     unexpected = [k for k in state_dict if k not in expected]
     if missing or unexpected:
         raise ValueError(f"state dict does not match the model: missing keys {missing}, unexpected keys {unexpected}")
-    for unit in model.units:
-        for h in unit.handles:
-            for info in h.layout.params:
-                got = state_dict[info.names[0]]
-                if tuple(got.shape) != tuple(info.shape):
-                    raise ValueError(f"{info.names[0]}: shape {tuple(got.shape)} in the state dict, "
-                                     f"{tuple(info.shape)} in the model")
-    for unit in model.units:
-        unit.reshard()
-        for h in unit.handles:
-            with torch.no_grad():
-                for piece in h.layout.pieces(model.groups.shard_rank):
-                    src = state_dict[piece.param.names[0]].reshape(-1)[piece.start:piece.end]
-                    h.shard[piece.shard_offset:piece.shard_offset + piece.numel].copy_(src)
+    for h in model.handles:
+        for info in h.layout.params:
+            got = state_dict[info.names[0]]
+            if tuple(got.shape) != tuple(info.shape):
+                raise ValueError(f"{info.names[0]}: shape {tuple(got.shape)} in the state dict, "
+                                 f"{tuple(info.shape)} in the model")
+    model.reshard()  # the gathered copies would be stale
+    with torch.no_grad():
+        for h in model.handles:
+            for piece in h.layout.pieces(model.groups.shard_rank):
+                src = state_dict[piece.param.names[0]].reshape(-1)[piece.start:piece.end]
+                h.shard[piece.shard_offset:piece.shard_offset + piece.numel].copy_(src)
     buffers = dict(model.module.named_buffers(remove_duplicate=False))
-    for name in model._sd_keys:
+    for name in model.state_dict_keys:
         if name in buffers:
             buffers[name].copy_(state_dict[name])

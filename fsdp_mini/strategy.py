@@ -16,6 +16,11 @@ every use, ZeRO-2 only once per step. The hybrid strategies apply a stage inside
 (typically one node, with fast links) and replicate across groups, so the expensive all-gathers stay
 on the fast links.
 
+Everything a strategy implies lives here, and only here: which states it shards, whether a unit's
+parameters are freed after forward, how many AllGathers of a unit one step makes, and over how many
+ranks it shards (`shard_group_size`, with torchrun's LOCAL_WORLD_SIZE as the hybrids' default). The
+engine, the memory estimate, the cost model and the PyTorch equivalents all ask this module.
+
 `ShardingStrategy` mirrors PyTorch's member names exactly, so code written against fsdp_mini reads
 the same as code written against `torch.distributed.fsdp`, and `as_strategy` accepts either enum.
 ZeRO-1 is not an FSDP strategy: fsdp_mini implements it separately (`fsdp_mini.zero`), and only the
@@ -24,15 +29,23 @@ functions here that describe memory accept the extra name `ZERO1`.
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from typing import Union
+
+from fsdp_mini.runtime import local_world_size
 
 __all__ = [
     "ShardingStrategy",
     "ZERO1",
     "MODEL_STATES",
+    "StrategyFacts",
     "as_strategy",
+    "facts",
     "sharded_states",
     "is_hybrid",
+    "reshard_after_forward",
+    "all_gathers_per_step",
+    "shard_group_size",
 ]
 
 ZERO1 = "ZERO1"
@@ -73,15 +86,34 @@ class ShardingStrategy(enum.Enum):
     and experimental there."""
 
 
-_SHARDED = {
-    ShardingStrategy.NO_SHARD: frozenset(),
-    ZERO1: frozenset({"optimizer"}),
-    ShardingStrategy.SHARD_GRAD_OP: frozenset({"grads", "optimizer"}),
-    ShardingStrategy._HYBRID_SHARD_ZERO2: frozenset({"grads", "optimizer"}),
-    ShardingStrategy.FULL_SHARD: MODEL_STATES,
-    ShardingStrategy.HYBRID_SHARD: MODEL_STATES,
+@dataclass(frozen=True)
+class StrategyFacts:
+    """What one strategy does, as data.
+
+    `sharded`: the model states split over the shard group (the rest is replicated on each of its ranks).
+    `reshard_after_forward`: a unit's gathered parameters are freed after its forward and gathered again
+    for backward (ZeRO-3); otherwise they stay whole from forward until the end of backward (ZeRO-2).
+    `all_gathers_per_step`: AllGathers of one (non-root) unit per training step, 2, 1 or 0.
+    `hybrid`: shard inside a group of ranks (a node) and replicate across groups.
+    `one_rank_per_shard_group`: nothing is split: every rank holds everything (DDP).
+    """
+
+    sharded: frozenset[str]
+    reshard_after_forward: bool
+    all_gathers_per_step: int
+    hybrid: bool
+    one_rank_per_shard_group: bool = False
+
+
+_FACTS = {
+    ShardingStrategy.NO_SHARD: StrategyFacts(frozenset(), False, 0, hybrid=False, one_rank_per_shard_group=True),
+    # ZeRO-1: gradients are reduce-scattered, the shard stepped, the updated parameters all-gathered once.
+    ZERO1: StrategyFacts(frozenset({"optimizer"}), False, 1, hybrid=False),
+    ShardingStrategy.SHARD_GRAD_OP: StrategyFacts(frozenset({"grads", "optimizer"}), False, 1, hybrid=False),
+    ShardingStrategy._HYBRID_SHARD_ZERO2: StrategyFacts(frozenset({"grads", "optimizer"}), False, 1, hybrid=True),
+    ShardingStrategy.FULL_SHARD: StrategyFacts(MODEL_STATES, True, 2, hybrid=False),
+    ShardingStrategy.HYBRID_SHARD: StrategyFacts(MODEL_STATES, True, 2, hybrid=True),
 }
-_HYBRID = frozenset({ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2})
 
 StrategyLike = Union[ShardingStrategy, enum.Enum, str]
 
@@ -106,17 +138,54 @@ def as_strategy(value: StrategyLike) -> ShardingStrategy:
     raise ValueError(f"unknown sharding strategy {value!r}{hint}; valid names: {valid}")
 
 
+def facts(strategy: StrategyLike) -> StrategyFacts:
+    """Everything `strategy` implies (see `StrategyFacts`); `ZERO1` is accepted."""
+    return _FACTS[_as_strategy_or_zero1(strategy)]
+
+
 def sharded_states(strategy: StrategyLike) -> frozenset[str]:
     """The model states (a subset of `MODEL_STATES`) that `strategy` shards; `ZERO1` is accepted.
 
     The states not returned are replicated in full on every rank of the (shard) group.
     """
-    return _SHARDED[_as_strategy_or_zero1(strategy)]
+    return facts(strategy).sharded
 
 
 def is_hybrid(strategy: StrategyLike) -> bool:
     """True if `strategy` shards within a shard group and replicates across groups; `ZERO1` is accepted."""
-    return _as_strategy_or_zero1(strategy) in _HYBRID
+    return facts(strategy).hybrid
+
+
+def reshard_after_forward(strategy: StrategyLike) -> bool:
+    """True if a unit's parameters are freed after forward and gathered again for backward (ZeRO-3);
+    PyTorch FSDP2's `fully_shard(reshard_after_forward=...)` takes exactly this value."""
+    return facts(strategy).reshard_after_forward
+
+
+def all_gathers_per_step(strategy: StrategyLike) -> int:
+    """AllGathers of one unit's parameters per training step: 2 (ZeRO-3), 1 (ZeRO-2, ZeRO-1) or 0 (DDP)."""
+    return facts(strategy).all_gathers_per_step
+
+
+def shard_group_size(strategy: StrategyLike, world_size: int, shard_size: int | None = None) -> int:
+    """How many ranks share one copy of the model, i.e. split each sharded state between them.
+
+    NO_SHARD: 1 (every rank holds everything). FULL_SHARD, SHARD_GRAD_OP and ZeRO-1: the whole world.
+    The hybrids: `shard_size`, by default one node (torchrun's LOCAL_WORLD_SIZE; the whole world when it
+    is not set). `shard_size` is an error for the others, and must divide the world: a clear ValueError
+    before any process group exists.
+    """
+    f = facts(strategy)
+    if not f.hybrid:
+        if shard_size is not None:
+            name = ZERO1 if _is_zero1(strategy) else as_strategy(strategy).name
+            raise ValueError(f"shard_size applies to the hybrid strategies only, not to {name}")
+        return 1 if f.one_rank_per_shard_group else world_size
+    if shard_size is None:
+        shard_size = local_world_size(default=world_size)
+    if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size < 1 or world_size % shard_size:
+        raise ValueError(f"shard_size={shard_size!r} must be a positive divisor of the world size {world_size}")
+    return shard_size
 
 
 def _is_zero1(value: object) -> bool:

@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from fsdp_mini import bench, simulate
-from fsdp_mini.cluster import Cluster
-from fsdp_mini.cost import fit_alpha_beta, predict
-from fsdp_mini.models import GPT, GPTConfig
+from fsdp_mini.course import bench, simulate
+from fsdp_mini.course.cluster import Cluster
+from fsdp_mini.course.cost import fit_alpha_beta, predict
+from fsdp_mini.course.models import GPT, GPTConfig
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
 SMOKE_CASES = "mini:NO_SHARD,mini:FULL_SHARD,mini:FULL_SHARD:noprefetch,fsdp2:reshard,ddp,compute"
@@ -56,7 +56,7 @@ def test_bench_runs_on_a_tiny_setting_and_writes_json(smoke):
     assert report["results"][0]["collectives"]  # the calibration for the simulator
     assert (folder / "bench.png").read_bytes()[:4] == b"\x89PNG"
     for text in ("tiny GPT (24,750 parameters), world size 2", "fsdp_mini FULL_SHARD", "FSDP2 reshard=True",
-                 "PyTorch DDP", "targets (issue 6):", "prediction vs measurement", "extrapolation: 8 nodes x 8"):
+                 "PyTorch DDP", "performance targets:", "prediction vs measurement", "extrapolation: 8 nodes x 8"):
         assert text in out.stdout, text
     assert "[  6/6] memory tiny x2" in out.stderr and "[  6/6] tiny x2" in out.stderr  # progress
 
@@ -218,7 +218,7 @@ def test_load_reprints_a_saved_run_and_plots_it_in_russian(smoke):
     again = run("bench", "--load", str(folder / "bench.json"), "--language", "ru",
                 "--plot", str(folder / "bench.ru.png"), timeout=60)
     assert again.returncode == 0, again.stderr
-    table_of = lambda text: text[text.index("tiny GPT"):text.index("targets (issue 6):")]  # noqa: E731
+    table_of = lambda text: text[text.index("tiny GPT"):text.index("performance targets:")]  # noqa: E731
     assert table_of(again.stdout) == table_of(out.stdout), "the same table, nothing measured again"
     assert again.stderr.count("memory tiny") == 0
     assert (folder / "bench.ru.png").read_bytes()[:4] == b"\x89PNG"

@@ -13,7 +13,7 @@ from torch.testing import assert_close
 from fsdp_mini import get_device, launch
 from fsdp_mini.checkpoint import load_checkpoint, save_checkpoint, sharded_state_dict
 from fsdp_mini.fsdp import FSDP
-from fsdp_mini.models import GPT, Block, GPTConfig, make_batch
+from fsdp_mini.course.models import GPT, Block, GPTConfig, make_batch
 
 pytestmark = pytest.mark.usefixtures("no_orphans")
 

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from fsdp_mini.bench_collectives import format_size, parse_size
+from fsdp_mini.course.bench_collectives import format_size, parse_size
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from fsdp_mini import CommLog, FSDP, launch
-from fsdp_mini.cluster import Cluster, compare_strategies, step_communication
-from fsdp_mini.models import GPT, Block, GPTConfig
-from fsdp_mini.train import train
+from fsdp_mini.course.cluster import Cluster, compare_strategies, step_communication
+from fsdp_mini.course.models import GPT, Block, GPTConfig
+from fsdp_mini.course.train import train
 
 # NVLink-like inside, 400 Gb/s = 50 GB/s between.
 C88 = Cluster(nodes=8, gpus_per_node=8, intra_bandwidth=300e9, inter_bandwidth=50e9,

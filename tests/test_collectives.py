@@ -4,7 +4,7 @@ import torch
 import torch.distributed as dist
 
 from fsdp_mini import collectives as C
-from fsdp_mini import launch
+from fsdp_mini import CommLog, launch
 
 pytestmark = pytest.mark.usefixtures("no_orphans")
 
@@ -113,7 +113,7 @@ def _bad_shapes():
     errors = []
     for call in (lambda: C.ring_reduce_scatter(torch.empty(3), torch.empty(7)),
                  lambda: C.ring_all_gather(torch.empty(7), torch.empty(3)),
-                 lambda: C.ring_all_reduce(torch.empty(3), op=dist.ReduceOp.MAX),
+                 lambda: C.ring_all_reduce(torch.empty(3), op=dist.ReduceOp.PRODUCT),
                  lambda: C.all_reduce(torch.empty(3), impl="mpi")):
         try:
             call()
@@ -127,5 +127,27 @@ def test_bad_shapes_and_options_are_value_errors():
     errors = launch(_bad_shapes, 2)[0]
     assert "input has 7 elements, expected group size 2 x output's 3" in errors[0]
     assert "output has 7 elements, expected group size 2 x input's 3" in errors[1]
-    assert "op must be ReduceOp.SUM or ReduceOp.AVG" in errors[2]
+    assert "op must be ReduceOp.SUM or ReduceOp.AVG or ReduceOp.MAX" in errors[2]
     assert "impl must be one of ('builtin', 'ring')" in errors[3]
+
+
+def _max_everywhere(world: int):
+    """MAX through the ring and the builtin, on values whose maximum sits on different ranks."""
+    rank = dist.get_rank()
+    out = {}
+    for size in (1, 5, 1000):
+        x = torch.arange(size, dtype=torch.float32) * (-1) ** rank * (rank + 1)
+        ring, builtin = x.clone(), x.clone()
+        with CommLog() as log:
+            C.all_reduce(ring, C.MAX, impl="ring")
+            C.all_reduce(builtin, C.MAX)
+        expected = torch.stack([torch.arange(size, dtype=torch.float32) * (-1) ** r * (r + 1)
+                                for r in range(world)]).max(0).values
+        out[size] = (torch.equal(ring, expected), torch.equal(builtin, expected), len(log.records))
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_max_all_reduce_ring_and_builtin_agree_and_are_logged(world):
+    for size, (ring_ok, builtin_ok, logged) in launch(_max_everywhere, world, args=(world,))[0].items():
+        assert ring_ok and builtin_ok and logged == 2, size

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from fsdp_mini.cost import (
+from fsdp_mini.course.cost import (
     AlphaBeta,
     algbw,
     bus_factor,

@@ -16,11 +16,12 @@ import torch.nn as nn
 
 from fsdp_mini import CommLog, launch
 from fsdp_mini.comm_log import CommRecord
-from fsdp_mini.ddp import MiB, DistributedDataParallel, all_reduce_gradients, plan_buckets
-from fsdp_mini.language import set_language
-from fsdp_mini.models import GPT, GPTConfig, make_batch
-from fsdp_mini.train import local_rows, train
-from fsdp_mini.viz.buckets import part_of, plot_bucket_layout, plot_bucket_timeline, short_name
+from fsdp_mini.ddp import DistributedDataParallel, all_reduce_gradients, plan_buckets
+from fsdp_mini.grad_buckets import MiB
+from fsdp_mini.course.language import set_language
+from fsdp_mini.course.models import GPT, GPTConfig, make_batch
+from fsdp_mini.course.train import local_rows, train
+from fsdp_mini.course.viz.buckets import part_of, plot_bucket_layout, plot_bucket_timeline, short_name
 
 matplotlib.use("Agg")
 
@@ -103,16 +104,21 @@ def test_huge_cap_gives_one_bucket_of_everything():
 
 
 @pytest.mark.parametrize("cap", [0.005, CAP, 0.05, 0.1])
-def test_buckets_are_greedy_contiguous_and_within_the_cap(cap):
+def test_buckets_follow_pytorch_ddps_rule(cap):
+    """The same buckets as PyTorch's DDP computes (its reducer's assignment, in backward order): a bucket
+    closes as soon as it holds at least the cap."""
     model = GPT(CFG)
     sizes = {n: p.numel() * 4 for n, p in model.named_parameters()}
     buckets = plan_buckets(model, cap)
-    assert [n for b in buckets for n in b.names] == _reverse_trainable(model)
+    order = _reverse_trainable(model)
+    assert [n for b in buckets for n in b.names] == order
+    params = dict(model.named_parameters())
+    torch_buckets, _ = dist._compute_bucket_assignment_by_size([params[n] for n in order], [int(cap * MiB)])
+    assert [list(b.names) for b in buckets] == [[order[i] for i in idx] for idx in torch_buckets]
     for b, nxt in zip(buckets, buckets[1:] + [None]):
         assert b.nbytes == sum(sizes[n] for n in b.names)
-        assert b.nbytes <= cap * MiB or len(b.names) == 1
-        if nxt is not None:  # greedy: the next parameter would not have fit
-            assert b.nbytes + sizes[nxt.names[0]] > cap * MiB
+        if nxt is not None:  # closed because it reached the cap, and not before
+            assert b.nbytes >= cap * MiB > b.nbytes - sizes[b.names[-1]]
     assert sum(b.nbytes for b in buckets) == _trainable_bytes(model)
 
 

@@ -1,8 +1,8 @@
 """Exercise checks: None is "not answered", right and wrong answers are told apart, nothing raises."""
 import torch
 
-from fsdp_mini.exercise import check
-from fsdp_mini.language import set_language
+from fsdp_mini.course.exercise import check
+from fsdp_mini.course.language import set_language
 
 
 def test_verdicts_and_messages(capsys):

@@ -9,8 +9,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from fsdp_mini import FSDP, MixedPrecision, launch
-from fsdp_mini.models import GPT, Block, GPTConfig, make_batch
-from fsdp_mini.train import local_rows, train
+from fsdp_mini.course.models import GPT, Block, GPTConfig, make_batch
+from fsdp_mini.course.train import local_rows, train
 
 TOL = dict(rtol=1e-5, atol=1e-6)
 SGD = partial(torch.optim.SGD, lr=0.1, momentum=0.9)

@@ -10,8 +10,8 @@ import torch.nn as nn
 
 from fsdp_mini import FSDP, CommLog, MixedPrecision, launch
 from fsdp_mini.comm_log import ring_model_sent
-from fsdp_mini.models import GPT, Block, GPTConfig, make_batch
-from fsdp_mini.train import local_rows, train
+from fsdp_mini.course.models import GPT, Block, GPTConfig, make_batch
+from fsdp_mini.course.train import local_rows, train
 
 CFG = GPTConfig()
 

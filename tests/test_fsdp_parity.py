@@ -12,9 +12,9 @@ import torch
 import torch.distributed as dist
 
 from fsdp_mini import FSDP, launch
-from fsdp_mini.models import GPT, Block, GPTConfig
-from fsdp_mini.pytorch_equivalent import pytorch_full_state_dict, wrap_like_pytorch
-from fsdp_mini.train import train
+from fsdp_mini.course.models import GPT, Block, GPTConfig
+from fsdp_mini.course.pytorch_equivalent import pytorch_full_state_dict, wrap_like_pytorch
+from fsdp_mini.course.train import train
 
 CFG = GPTConfig()
 STEPS, BATCH = 5, 12  # 12 rows split evenly over 1, 2, 3 and 4 ranks

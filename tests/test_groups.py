@@ -7,8 +7,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from fsdp_mini.groups import Groups, grid, make_groups, shard_size_for
+from fsdp_mini.groups import Groups, grid, make_groups
 from fsdp_mini.launch import launch
+from fsdp_mini.strategy import shard_group_size
 from fsdp_mini.strategy import ShardingStrategy, is_hybrid
 
 S = ShardingStrategy
@@ -20,7 +21,7 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-# --- shard_size_for ---------------------------------------------------------------------------
+# --- shard_group_size--------------------------------------------------------------------------
 
 
 def test_hybrids_are_the_two_hybrid_strategies():
@@ -30,14 +31,14 @@ def test_hybrids_are_the_two_hybrid_strategies():
 @pytest.mark.parametrize("world", [1, 2, 3, 8])
 def test_no_shard_is_one_rank_per_shard_group(world, monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # ignored: only the hybrids read it
-    assert shard_size_for(S.NO_SHARD, world, None) == 1
+    assert shard_group_size(S.NO_SHARD, world, None) == 1
 
 
 @pytest.mark.parametrize("strategy", [S.FULL_SHARD, S.SHARD_GRAD_OP])
 @pytest.mark.parametrize("world", [1, 2, 3, 8])
 def test_full_and_grad_op_shard_over_the_world(strategy, world, monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # ignored: only the hybrids read it
-    assert shard_size_for(strategy, world, None) == world
+    assert shard_group_size(strategy, world, None) == world
 
 
 @pytest.mark.parametrize("strategy", HYBRIDS)
@@ -45,7 +46,7 @@ def test_full_and_grad_op_shard_over_the_world(strategy, world, monkeypatch):
 def test_hybrid_uses_the_given_shard_size(strategy, world, monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # an explicit shard_size wins over the environment
     for size in _divisors(world):
-        assert shard_size_for(strategy, world, size) == size
+        assert shard_group_size(strategy, world, size) == size
 
 
 @pytest.mark.parametrize("strategy", HYBRIDS)
@@ -53,28 +54,28 @@ def test_hybrid_uses_the_given_shard_size(strategy, world, monkeypatch):
 def test_hybrid_defaults_to_local_world_size(strategy, world, monkeypatch):
     for size in _divisors(world):
         monkeypatch.setenv("LOCAL_WORLD_SIZE", str(size))
-        assert shard_size_for(strategy, world, None) == size
+        assert shard_group_size(strategy, world, None) == size
 
 
 @pytest.mark.parametrize("strategy", HYBRIDS)
 @pytest.mark.parametrize("world", [1, 3, 8])
 def test_hybrid_without_local_world_size_shards_over_the_world(strategy, world, monkeypatch):
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    assert shard_size_for(strategy, world, None) == world
+    assert shard_group_size(strategy, world, None) == world
 
 
 @pytest.mark.parametrize("strategy", HYBRIDS)
 def test_hybrid_rejects_a_local_world_size_that_does_not_divide(strategy, monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
     with pytest.raises(ValueError, match="positive divisor of the world size 4"):
-        shard_size_for(strategy, 4, None)
+        shard_group_size(strategy, 4, None)
 
 
 @pytest.mark.parametrize("strategy", NON_HYBRIDS)
 @pytest.mark.parametrize("size", [1, 2, 4])
 def test_shard_size_is_rejected_for_non_hybrids(strategy, size):
     with pytest.raises(ValueError, match=f"hybrid strategies only, not to {strategy.name}"):
-        shard_size_for(strategy, 4, size)
+        shard_group_size(strategy, 4, size)
 
 
 @pytest.mark.parametrize("strategy", HYBRIDS)
@@ -83,7 +84,7 @@ def test_shard_size_is_rejected_for_non_hybrids(strategy, size):
 def test_hybrid_rejects_bad_shard_sizes(strategy, world, size, monkeypatch):
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     with pytest.raises(ValueError, match=re.escape(f"shard_size={size!r} must be a positive divisor of the world size {world}")):
-        shard_size_for(strategy, world, size)
+        shard_group_size(strategy, world, size)
 
 
 # --- grid -------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@ import torch
 import torch.nn as nn
 
 from fsdp_mini.memory import SavedActivations
-from fsdp_mini.models import GPT, GPTConfig, make_batch
+from fsdp_mini.course.models import GPT, GPTConfig, make_batch
 
 
 def test_a_linear_layer_saves_its_input_and_not_its_weight():

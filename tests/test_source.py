@@ -4,7 +4,7 @@ import inspect
 import pytest
 
 from fsdp_mini.launch import launch
-from fsdp_mini.source import show_source, source_of
+from fsdp_mini.course.source import show_source, source_of
 
 
 def test_whole_source_is_inspect_getsource():
@@ -12,9 +12,10 @@ def test_whole_source_is_inspect_getsource():
 
 
 def test_a_slice_from_start_to_end():
-    part = source_of(launch, start="local_world_size = world_size if", end="_check_backend")
+    part = source_of(launch, start="local_world_size = world_size if", end="check_backend")
     lines = part.splitlines()
-    assert lines[0].startswith("local_world_size = world_size if") and "_check_backend" in lines[-1]
+    assert lines[0].startswith("local_world_size = world_size if") and "check_backend" in lines[-1]
+    assert len(lines) == 3
     with pytest.raises(ValueError, match="not found"):
         source_of(launch, start="no such line")
 

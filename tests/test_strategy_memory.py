@@ -12,8 +12,12 @@ from fsdp_mini.strategy import (
     MODEL_STATES,
     ZERO1,
     ShardingStrategy,
+    all_gathers_per_step,
     as_strategy,
+    facts,
     is_hybrid,
+    reshard_after_forward,
+    shard_group_size,
     sharded_states,
 )
 
@@ -161,16 +165,15 @@ def test_memory_estimate_total_must_be_the_sum():
         (dict(grad_bytes=-2), "grad_bytes must be >= 0"),
         (dict(optimizer_bytes=-12), "optimizer_bytes must be >= 0"),
         (dict(strategy="zero3"), "unknown sharding strategy 'zero3'"),
-        (dict(shard_size=4), "shard_size=4 is only meaningful for the hybrid strategies"),
-        (dict(strategy=ZERO1, shard_size=4), "shard_size=4 is only meaningful"),
-        (dict(strategy=S.HYBRID_SHARD), "shard_size is required for the hybrid strategies"),
-        (dict(strategy=S._HYBRID_SHARD_ZERO2), "shard_size is required"),
-        (dict(strategy=S.HYBRID_SHARD, shard_size=0), "shard_size must be >= 1, got 0"),
-        (dict(strategy=S.HYBRID_SHARD, shard_size=3), "shard_size=3 does not divide world_size=8"),
-        (dict(strategy=S.HYBRID_SHARD, shard_size=16), "shard_size=16 does not divide world_size=8"),
+        (dict(shard_size=4), "shard_size applies to the hybrid strategies only, not to FULL_SHARD"),
+        (dict(strategy=ZERO1, shard_size=4), "shard_size applies to the hybrid strategies only, not to ZERO1"),
+        (dict(strategy=S.HYBRID_SHARD, shard_size=0), "shard_size=0 must be a positive divisor of the world size 8"),
+        (dict(strategy=S.HYBRID_SHARD, shard_size=3), "shard_size=3 must be a positive divisor of the world size 8"),
+        (dict(strategy=S.HYBRID_SHARD, shard_size=16), "shard_size=16 must be a positive divisor"),
     ],
 )
-def test_estimate_memory_rejects_bad_arguments(kwargs, match):
+def test_estimate_memory_rejects_bad_arguments(kwargs, match, monkeypatch):
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     args = dict(num_params=1000, world_size=8, strategy=S.FULL_SHARD) | kwargs
     with pytest.raises(ValueError, match=match):
         estimate_memory(**args)
@@ -185,3 +188,22 @@ def test_format_bytes_uses_decimal_units():
     assert format_bytes(1000**6) == "1000.0 PB"  # the largest unit just grows
     with pytest.raises(ValueError, match="nbytes must be >= 0, got -1"):
         format_bytes(-1)
+
+
+@pytest.mark.parametrize("hybrid", [S.HYBRID_SHARD, S._HYBRID_SHARD_ZERO2])
+def test_hybrid_estimate_uses_the_engines_shard_group_rule(hybrid, monkeypatch):
+    """One rule for the shard group in the estimate and in the engine: one node (LOCAL_WORLD_SIZE)."""
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert estimate_memory(10_000, 16, hybrid) == estimate_memory(10_000, 16, hybrid, shard_size=4)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert estimate_memory(10_000, 16, hybrid) == estimate_memory(10_000, 16, hybrid, shard_size=16)
+
+
+def test_strategy_facts_match_pytorch_and_the_zero_stages():
+    """What each strategy implies, from its one home: FSDP2's reshard_after_forward, gathers per step."""
+    assert {m: (reshard_after_forward(m), all_gathers_per_step(m)) for m in S} == {
+        S.FULL_SHARD: (True, 2), S.HYBRID_SHARD: (True, 2), S.SHARD_GRAD_OP: (False, 1),
+        S._HYBRID_SHARD_ZERO2: (False, 1), S.NO_SHARD: (False, 0)}
+    assert all_gathers_per_step(ZERO1) == 1 and not reshard_after_forward(ZERO1)
+    assert [shard_group_size(m, 8) for m in (S.NO_SHARD, S.SHARD_GRAD_OP, S.FULL_SHARD, ZERO1)] == [1, 8, 8, 8]
+    assert facts("full_shard") == facts(S.FULL_SHARD) and facts(S.FULL_SHARD).sharded == MODEL_STATES

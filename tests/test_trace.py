@@ -5,9 +5,9 @@ import torch
 import torch.distributed as dist
 
 from fsdp_mini import FSDP, CommLog, CommRecord, launch
-from fsdp_mini.models import GPT, Block, GPTConfig, make_batch
-from fsdp_mini.trace import MemoryEvent, Span, Trace, by_unit, compute_modules, issue_order, sequence
-from fsdp_mini.train import local_rows, train
+from fsdp_mini.course.models import GPT, Block, GPTConfig, make_batch
+from fsdp_mini.course.trace import MemoryEvent, Span, Trace, by_unit, compute_modules, issue_order, sequence
+from fsdp_mini.course.train import local_rows, train
 
 CFG = GPTConfig(n_layer=3)
 BLOCKS = [f"blocks.{i}" for i in range(CFG.n_layer)]

@@ -7,9 +7,9 @@ import matplotlib.pyplot as plt
 import pytest
 from matplotlib.patches import Rectangle
 
-from fsdp_mini.cost import predict
-from fsdp_mini.language import set_language
-from fsdp_mini.viz.collectives import cell_sources, plot_bytes_sent, plot_collective, plot_predicted_times
+from fsdp_mini.course.cost import predict
+from fsdp_mini.course.language import set_language
+from fsdp_mini.course.viz.collectives import cell_sources, plot_bytes_sent, plot_collective, plot_predicted_times
 
 BEFORE = [[1.0 * (r + 1), 2.0 * (r + 1), 3.0 * (r + 1)] for r in range(4)]
 LABELS = {"en": ("before", "after", "rank 0", "ring"), "ru": ("до", "после", "ранг 0", "кольцо")}

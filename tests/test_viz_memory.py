@@ -4,8 +4,8 @@ import matplotlib
 matplotlib.use("Agg")
 
 from fsdp_mini import estimate_memory  # noqa: E402
-from fsdp_mini.language import set_language  # noqa: E402
-from fsdp_mini.viz.memory import plot_memory_bars  # noqa: E402
+from fsdp_mini.course.language import set_language  # noqa: E402
+from fsdp_mini.course.viz.memory import plot_memory_bars  # noqa: E402
 
 
 def test_stacked_bars_and_labels_in_both_languages():

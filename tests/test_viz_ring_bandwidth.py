@@ -9,13 +9,14 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from fsdp_mini import collectives as C  # noqa: E402
-from fsdp_mini import cost, launch  # noqa: E402
-from fsdp_mini.language import set_language  # noqa: E402
-from fsdp_mini.ring_schedule import (Message, format_contributors, initial_state,  # noqa: E402
+from fsdp_mini import launch
+from fsdp_mini.course import cost  # noqa: E402
+from fsdp_mini.course.language import set_language  # noqa: E402
+from fsdp_mini.course.ring_schedule import (Message, format_contributors, initial_state,  # noqa: E402
                                      ring_all_gather_schedule, ring_all_reduce_schedule,
                                      ring_reduce_scatter_schedule)
-from fsdp_mini.viz.bandwidth import _ranks_ru, plot_bandwidth, plot_times, size_label  # noqa: E402
-from fsdp_mini.viz.ring import DONE_COLOR, plot_ring_steps, step_title  # noqa: E402
+from fsdp_mini.course.viz.bandwidth import _ranks_ru, plot_bandwidth, plot_times, size_label  # noqa: E402
+from fsdp_mini.course.viz.ring import DONE_COLOR, plot_ring_steps, step_title  # noqa: E402
 
 
 @pytest.fixture

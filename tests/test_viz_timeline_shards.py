@@ -10,11 +10,11 @@ import torch
 
 from fsdp_mini import FSDP, CommRecord, launch
 from fsdp_mini.flat_param import FlatLayout
-from fsdp_mini.models import GPT, Block, GPTConfig
-from fsdp_mini.trace import MemoryEvent, Span
-from fsdp_mini.viz import set_language
-from fsdp_mini.viz.shards import PAD_COLOR, describe_pieces, plot_flat_layout, unit_layouts
-from fsdp_mini.viz.timeline import (KIND_COLORS, OP_COLORS, comm_lanes, plot_gathered_memory, plot_timeline,
+from fsdp_mini.course.models import GPT, Block, GPTConfig
+from fsdp_mini.course.trace import MemoryEvent, Span
+from fsdp_mini.course.viz import set_language
+from fsdp_mini.course.viz.shards import PAD_COLOR, describe_pieces, plot_flat_layout, unit_layouts
+from fsdp_mini.course.viz.timeline import (KIND_COLORS, OP_COLORS, comm_lanes, plot_gathered_memory, plot_timeline,
                                     plot_timelines, plot_tradeoff, short_label)
 
 

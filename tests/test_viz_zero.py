@@ -3,8 +3,8 @@ import matplotlib
 import pytest
 
 from fsdp_mini.comm_log import CommLog, CommRecord
-from fsdp_mini.language import set_language
-from fsdp_mini.viz.zero import OP_COLORS, plot_step_bytes, sent_by_op
+from fsdp_mini.course.language import set_language
+from fsdp_mini.course.viz.zero import OP_COLORS, plot_step_bytes, sent_by_op
 
 BARS = {"DDP": {"all_reduce": 96}, "ZeRO-1": {"reduce_scatter": 48, "all_gather": 48}}
 

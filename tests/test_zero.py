@@ -9,7 +9,7 @@ from torch.testing import assert_close
 
 from fsdp_mini import launch
 from fsdp_mini.comm_log import CommLog, ring_model_sent
-from fsdp_mini.models import GPT, GPTConfig, make_batch
+from fsdp_mini.course.models import GPT, GPTConfig, make_batch
 from fsdp_mini.zero import ZeroRedundancyOptimizer
 
 pytestmark = pytest.mark.usefixtures("no_orphans")

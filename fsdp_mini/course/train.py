@@ -9,10 +9,16 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from fsdp_mini.launch import get_device
-from fsdp_mini.models import GPTConfig, make_batch
+from fsdp_mini.runtime import get_device
+from fsdp_mini.course.models import GPTConfig, make_batch
 
-__all__ = ["local_rows", "train"]
+__all__ = ["local_rows", "train", "hybrid_shard_size"]
+
+
+def hybrid_shard_size(world: int) -> int:
+    """How the demo and the benchmark lay out a hybrid strategy on one machine: two "nodes" when the
+    world splits evenly (4 ranks: a 2 x 2 grid), else one."""
+    return world // 2 if world >= 4 and world % 2 == 0 else world
 
 
 def local_rows(t: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:

@@ -1,8 +1,8 @@
 """Memory bars: bytes per rank of parameters, gradients and optimizer state, stacked, one bar per setup."""
 from __future__ import annotations
 
-from fsdp_mini.language import tr
-from fsdp_mini.viz import stacked_bars
+from fsdp_mini.course.language import tr
+from fsdp_mini.course.viz import stacked_bars
 
 __all__ = ["STATE_COLORS", "plot_memory_bars"]
 

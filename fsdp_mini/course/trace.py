@@ -21,9 +21,9 @@ waited for) and ends before its post-forward (the free); backward starts after F
 ends when the last parameter's gradient arrives, before FSDP's ReduceScatter is issued. So a span is the
 unit's compute alone, not the communication around it.
 
-`trace.memory` comes from the engine's own `MemoryTracker`: while the trace is active, each flat
-parameter reports its allocations and frees through a recorder that passes them on unchanged, so
-`model.memory_stats()` is unaffected. Its order, like the order of issue of the collectives
+`trace.memory` comes from the engine's own `MemoryTracker` (`model.memory`): the trace listens to it
+(`MemoryTracker.listen`) while it is active, so every gather's alloc and every free arrives with the
+flat parameter's label, and `model.memory_stats()` is unaffected. Its order, like the order of issue of the collectives
 (`issue_order`), is the program's order, hence the same in every run; the times are not. Only this
 rank's events are recorded: return them from each rank and put them together in the parent.
 """
@@ -36,7 +36,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from fsdp_mini.fsdp import _tensors
+from fsdp_mini.memory import MemoryChange
+from fsdp_mini.nested import tensors_in
+from fsdp_mini.plan import unit_of_label
 
 __all__ = ["Span", "MemoryEvent", "Trace", "compute_modules", "issue_order", "sequence", "by_unit"]
 
@@ -72,7 +74,7 @@ class MemoryEvent:
 
 
 def _grad_tensors(obj):
-    return [t for t in _tensors(obj) if t.requires_grad]
+    return [t for t in tensors_in(obj) if t.requires_grad]
 
 
 def compute_modules(model) -> list[tuple[str, str, nn.Module, list[torch.Tensor]]]:
@@ -111,24 +113,6 @@ class _Call:
         self.waiting = {id(t) for t in leaves}  # parameters whose gradient has not arrived yet
 
 
-class _Recorder:
-    """Stands in for the engine's MemoryTracker in one flat parameter: passes every call on, and records."""
-
-    def __init__(self, inner, label: str, trace: "Trace"):
-        self._inner, self._label, self._trace = inner, label, trace
-
-    def alloc(self, nbytes: int) -> None:
-        self._inner.alloc(nbytes)
-        self._trace._memory_event(self._label, "alloc", nbytes, self._inner.current)
-
-    def free(self, nbytes: int) -> None:
-        self._inner.free(nbytes)
-        self._trace._memory_event(self._label, "free", nbytes, self._inner.current)
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
-
-
 class Trace:
     """Context manager recording this rank's compute spans of every unit of an FSDP `model`."""
 
@@ -139,12 +123,13 @@ class Trace:
         self._handles = []
         self._open: dict[int, _Call] = {}  # module id -> its latest forward call
         self._active = False
-        self._trackers = []  # (handle, its own tracker), restored on exit
+        self._listener = None  # our subscription to the engine's MemoryTracker
         self.memory: list[MemoryEvent] = []
 
-    def _memory_event(self, label, kind, nbytes, current) -> None:
-        if self._active and nbytes:
-            self.memory.append(MemoryEvent(self.rank, label, kind, nbytes, current, time.time()))
+    def _memory_event(self, change: MemoryChange) -> None:
+        if self._active and change.nbytes:
+            self.memory.append(MemoryEvent(self.rank, change.label, change.kind, change.nbytes, change.current,
+                                           time.time()))
 
     # --- hooks -------------------------------------------------------------------------------------
 
@@ -205,10 +190,7 @@ class Trace:
                 users.setdefault(id(leaf), (leaf, []))[1].append(module)
         for leaf, modules in users.values():
             self._handles.append(leaf.register_hook(self._on_param_grad(leaf, modules)))
-        for unit in self.model.units:
-            for h in unit.handles:
-                self._trackers.append((h, h.tracker))
-                h.tracker = _Recorder(h.tracker, h.label, self)
+        self._listener = self.model.memory.listen(self._memory_event)
         self._active = True
         return self
 
@@ -217,9 +199,9 @@ class Trace:
         for h in self._handles:
             h.remove()
         self._handles = []
-        for h, tracker in self._trackers:
-            h.tracker = tracker
-        self._trackers = []
+        if self._listener is not None:
+            self._listener.remove()
+            self._listener = None
 
     @property
     def spans(self) -> list[Span]:
@@ -253,7 +235,7 @@ def sequence(records, spans=(), memory=(), rank: int = 0) -> list[tuple[str, str
     events += [(m.time, "free", m.label) for m in memory if m.rank == rank and m.kind == "free"]
     out: list[tuple[str, str]] = []
     for _, what, label in sorted(events, key=lambda e: e[0]):
-        entry = (what, label.removesuffix(" (frozen)"))
+        entry = (what, unit_of_label(label))
         if not out or out[-1] != entry or what not in ("forward", "backward", "free"):
             out.append(entry)
     return out

@@ -6,7 +6,7 @@ sizes and colours (`RANK_COLORS[r]` is rank r's colour in every lesson).
 """
 from __future__ import annotations
 
-from fsdp_mini.language import get_language, set_language, tr
+from fsdp_mini.course.language import get_language, set_language, tr
 
 __all__ = ["set_language", "get_language", "tr", "RANK_COLORS", "rank_color", "figure", "stacked_bars"]
 

@@ -1,6 +1,6 @@
 """A two-level network on paper: fast links inside a node, slower ones between nodes.
 
-`fsdp_mini.cost` prices a collective on one kind of link. A real cluster has two: GPUs of one node talk
+`fsdp_mini.course.cost` prices a collective on one kind of link. A real cluster has two: GPUs of one node talk
 over NVLink (hundreds of GB/s each), GPUs of different nodes over network cards (400 Gb/s = 50 GB/s per
 GPU on DGX-class machines). Which strategy wins depends on which collective runs over which link, so
 this module prices every collective of one training step on such a cluster:
@@ -17,7 +17,7 @@ The model, and why each piece is what it is:
 * A ring moves in lockstep: each of its steps ends when the slowest of its links has delivered its
   chunk. So a collective over a group whose ranks all live on one node runs at `intra_bandwidth` and
   `alpha_intra`, and one over a group that spans nodes runs entirely at `inter_bandwidth` and
-  `alpha_inter`, even though most of its links are NVLink. Its time is `fsdp_mini.cost`'s ring formula
+  `alpha_inter`, even though most of its links are NVLink. Its time is `fsdp_mini.course.cost`'s ring formula
   with that link's alpha and bandwidth.
 * Groups of the same kind (all shard groups, all replica groups) run at the same time, each GPU on its
   own links; the bandwidths are per GPU (one NIC per GPU). With one NIC shared by a node's g GPUs,
@@ -41,7 +41,7 @@ NCCL's hierarchical and tree algorithms for multi-node all-reduce, several rings
 (channels), congestion in the network, and the time to compute reductions. Use it to compare strategies
 on one cluster and to see which link each one stresses; measure before quoting absolute times.
 
-Bytes sent per rank use `fsdp_mini.comm_log.ring_model_sent`, the ring model CommLog applies to the
+Bytes sent per rank use `fsdp_mini.ring_model.ring_model_sent`, the ring model CommLog applies to the
 builtin collectives, so a prediction for the small GPT matches a CommLog of a real run byte for byte.
 """
 from __future__ import annotations
@@ -51,17 +51,13 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from fsdp_mini.comm_log import ring_model_sent
-from fsdp_mini.cost import predict
-from fsdp_mini.groups import grid, shard_size_for
-from fsdp_mini.strategy import ShardingStrategy, StrategyLike, as_strategy, is_hybrid
+from fsdp_mini.course.cost import predict
+from fsdp_mini.grad_buckets import MiB, assign_buckets
+from fsdp_mini.groups import grid
+from fsdp_mini.ring_model import ring_model_sent
+from fsdp_mini.strategy import StrategyLike, all_gathers_per_step, as_strategy, is_hybrid, shard_group_size
 
 __all__ = ["Cluster", "Collective", "StepComm", "step_communication", "compare_strategies"]
-
-_GATHERS = {ShardingStrategy.FULL_SHARD: 2, ShardingStrategy.HYBRID_SHARD: 2,
-            ShardingStrategy.SHARD_GRAD_OP: 1, ShardingStrategy._HYBRID_SHARD_ZERO2: 1,
-            ShardingStrategy.NO_SHARD: 0}
-
 
 @dataclass(frozen=True)
 class Cluster:
@@ -195,13 +191,9 @@ def _unit_sizes(num_params, units: int) -> list[int]:
 
 def _buckets(unit_sizes: list[int], grad_bytes: int, cap_mb: float) -> list[int]:
     """Elements per gradient bucket: units join in backward order (the last unit first, the root last)
-    and a bucket closes once it holds at least the cap, as `fsdp_mini.grad_buckets.GradBuckets` does."""
-    out, current = [], 0
-    for numel in reversed(unit_sizes):
-        current += numel
-        if current * grad_bytes >= cap_mb * 2**20:
-            out, current = out + [current], 0
-    return out + ([current] if current else [])
+    by DDP's bucket rule, the one `fsdp_mini.grad_buckets` gives the engine."""
+    backward_order = [(numel, numel * grad_bytes, None) for numel in reversed(unit_sizes)]
+    return [sum(bucket) for bucket in assign_buckets(backward_order, cap_mb * MiB)]
 
 
 def step_communication(cluster: Cluster, strategy: StrategyLike, num_params: int | float | Sequence[int], *,
@@ -220,7 +212,7 @@ def step_communication(cluster: Cluster, strategy: StrategyLike, num_params: int
     world = cluster.world_size
     if is_hybrid(strategy) and shard_size is None:
         shard_size = cluster.gpus_per_node
-    n = shard_size_for(strategy, world, shard_size)
+    n = shard_group_size(strategy, world, shard_size)
     replicas = world // n
     rows, cols = grid(world, n)
     shard_crosses = any(cluster.spans_nodes(row) for row in rows)
@@ -234,7 +226,7 @@ def step_communication(cluster: Cluster, strategy: StrategyLike, num_params: int
     else:
         for i, numel in enumerate(sizes):
             padded = math.ceil(numel / n) * n  # fsdp_mini's flat layout: equal shards
-            gathers = _GATHERS[strategy]
+            gathers = all_gathers_per_step(strategy)
             if root_stays_gathered and i == 0:
                 gathers = min(gathers, 1)
             calls[("all_gather", padded, param_bytes, n, shard_crosses)] += gathers

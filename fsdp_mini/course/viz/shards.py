@@ -2,13 +2,14 @@
 end, and the padding at the tail. Deterministic: it draws a `FlatLayout`, nothing measured.
 
 `unit_layouts(model, wrap, n)` gives the layouts that `FSDP(model, wrap=wrap)` would build over `n`
-ranks, without starting any process, by the engine's own planning (which unit owns which parameter).
+ranks, without starting any process, by the engine's own planner (`fsdp_mini.plan`).
 """
 from __future__ import annotations
 
 from fsdp_mini.flat_param import FlatLayout
-from fsdp_mini.language import get_language, tr
-from fsdp_mini.viz import figure
+from fsdp_mini.plan import plan_units
+from fsdp_mini.course.language import get_language, tr
+from fsdp_mini.course.viz import figure
 
 __all__ = ["PARAM_COLORS", "unit_layouts", "describe_pieces", "plot_flat_layout"]
 
@@ -20,18 +21,8 @@ PAD_COLOR = "#C44E52"
 def unit_layouts(model, wrap, n: int) -> dict[str, FlatLayout]:
     """The flat layouts FSDP builds for `model` wrapped with `wrap` over shard groups of `n` ranks, keyed
     by the label the engine gives each flat parameter ("root", "blocks.0", "blocks.0 (frozen)", ...),
-    in the engine's order. Pure: no process group needed."""
-    from fsdp_mini.fsdp import _plan_units, _wrap_classes
-
-    plan = _plan_units(model, _wrap_classes(wrap, model))
-    out: dict[str, FlatLayout] = {}
-    for unit_name, _, groups in plan.units:
-        for (requires_grad, dtype), entries in groups.items():
-            label = (unit_name or "root") + ("" if requires_grad else " (frozen)")
-            if label in out:
-                label += f" ({dtype})"
-            out[label] = FlatLayout([e.names for e in entries], [e.param.shape for e in entries], n)
-    return out
+    in the engine's order: the engine's own plan (`fsdp_mini.plan`). Pure: no process group needed."""
+    return plan_units(model, wrap).layouts(n)
 
 
 def describe_pieces(layout: FlatLayout, rank: int) -> list[str]:

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from fsdp_mini.language import tr
+from fsdp_mini.course.language import tr
 
 __all__ = ["check", "Checked"]
 

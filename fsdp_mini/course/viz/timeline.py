@@ -1,4 +1,4 @@
-"""Timelines of an FSDP step: per rank, the compute (from `fsdp_mini.trace.Trace`) above the collectives
+"""Timelines of an FSDP step: per rank, the compute (from `fsdp_mini.course.trace.Trace`) above the collectives
 (from `CommLog`), and the gathered-parameter memory event by event; and the strategy trade-off bars.
 
 A collective's bar runs from its issue to the moment the engine waited for it (`CommRecord.start` to
@@ -9,8 +9,9 @@ Timeline plots show measured times, so a lesson's cell that draws one starts wit
 """
 from __future__ import annotations
 
-from fsdp_mini.language import tr
-from fsdp_mini.viz import figure
+from fsdp_mini.course.language import tr
+from fsdp_mini.plan import unit_of_label
+from fsdp_mini.course.viz import figure
 
 __all__ = ["OP_COLORS", "KIND_COLORS", "short_label", "comm_lanes", "plot_timeline", "plot_timelines",
            "plot_gathered_memory", "plot_tradeoff"]
@@ -30,7 +31,7 @@ def _kind_name(kind: str) -> str:
 
 def short_label(label: str) -> str:
     """"blocks.3" -> "b3", "root" -> "root": what fits inside a bar."""
-    label = label.removesuffix(" (frozen)")
+    label = unit_of_label(label)
     head, _, tail = label.rpartition(".")
     return f"{head[0]}{tail}" if head and tail.isdigit() else label
 

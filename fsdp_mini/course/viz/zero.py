@@ -1,8 +1,8 @@
 """Bytes on the wire in one training step, stacked by collective: DDP's AllReduce beside ZeRO's two halves."""
 from __future__ import annotations
 
-from fsdp_mini.language import tr
-from fsdp_mini.viz import stacked_bars
+from fsdp_mini.course.language import tr
+from fsdp_mini.course.viz import stacked_bars
 
 __all__ = ["OP_COLORS", "plot_step_bytes", "sent_by_op"]
 

@@ -6,7 +6,7 @@
 Three steps, each a plain function of plain data (so it can be tested without a process group):
 
 1. `fit`: for each collective and group size, a latency alpha and a bandwidth from bench-collectives
-   rows (the ring model of `fsdp_mini.cost`: t = steps * alpha + bus_factor * S / bandwidth, a straight
+   rows (the ring model of `fsdp_mini.course.cost`: t = steps * alpha + bus_factor * S / bandwidth, a straight
    line in S, fitted to relative errors so that 4 KiB and 4 MiB calls are both right). `bench` measures
    these rows in the same launch as the steps, for the whole world and, at world 4, for the pairs of
    ranks that the hybrid strategy's groups are, over the sizes the engine's calls span.
@@ -17,7 +17,7 @@ Three steps, each a plain function of plain data (so it can be tested without a 
    contention) for forward and backward, plus the case's own measured optimizer step.
    Two bounds: `serial` (nothing overlaps: compute + communication) and `overlapped` (every collective
    hidden behind forward and backward: max(forward + backward, communication) + optimizer step).
-3. `extrapolate`: the same per-step collectives on a stated cluster (`fsdp_mini.cluster`: NVLink inside
+3. `extrapolate`: the same per-step collectives on a stated cluster (`fsdp_mini.course.cluster`: NVLink inside
    a node, the network between nodes), for the benchmarked GPT and for a large model, with compute from
    the FLOP count (6 x parameters x tokens) at a stated GPU throughput.
 
@@ -32,8 +32,8 @@ import math
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 
-from fsdp_mini.cluster import Cluster, step_communication
-from fsdp_mini.cost import AlphaBeta, fit_alpha_beta, predict as predict_collective
+from fsdp_mini.course.cluster import Cluster, step_communication
+from fsdp_mini.course.cost import AlphaBeta, fit_alpha_beta, predict as predict_collective
 
 __all__ = ["DEFAULT_CLUSTER", "fit", "fit_relative", "price", "comm_seconds", "compute_seconds", "Prediction", "predict",
            "gpt_units", "extrapolate", "report", "add_subcommand"]
@@ -47,12 +47,12 @@ the numbers of the hybrid-sharding lesson."""
 # --- 1. calibration ----------------------------------------------------------------------------------
 
 def fit_relative(op: str, n: int, sizes, seconds) -> AlphaBeta:
-    """`fsdp_mini.cost.fit_alpha_beta`'s line, fitted to *relative* errors: minimises the sum of
+    """`fsdp_mini.course.cost.fit_alpha_beta`'s line, fitted to *relative* errors: minimises the sum of
     ((t - alpha' - slope * S) / t)^2, i.e. least squares with weights 1/t^2. The plain fit is ruled by the
     largest messages, whose times are largest, and gets the latency of small ones wrong by 2x; FSDP's
     calls span 4 KiB to a few MiB, so each should be predicted to a similar relative accuracy. A negative
     intercept is refitted through the origin (alpha = 0), as in the plain fit."""
-    from fsdp_mini.cost import bus_factor, ring_steps
+    from fsdp_mini.course.cost import bus_factor, ring_steps
 
     xs, ts = [float(x) for x in sizes], [float(t) for t in seconds]
     if len(xs) != len(ts) or len(set(xs)) < 2 or any(not t > 0 for t in ts) or any(not x >= 0 for x in xs):
@@ -73,7 +73,7 @@ def fit_relative(op: str, n: int, sizes, seconds) -> AlphaBeta:
 def fit(rows: list[dict], weighting: str = "relative") -> dict[tuple[str, str, int], AlphaBeta]:
     """(op, impl, group size) -> fitted alpha and bandwidth, from bench-collectives rows (keys size, op,
     impl, world_size, seconds). `weighting`: "relative" (`fit_relative`, the default) or "absolute"
-    (`fsdp_mini.cost.fit_alpha_beta`, plain least squares). Sets that cannot be fitted (fewer than two
+    (`fsdp_mini.course.cost.fit_alpha_beta`, plain least squares). Sets that cannot be fitted (fewer than two
     distinct sizes, or times that do not grow with size: noise) are left out, so pricing them raises
     KeyError."""
     if weighting not in ("relative", "absolute"):
@@ -155,7 +155,7 @@ class Prediction:
 def predict(bench_report: dict, rows: list[dict] | None = None) -> tuple[list[Prediction], list[str]]:
     """Predictions for every fsdp_mini case of a `bench --json` report; notes on what was skipped.
     `rows`: bench-collectives rows to calibrate with instead of the report's own."""
-    from fsdp_mini.bench import parse_case
+    from fsdp_mini.course.bench.cases import parse_case
 
     out, notes = [], []
     table = {(r["world_size"], r["size"], r["case"]): r for r in bench_report["rows"]}
@@ -189,7 +189,7 @@ def gpt_units(cfg) -> list[int]:
     final LayerNorm, the tied head counted once), then one entry per block. Built on the meta device."""
     import torch
 
-    from fsdp_mini.models import GPT
+    from fsdp_mini.course.models import GPT
 
     with torch.device("meta"):
         model = GPT(cfg)
@@ -237,7 +237,7 @@ def report(bench_report: dict, rows: list[dict] | None = None, cluster: Cluster 
            big_params: float = 7e9, big_units: int = 32, tokens_per_gpu: int = 16384, gpu_flops: float = 989e12,
            mfu: float = 0.4) -> str:
     """The text `simulate` prints: fits, prediction vs measurement, extrapolation to `cluster`."""
-    from fsdp_mini.bench import SIZES
+    from fsdp_mini.course.bench.cases import SIZES
 
     preds, notes = predict(bench_report, rows)
     lines = ["alpha-beta fits of this machine's collectives (gloo):"]

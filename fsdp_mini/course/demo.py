@@ -12,14 +12,14 @@ import torch.distributed as dist
 
 from fsdp_mini.comm_log import CommLog
 from fsdp_mini.fsdp import FSDP
-from fsdp_mini.launch import get_device
+from fsdp_mini.runtime import get_device
 from fsdp_mini.memory import format_bytes, optimizer_state_bytes, tensor_bytes
-from fsdp_mini.models import GPT, Block, GPTConfig, make_batch
-from fsdp_mini.pytorch_equivalent import pytorch_full_state_dict, wrap_like_pytorch
-from fsdp_mini.train import local_rows, train
+from fsdp_mini.course.models import GPT, Block, GPTConfig, make_batch
+from fsdp_mini.course.pytorch_equivalent import pytorch_full_state_dict, wrap_like_pytorch
+from fsdp_mini.course.train import hybrid_shard_size, local_rows, train
 from fsdp_mini.zero import ZeroRedundancyOptimizer
 
-__all__ = ["CFG", "worker", "reference", "table", "hybrid_shard_size"]
+__all__ = ["CFG", "worker", "reference", "table"]
 
 CFG = GPTConfig(n_layer=4)
 STEPS, BATCH = 6, 16
@@ -28,11 +28,6 @@ STRATEGIES = ["NO_SHARD", "ZERO1", "SHARD_GRAD_OP", "FULL_SHARD", "HYBRID_SHARD"
 
 def _optimizer(params):
     return torch.optim.AdamW(params, lr=3e-3, weight_decay=0.1, eps=1e-6)
-
-
-def hybrid_shard_size(world: int) -> int:
-    """Two "nodes" when the world splits evenly (4 ranks: a 2 x 2 grid), else one."""
-    return world // 2 if world >= 4 and world % 2 == 0 else world
 
 
 def _global_mean(values: list[float]) -> list[float]:

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from fsdp_mini import collectives as C
-from fsdp_mini.cost import algbw, busbw
+from fsdp_mini.course.cost import algbw, busbw
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather")
 _UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from fsdp_mini.language import tr
-from fsdp_mini.viz import figure
+from fsdp_mini.course.language import tr
+from fsdp_mini.course.viz import figure
 
 __all__ = ["PART_COLORS", "part_of", "short_name", "plot_bucket_layout", "plot_bucket_timeline"]
 

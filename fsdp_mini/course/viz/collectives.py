@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from fsdp_mini.language import tr
-from fsdp_mini.viz import figure, rank_color
+from fsdp_mini.course.language import tr
+from fsdp_mini.course.viz import figure, rank_color
 
 __all__ = ["OPS", "ALGO_COLORS", "algorithm_label", "cell_sources", "plot_collective", "plot_bytes_sent",
            "plot_predicted_times"]
@@ -159,7 +159,7 @@ def plot_bytes_sent(sent: Mapping[str, Sequence[int]], nbytes: int | None = None
 
 def plot_predicted_times(ns: Sequence[int], panels: Mapping[str, Mapping[str, Sequence[float]]]):
     """Predicted seconds vs group size, log-log: one axis per panel (`panels[title][algorithm]` = times
-    for each n in `ns`, e.g. from `fsdp_mini.cost.predict`), drawn in milliseconds."""
+    for each n in `ns`, e.g. from `fsdp_mini.course.cost.predict`), drawn in milliseconds."""
     fig, axes = figure(width=4.2 * len(panels) + 0.6, height=3.5, ncols=len(panels), squeeze=False)
     ticks = [t for t in (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024) if min(ns) <= t <= max(ns)]
     for ax, (panel, curves) in zip(axes[0], panels.items()):

@@ -25,10 +25,14 @@ network across) and protocol overheads. Use it to reason about trends and to fit
 `fit_alpha_beta`; trust a benchmark over it for absolute numbers.
 
 `bus_factor`, `algbw` and `busbw` follow nccl-tests' conventions, so our benchmarks and theirs compare.
+`ring_steps` and `bus_factor` are the library's ring arithmetic (`fsdp_mini.ring_model`), used here.
 """
 from __future__ import annotations
 
 from typing import Callable, NamedTuple, Sequence
+
+from fsdp_mini.ring_model import RING_OPS as _OPS
+from fsdp_mini.ring_model import bus_factor, ring_steps
 
 __all__ = [
     "ring_all_reduce",
@@ -46,20 +50,20 @@ __all__ = [
 ]
 
 
+def _ring(op: str, nbytes: float, n: int, alpha: float, bandwidth: float) -> float:
+    """A ring op: ring_steps messages of S/n bytes, one after another (`fsdp_mini.ring_model`)."""
+    _check(nbytes, n, alpha, bandwidth)
+    return ring_steps(op, n) * alpha + bus_factor(op, n) * nbytes / bandwidth
+
+
 def ring_all_reduce(nbytes: float, n: int, alpha: float, bandwidth: float) -> float:
     """Ring all-reduce: n-1 reduce-scatter steps then n-1 all-gather steps, each moving S/n bytes."""
-    _check(nbytes, n, alpha, bandwidth)
-    if n == 1:
-        return 0.0
-    return 2 * (n - 1) * alpha + 2 * (n - 1) / n * nbytes / bandwidth
+    return _ring("all_reduce", nbytes, n, alpha, bandwidth)
 
 
 def ring_reduce_scatter(nbytes: float, n: int, alpha: float, bandwidth: float) -> float:
     """Ring reduce-scatter of an S-byte input: n-1 steps, each sending one S/n chunk to the next rank."""
-    _check(nbytes, n, alpha, bandwidth)
-    if n == 1:
-        return 0.0
-    return (n - 1) * alpha + (n - 1) / n * nbytes / bandwidth
+    return _ring("reduce_scatter", nbytes, n, alpha, bandwidth)
 
 
 def ring_all_gather(nbytes: float, n: int, alpha: float, bandwidth: float) -> float:
@@ -91,7 +95,6 @@ _MODELS: dict[tuple[str, str], Callable[[float, int, float, float], float]] = {
     ("reduce_scatter", "ring"): ring_reduce_scatter,
     ("all_gather", "ring"): ring_all_gather,
 }
-_OPS = ("all_reduce", "reduce_scatter", "all_gather")
 _ALGORITHMS = ("ring", "naive", "tree")
 
 
@@ -105,32 +108,6 @@ def predict(
     if (op, algorithm) not in _MODELS:
         raise ValueError(f"algorithm {algorithm!r} is modelled for all_reduce only, not {op!r}")
     return _MODELS[op, algorithm](nbytes, n, alpha, bandwidth)
-
-
-def ring_steps(op: str, n: int) -> int:
-    """Messages on a ring op's critical path, the multiplier of alpha: 2(n-1) for all_reduce, else n-1."""
-    _check_op(op, _OPS)
-    _check_n(n)
-    return 2 * (n - 1) if op == "all_reduce" else n - 1
-
-
-_BUS_OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce")
-
-
-def bus_factor(op: str, n: int) -> float:
-    """nccl-tests' busbw / algbw ratio: the fraction of S that each rank's link must carry.
-
-    all_reduce 2(n-1)/n; reduce_scatter and all_gather (n-1)/n; broadcast and reduce 1. The formulas
-    are used literally, as nccl-tests does, so for n == 1 the first three are 0 (no byte crosses a
-    link, so busbw is 0) while broadcast and reduce stay 1.
-    """
-    _check_op(op, _BUS_OPS)
-    _check_n(n)
-    if op == "all_reduce":
-        return 2 * (n - 1) / n
-    if op in ("reduce_scatter", "all_gather"):
-        return (n - 1) / n
-    return 1.0
 
 
 def algbw(nbytes: float, seconds: float) -> float:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from fsdp_mini.language import tr
-from fsdp_mini.ring_schedule import RingStep, format_contributors
-from fsdp_mini.viz import figure, rank_color
+from fsdp_mini.course.language import tr
+from fsdp_mini.course.ring_schedule import RingStep, format_contributors
+from fsdp_mini.course.viz import figure, rank_color
 
 __all__ = ["plot_ring_steps", "step_title", "DONE_COLOR"]
 
@@ -81,7 +81,7 @@ def _panel(ax, step: RingStep, n: int, fade_incomplete: bool, first: bool) -> No
 
 def plot_ring_steps(steps: Sequence[RingStep], title: str | None = None, fade_incomplete: bool = False,
                     titles: Sequence[str] | None = None, ncols: int | None = None):
-    """One panel per `RingStep` (from `fsdp_mini.ring_schedule`), left to right, `ncols` to a row
+    """One panel per `RingStep` (from `fsdp_mini.course.ring_schedule`), left to right, `ncols` to a row
     (default: all in one row); the first panel of each row names the chunks.
 
     fade_incomplete: draw partial sums faint, for the all-gather phase of an all-reduce, where they are

@@ -2,14 +2,14 @@
 
 `plot_times` draws predicted times as lines and measured ones as markers, on log-log axes; `plot_bandwidth`
 draws the two bandwidths of nccl-tests, algbw = S / t and busbw = algbw x bus factor, from the rows of
-`fsdp_mini.bench_collectives.worker`, one curve per implementation.
+`fsdp_mini.course.bench_collectives.worker`, one curve per implementation.
 """
 from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from fsdp_mini.language import tr
-from fsdp_mini.viz import figure
+from fsdp_mini.course.language import tr
+from fsdp_mini.course.viz import figure
 
 __all__ = ["IMPL_COLORS", "size_label", "impl_label", "plot_times", "plot_bandwidth"]
 

@@ -1,6 +1,6 @@
 """Who holds what, and what crosses nodes: the grid of shard and replica groups, how one unit's elements
 are split over ranks (fsdp_mini's flat buffer vs FSDP2's per-parameter dim-0 shards), and the bytes and
-predicted time of one step inside and across nodes (from `fsdp_mini.cluster`).
+predicted time of one step inside and across nodes (from `fsdp_mini.course.cluster`).
 
 Everything is computed from plain numbers (world size, shard size, shapes), so the pictures are the
 same on every run; a rank keeps its colour `rank_color(r)` as in every other plot of the course.
@@ -11,8 +11,8 @@ import math
 from typing import Mapping, Sequence
 
 from fsdp_mini.groups import grid
-from fsdp_mini.language import tr
-from fsdp_mini.viz import figure, rank_color
+from fsdp_mini.course.language import tr
+from fsdp_mini.course.viz import figure, rank_color
 
 __all__ = ["LINK_COLORS", "plot_grid", "shard_segments", "plot_shard_layouts", "plot_step_comm", "plot_shard_size_sweep"]
 
@@ -156,7 +156,7 @@ def plot_shard_layouts(params: Sequence[tuple[str, Sequence[int]]], n: int, titl
 def plot_step_comm(steps: Mapping[str, object], unit: float = 1e9, title: str | None = None):
     """Two panels per strategy: bytes one rank sends per step and predicted seconds per step, each bar
     split into collectives inside a node and across nodes. `steps[label]` has `sent_intra`,
-    `sent_inter`, `intra_seconds`, `inter_seconds` (a `fsdp_mini.cluster.StepComm`)."""
+    `sent_inter`, `intra_seconds`, `inter_seconds` (a `fsdp_mini.course.cluster.StepComm`)."""
     labels = list(steps)
     fig, axes = figure(width=max(8.0, 2.2 * len(labels) + 3.5), height=3.5, ncols=2)
     panels = ((axes[0], "sent_intra", "sent_inter", unit, tr("GB sent per rank per step", "ГБ на ранг за шаг"), "{:.3g}"),
@@ -186,7 +186,7 @@ def plot_step_comm(steps: Mapping[str, object], unit: float = 1e9, title: str | 
 def plot_shard_size_sweep(sizes: Sequence[int], memory: Sequence[float], steps: Sequence[object],
                           gpus_per_node: int, unit: float = 1e9):
     """Memory and predicted communication against the shard group size: `memory[i]` bytes per rank
-    (e.g. `estimate_memory(...).total`) and `steps[i]` (a `fsdp_mini.cluster.StepComm`) for shard_size
+    (e.g. `estimate_memory(...).total`) and `steps[i]` (a `fsdp_mini.course.cluster.StepComm`) for shard_size
     `sizes[i]`; a dotted line marks one node. Shard size 1 is DDP, the whole world is FULL_SHARD."""
     fig, (left, right) = figure(width=9.0, height=3.4, ncols=2)
     left.plot(sizes, [m / unit for m in memory], "o-", color="#55A868")

@@ -11,15 +11,12 @@ instead of flattening a unit into one buffer; the collectives per unit and the n
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from fsdp_mini.groups import shard_size_for
-from fsdp_mini.launch import get_device
-from fsdp_mini.strategy import ShardingStrategy, as_strategy, is_hybrid
+from fsdp_mini.runtime import get_device
+from fsdp_mini.strategy import ShardingStrategy, as_strategy, is_hybrid, reshard_after_forward, shard_group_size
 
 __all__ = ["wrap_like_pytorch", "pytorch_full_state_dict"]
 
@@ -36,12 +33,11 @@ def wrap_like_pytorch(module: nn.Module, sharding_strategy, wrap=(), shard_size:
         return nn.parallel.DistributedDataParallel(module, device_ids=None if device.type == "cpu" else [device])
     world = dist.get_world_size()
     if is_hybrid(strategy):
-        size = shard_size_for(strategy, world, shard_size if shard_size is not None
-                              else int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+        size = shard_group_size(strategy, world, shard_size)
         mesh = init_device_mesh(device.type, (world // size, size), mesh_dim_names=("replicate", "shard"))
     else:
         mesh = init_device_mesh(device.type, (world,))
-    reshard = strategy in (ShardingStrategy.FULL_SHARD, ShardingStrategy.HYBRID_SHARD)
+    reshard = reshard_after_forward(strategy)
     wrap = tuple(wrap) if not isinstance(wrap, type) else (wrap,)
     for sub in [m for name, m in module.named_modules() if name and isinstance(m, wrap)]:
         fully_shard(sub, mesh=mesh, reshard_after_forward=reshard)

@@ -1,0 +1,132 @@
+"""The command line, `python -m fsdp_mini` (or `fsdp-mini`): the demo and the benchmarks.
+
+Each subcommand starts its ranks with `launch` or, when run under `torchrun` (RANK is set), runs the
+same worker in this process after `init()`; rank 0 prints.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+from fsdp_mini.course import bench_collectives, cost, simulate
+from fsdp_mini.course.bench import command as bench_command
+from fsdp_mini.collectives import naive_all_reduce, ring_all_reduce
+from fsdp_mini.comm_log import CommLog
+from fsdp_mini.launch import launch
+from fsdp_mini.runtime import finish, init, under_torchrun
+
+
+def _run(worker, world_size: int, args: tuple, timeout: float):
+    """Results of rank 0, or None on the other ranks under torchrun."""
+    if under_torchrun():
+        init()
+        result = worker(*args)
+        return result if dist.get_rank() == 0 else None
+    return launch(worker, world_size, args=args, timeout=timeout, capture_output=False)[0]
+
+
+def _demo_worker(numel: int) -> dict:
+    n = dist.get_world_size()
+    x = torch.arange(numel, dtype=torch.float32) * (dist.get_rank() + 1)
+    expected = x.clone()
+    dist.all_reduce(expected)
+    ring, naive = x.clone(), x.clone()
+    with CommLog() as log:
+        ring_all_reduce(ring)
+        naive_all_reduce(naive)
+    return {"n": n, "equal": bool(torch.equal(ring, expected) and torch.equal(naive, expected)),
+            "table": log.table()}
+
+
+def demo(args) -> int:
+    from fsdp_mini.course import demo as D
+
+    world = args.world_size if not under_torchrun() else int(os.environ["WORLD_SIZE"])
+    if os.environ.get("RANK", "0") == "0":
+        print(f"Training a {D.CFG.n_layer}-block GPT ({sum(p.numel() for p in D.GPT(D.CFG).parameters()):,} parameters) "
+              f"for {D.STEPS} AdamW steps, global batch {D.BATCH}, on {world} processes, under every strategy")
+    rows = _run(D.worker, args.world_size, (not args.no_pytorch,), args.timeout)
+    if rows is None:
+        return 0
+    ref = D.reference()
+    print(D.table(ref, rows, world))
+    print("loss: mean over ranks of the last step; max|dw|: largest weight difference after training; memory: rank 0's")
+    print("params/grads/optim: bytes each rank keeps; gathered: peak bytes of unsharded parameters during a step")
+    worst = max(max((r["sd"][k] - ref["sd"][k]).abs().max().item() for k in ref["sd"]) for r in rows)
+    ok = worst < 1e-4
+    print(f"every strategy matches single-process training: {ok} (largest difference {worst:.1e})")
+    return 0 if ok else 1
+
+
+def ring_demo(args) -> int:
+    numel = 1_000_003  # not a multiple of the world size: the ring pads its last chunk
+    print(f"Ring and naive all-reduce of {numel:,} fp32 values on {args.world_size} gloo processes")
+    out = _run(_demo_worker, args.world_size, (numel,), args.timeout)
+    if out is None:
+        return 0
+    print(f"both equal torch.distributed.all_reduce: {out['equal']}")
+    print("CommLog of rank 0 (the naive root sends (n-1)*S, the ring 2(n-1)/n*S):")
+    print(out["table"])
+    s, n = numel * 4, out["n"]
+    print("alpha-beta prediction, 10 us latency, 10 GB/s links:")
+    for algo in ("ring", "naive", "tree"):
+        t = cost.predict("all_reduce", s, n, alpha=10e-6, bandwidth=10e9, algorithm=algo)
+        print(f"  {algo:<6}{t * 1e3:8.3f} ms")
+    return 0 if out["equal"] else 1
+
+
+def bench_collectives_cmd(args) -> int:
+    sizes = [bench_collectives.parse_size(s) for s in args.sizes.split(",") if s.strip()]
+    rows = _run(bench_collectives.worker, args.world_size, (sizes, args.iters, args.warmup), args.timeout)
+    if rows is None:
+        return 0
+    print(f"world size {rows[0]['world_size']}, fp32, median of {args.iters} iterations (slowest rank)")
+    print(bench_collectives.table(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fsdp_mini", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    d = sub.add_parser("demo", help="train a small GPT under every strategy, side by side with PyTorch")
+    d.add_argument("--world-size", type=int, default=4)
+    d.add_argument("--no-pytorch", action="store_true", help="skip the comparison with PyTorch DDP / FSDP2")
+    d.add_argument("--timeout", type=float, default=300)
+    d.set_defaults(func=demo)
+    r = sub.add_parser("ring-demo", help="ring and naive all-reduce, with their CommLog")
+    r.add_argument("--world-size", type=int, default=4)
+    r.add_argument("--timeout", type=float, default=120)
+    r.set_defaults(func=ring_demo)
+    b = sub.add_parser("bench-collectives", help="ring vs builtin collectives, nccl-tests style")
+    b.add_argument("--world-size", type=int, default=2)
+    b.add_argument("--sizes", default="4K,64K,1M,16M,64M", help="comma-separated, e.g. 4K,1M,64M")
+    b.add_argument("--iters", type=int, default=5)
+    b.add_argument("--warmup", type=int, default=1)
+    b.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+    b.add_argument("--timeout", type=float, default=600)
+    b.set_defaults(func=bench_collectives_cmd)
+    bench_command.add_subcommand(sub)
+    simulate.add_subcommand(sub)
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+
+
+def entry_point() -> None:
+    """`python -m fsdp_mini` and the `fsdp-mini` script: run `main`, then exit with its code; a torchrun
+    rank ends without interpreter shutdown (see `fsdp_mini.finish`)."""
+    code = main()
+    if under_torchrun():
+        finish(code)
+    sys.exit(code)
