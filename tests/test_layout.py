@@ -1,0 +1,243 @@
+"""The package's shape: two floors (the library never imports the course), no import cycles, no reaches
+into another module's underscore names, and `import fsdp_mini` stays light.
+
+The checks read the source (every import statement, also those inside functions), so they see what a
+reader sees. Each one is run on a small package written here with a deliberate violation, to show that it
+can fail, and then on fsdp_mini itself.
+"""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+COURSE = "course"  # fsdp_mini.course: the course's floor
+ENTRY_POINTS = {"__main__"}  # `python -m fsdp_mini` forwards to the course's command line; nothing imports it
+
+
+def modules(root: Path, package: str) -> dict[str, Path]:
+    """Dotted name -> file, for every module of `package` under `root` (a package is its __init__)."""
+    out = {}
+    for path in sorted((root / package).rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def imports(name: str, path: Path, known: dict[str, Path]) -> list[tuple[str, list[str], int]]:
+    """(imported module, names taken from it, line) for every import of `known` modules in one file.
+    `from pkg import sub` counts as an import of the module `pkg.sub` when that module exists."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    is_package = path.name == "__init__.py"
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in known:
+                    out.append((alias.name, [], node.lineno))
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against this module's package
+                here = name.split(".") if is_package else name.split(".")[:-1]
+                here = here[:len(here) - node.level + 1]
+                base = ".".join(here + ([base] if base else []))
+            if base not in known:
+                continue
+            names = []
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                if sub in known:
+                    out.append((sub, [], node.lineno))
+                else:
+                    names.append(alias.name)
+            if names:
+                out.append((base, names, node.lineno))
+    return out
+
+
+def import_graph(root: Path, package: str) -> dict[str, set[str]]:
+    known = modules(root, package)
+    return {name: {target for target, _, _ in imports(name, path, known) if target != name}
+            for name, path in known.items()}
+
+
+def is_course(name: str, package: str) -> bool:
+    return name == f"{package}.{COURSE}" or name.startswith(f"{package}.{COURSE}.")
+
+
+def floor_violations(root: Path, package: str) -> list[str]:
+    """Library modules that import a course module."""
+    graph = import_graph(root, package)
+    skip = {f"{package}.{e}" for e in ENTRY_POINTS}
+    return sorted(f"{src} imports {dst}" for src, targets in graph.items() if not is_course(src, package)
+                  and src not in skip for dst in targets if is_course(dst, package))
+
+
+def cycles(root: Path, package: str) -> list[list[str]]:
+    """Every import cycle, as the list of modules around it (one per strongly connected component)."""
+    graph = import_graph(root, package)
+    index, low, stack, on_stack, found, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):  # Tarjan's strongly connected components
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1 or v in graph.get(v, ()):
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def private_reaches(root: Path, package: str) -> list[str]:
+    """`from pkg.mod import _name` and `mod_alias._name` where the underscore name is another module's."""
+    known = modules(root, package)
+    out = []
+    for name, path in known.items():
+        aliases: dict[str, str] = {}
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name in known and alias.asname:
+                        aliases[alias.asname] = alias.name
+            elif isinstance(node, ast.ImportFrom) and node.module in known:
+                for alias in node.names:
+                    if f"{node.module}.{alias.name}" in known:
+                        aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+        for target, names, line in imports(name, path, known):
+            for n in names:
+                if n.startswith("_") and target != name:
+                    out.append(f"{path.relative_to(root)}:{line} imports {target}.{n}")
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                    and isinstance(node.value, ast.Name) and node.value.id in aliases
+                    and aliases[node.value.id] != name):
+                out.append(f"{path.relative_to(root)}:{node.lineno} reads {aliases[node.value.id]}.{node.attr}")
+    return sorted(out)
+
+
+def loaded_by_import(root: Path, package: str) -> set[str]:
+    """The top-level modules a fresh interpreter holds after `import package`."""
+    code = f"import sys; import {package}; print(' '.join(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True,
+                         timeout=120)
+    return set(out.stdout.split())
+
+
+HEAVY = ("matplotlib", "IPython")
+
+
+def heavy_imports(root: Path, package: str) -> list[str]:
+    loaded = loaded_by_import(root, package)
+    return sorted(m for m in loaded if m.split(".")[0] in HEAVY or is_course(m, package))
+
+
+# --- a package with one violation of each kind: every check must find its own ----------------------
+
+def _write(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+
+
+@pytest.fixture
+def bad_package(tmp_path) -> Path:
+    _write(tmp_path, {
+        "pkg/__init__.py": "from pkg import engine\n",
+        "pkg/engine.py": """
+            from pkg import helpers as H
+            from pkg.state import _secret
+
+            def run():
+                from pkg.course import plots  # a library module reaching up to the course
+                return H._internal(), _secret
+            """,
+        "pkg/helpers.py": "def _internal():\n    return 1\n",
+        "pkg/state.py": "_secret = 2\nfrom pkg import cyc_a\n",
+        "pkg/cyc_a.py": "from pkg import cyc_b\n",
+        "pkg/cyc_b.py": "import pkg.cyc_a\n",
+        "pkg/course/__init__.py": "",
+        "pkg/course/plots.py": "import matplotlib\nfrom pkg import helpers\n",
+    })
+    return tmp_path
+
+
+def test_the_checks_find_deliberate_violations(bad_package):
+    assert floor_violations(bad_package, "pkg") == ["pkg.engine imports pkg.course.plots"]
+    assert cycles(bad_package, "pkg") == [["pkg.cyc_a", "pkg.cyc_b"]]
+    assert private_reaches(bad_package, "pkg") == ["pkg/engine.py:3 imports pkg.state._secret",
+                                                   "pkg/engine.py:7 reads pkg.helpers._internal"]
+
+
+def test_the_light_import_check_sees_a_heavy_import(bad_package):
+    (bad_package / "pkg/__init__.py").write_text("from pkg.course import plots\n")
+    pytest.importorskip("matplotlib")
+    assert {"matplotlib", "pkg.course.plots"} <= set(heavy_imports(bad_package, "pkg"))
+
+
+# --- fsdp_mini itself ---------------------------------------------------------------------------------
+
+def test_the_library_never_imports_the_course():
+    assert floor_violations(ROOT, "fsdp_mini") == []
+
+
+def test_no_import_cycles():
+    assert cycles(ROOT, "fsdp_mini") == []
+
+
+def test_no_module_reaches_into_another_modules_private_names():
+    assert private_reaches(ROOT, "fsdp_mini") == []
+
+
+def test_import_fsdp_mini_loads_neither_matplotlib_nor_ipython_nor_the_course():
+    assert heavy_imports(ROOT, "fsdp_mini") == []
+
+
+def test_both_floors_exist_and_the_entry_point_only_forwards():
+    names = modules(ROOT, "fsdp_mini")
+    library = [n for n in names if not is_course(n, "fsdp_mini")]
+    course = [n for n in names if is_course(n, "fsdp_mini")]
+    assert {"fsdp_mini.fsdp", "fsdp_mini.plan", "fsdp_mini.runtime", "fsdp_mini.launch"} <= set(library)
+    assert {"fsdp_mini.course.cli", "fsdp_mini.course.viz", "fsdp_mini.course.bench"} <= set(course)
+    graph = import_graph(ROOT, "fsdp_mini")
+    assert graph["fsdp_mini.__main__"] == {"fsdp_mini.course.cli"}
+    assert not any("fsdp_mini.__main__" in targets for targets in graph.values())
+
+
+@pytest.mark.parametrize("readme", ["README.md", "README.ru.md"])
+def test_the_readmes_list_every_module_of_both_floors(readme):
+    text = (ROOT / readme).read_text()
+    missing = []
+    for name in modules(ROOT, "fsdp_mini"):
+        if name == "fsdp_mini":
+            continue
+        short = name.removeprefix("fsdp_mini.course.") if is_course(name, "fsdp_mini") else name.removeprefix("fsdp_mini.")
+        if name != "fsdp_mini.course" and f"`{short}`" not in text:
+            missing.append(short)
+    assert missing == []
