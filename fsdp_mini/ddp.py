@@ -78,8 +78,8 @@ def plan_buckets(module: nn.Module, bucket_cap_mb: float = 25) -> list[Bucket]:
     Parameters are taken in *reverse* registration order: backward runs the layers from last to first,
     so that is roughly the order in which gradients become ready, and bucket 0 fills up first. A tied
     parameter (embedding = head) counts once, under its first name. A bucket closes as soon as it holds
-    at least the cap, or before a parameter of another dtype (`fsdp_mini.grad_buckets`). A tiny cap gives
-    one bucket per parameter, a huge one a single bucket.
+    at least the cap, and each dtype fills its own bucket (`fsdp_mini.grad_buckets`). A tiny cap gives
+    one bucket per parameter, a huge one a single bucket per dtype.
     """
     check_bucket_cap_mb(bucket_cap_mb)
     trainable = [(name, p) for name, p in module.named_parameters() if p.requires_grad]

@@ -5,9 +5,9 @@ biases), so data parallelism sends them in *buckets* of about `bucket_cap_mb` Mi
 and starts a bucket's AllReduce as soon as backward has filled it, while earlier layers still compute.
 
 The rule, PyTorch DDP's own (`torch.distributed._compute_bucket_assignment_by_size`): tensors join the
-open bucket in the order backward produces them; a bucket closes as soon as it holds *at least* the cap
-(so a bucket may pass the cap by its last tensor, and a tensor larger than the cap fills one alone), and
-a tensor of another dtype closes it first. `BucketFiller` is that rule, one tensor at a time; it is used
+open bucket of their dtype in the order backward produces them; a bucket closes as soon as it holds *at
+least* the cap (so a bucket may pass the cap by its last tensor, and a tensor larger than the cap fills
+one alone); the buckets still open at the end are closed too. `BucketFiller` is that rule, one tensor at a time; it is used
 by `fsdp_mini.ddp` (per parameter, planned up front), by FSDP's NO_SHARD (`GradBuckets`, per unit's flat
 gradient, as backward finishes it) and by the course's cluster model, so all three agree byte for byte.
 
@@ -17,7 +17,7 @@ is never split across buckets.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Generic, Hashable, Iterable, TypeVar
 
 import torch
@@ -39,40 +39,37 @@ def check_bucket_cap_mb(bucket_cap_mb) -> float:
     return bucket_cap_mb
 
 
-@dataclass
 class BucketFiller(Generic[K]):
-    """DDP's bucket rule, fed one tensor at a time: `add` returns the keys of the bucket it closed."""
+    """DDP's bucket rule, fed one tensor at a time: one open bucket per dtype; `add` returns the keys of
+    the bucket it closed (or None), `flush` the buckets still open, in the order they were opened."""
 
-    cap_bytes: float
-    _keys: list = field(default_factory=list, init=False, repr=False)
-    _nbytes: int = field(default=0, init=False, repr=False)
-    _dtype: Hashable = field(default=None, init=False, repr=False)
+    def __init__(self, cap_bytes: float):
+        self.cap_bytes = cap_bytes
+        self._open: dict[Hashable, tuple[list[K], int]] = {}  # dtype -> (keys, bytes), in opening order
 
-    def add(self, key: K, nbytes: int, dtype: Hashable = None) -> list[list[K]]:
-        """Put one tensor in; return the buckets this closed (none, or one, or two when a change of
-        dtype closed the open bucket and the tensor alone reaches the cap)."""
-        closed = []
-        if self._keys and dtype != self._dtype:
-            closed.append(self.flush())
-        self._keys.append(key)
-        self._nbytes += nbytes
-        self._dtype = dtype
-        if self._nbytes >= self.cap_bytes:
-            closed.append(self.flush())
-        return closed
+    def add(self, key: K, nbytes: int, dtype: Hashable = None) -> list[K] | None:
+        keys, size = self._open.get(dtype, ([], 0))
+        keys.append(key)
+        size += nbytes
+        if size >= self.cap_bytes:
+            self._open.pop(dtype, None)
+            return keys
+        self._open[dtype] = (keys, size)
+        return None
 
-    def flush(self) -> list[K]:
-        """Close the open bucket (the last one of a backward) and return its keys; [] if empty."""
-        keys, self._keys, self._nbytes = self._keys, [], 0
-        return keys
+    def flush(self) -> list[list[K]]:
+        """Close every open bucket (the end of a backward)."""
+        out, self._open = [keys for keys, _ in self._open.values()], {}
+        return out
 
 
 def assign_buckets(sizes: Iterable[tuple[K, int, Hashable]], cap_bytes: float) -> list[list[K]]:
-    """Buckets for (key, nbytes, dtype) tensors given in backward order: lists of keys, by DDP's rule."""
-    filler: BucketFiller[K] = BucketFiller(cap_bytes)
-    out = [bucket for key, nbytes, dtype in sizes for bucket in filler.add(key, nbytes, dtype)]
-    last = filler.flush()
-    return out + ([last] if last else [])
+    """Buckets for (key, nbytes, dtype) tensors given in backward order, as lists of keys, ordered by
+    their first tensor: exactly PyTorch's assignment (`_compute_bucket_assignment_by_size`)."""
+    sizes = list(sizes)
+    filler: BucketFiller[int] = BucketFiller(cap_bytes)
+    closed = [bucket for i, (_, nbytes, dtype) in enumerate(sizes) if (bucket := filler.add(i, nbytes, dtype)) is not None]
+    return [[sizes[i][0] for i in bucket] for bucket in sorted(closed + filler.flush())]
 
 
 @dataclass(frozen=True)
@@ -94,8 +91,9 @@ class GradBuckets:
         self._sent: list[SentBucket] = []
 
     def add(self, handle, flat: torch.Tensor) -> None:
-        """Put one unit's flat gradient into the open bucket; send every bucket that this closes."""
-        for bucket in self._filler.add((handle, flat), flat.numel() * flat.element_size(), flat.dtype):
+        """Put one unit's flat gradient into its dtype's open bucket; send the bucket once it is full."""
+        bucket = self._filler.add((handle, flat), flat.numel() * flat.element_size(), flat.dtype)
+        if bucket is not None:
             self._send(bucket)
 
     def _send(self, bucket: list[tuple[object, torch.Tensor]]) -> None:
@@ -110,8 +108,9 @@ class GradBuckets:
         self._sent.append(SentBucket(work, buffer, [h for h, _ in bucket]))
 
     def wait(self) -> None:
-        """End of backward: send the last bucket, wait for every AllReduce, give each unit its slice."""
-        self._send(self._filler.flush())
+        """End of backward: send the buckets still open, wait for every AllReduce, give each unit its slice."""
+        for bucket in self._filler.flush():
+            self._send(bucket)
         for sent in self._sent:
             if sent.work is not None:
                 sent.work.wait()

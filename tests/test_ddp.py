@@ -125,10 +125,15 @@ def test_buckets_follow_pytorch_ddps_rule(cap):
 def test_frozen_parameters_are_left_out_and_dtypes_get_their_own_buckets():
     model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3).double(), nn.Linear(3, 3))
     model[2].bias.requires_grad_(False)
-    buckets = plan_buckets(model, 1e6)
-    assert [b.names for b in buckets] == [("2.weight",), ("1.bias", "1.weight"), ("0.bias", "0.weight")]
-    assert [b.dtype for b in buckets] == [torch.float32, torch.float64, torch.float32]
+    buckets = plan_buckets(model, 1e6)  # one open bucket per dtype, as PyTorch's DDP
+    assert [b.names for b in buckets] == [("2.weight", "0.bias", "0.weight"), ("1.bias", "1.weight")]
+    assert [b.dtype for b in buckets] == [torch.float32, torch.float64]
     assert buckets[1].nbytes == 12 * 8
+    order = ["2.weight", "1.bias", "1.weight", "0.bias", "0.weight"]
+    params = dict(model.named_parameters())
+    for cap in (1e-9, 40 / MiB, 1e6):
+        torch_buckets, _ = dist._compute_bucket_assignment_by_size([params[n] for n in order], [int(cap * MiB) or 1])
+        assert [list(b.names) for b in plan_buckets(model, cap)] == [[order[i] for i in idx] for idx in torch_buckets]
 
 
 # --- communication: CommLog ----------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fsdp_mini import FSDP, MixedPrecision, launch
+from fsdp_mini import FSDP, CommLog, MixedPrecision, launch
 from fsdp_mini.course.models import GPT, Block, GPTConfig, make_batch
 from fsdp_mini.course.train import local_rows, train
 
@@ -211,19 +211,24 @@ def test_no_sync_accumulation_equals_one_big_batch(strategy, no_orphans):
         torch.testing.assert_close(sd[k], v, **TOL)
 
 
-def _clip_worker(max_norm):
+def _clip_worker(max_norm, impl):
     cfg = GPTConfig()
-    model = FSDP(GPT(cfg), "FULL_SHARD", wrap=(Block,))
+    model = FSDP(GPT(cfg), "FULL_SHARD", wrap=(Block,), impl=impl)
     x, y = (local_rows(t, dist.get_rank(), dist.get_world_size()) for t in make_batch(cfg, 12, 0))
     model(x, y).backward()
-    norm = model.clip_grad_norm_(max_norm).item()
-    inf_norm = model.clip_grad_norm_(float("inf")).item()
+    with CommLog() as log:
+        norm = model.clip_grad_norm_(max_norm).item()
+        inf_norm = model.clip_grad_norm_(float("inf")).item()
     model.zero_grad()
     losses = train(model, SGD(model.parameters()), cfg, 4, 12, max_norm=max_norm)
-    return norm, inf_norm, losses, model.full_state_dict()
+    clip_records = [(r.op, r.impl, r.label, r.nbytes) for r in log.records]
+    return norm, inf_norm, losses, model.full_state_dict(), clip_records
 
 
-def test_clip_grad_norm_equals_single_process_clipping(no_orphans):
+@pytest.mark.parametrize("impl", ["builtin", "ring"])
+def test_clip_grad_norm_equals_single_process_clipping(impl, no_orphans):
+    """Both norms equal torch's on the unsharded model, and each is one logged AllReduce of one number
+    (SUM of |g|^2, MAX for the infinity norm) through the chosen impl."""
     cfg, max_norm = GPTConfig(), 0.05
     ref = GPT(cfg)
     ref(*make_batch(cfg, 12, 0)).backward()
@@ -231,10 +236,11 @@ def test_clip_grad_norm_equals_single_process_clipping(no_orphans):
     ref_inf = torch.nn.utils.clip_grad_norm_(ref.parameters(), float("inf")).item()
     ref.zero_grad()
     ref_losses = train(ref, SGD(ref.parameters()), cfg, 4, 12, max_norm=max_norm)
-    results = launch(_clip_worker, 3, args=(max_norm,), timeout=60)
+    results = launch(_clip_worker, 3, args=(max_norm, impl), timeout=60)
     mean_losses = torch.tensor([r[2] for r in results]).mean(0)
     torch.testing.assert_close(mean_losses, torch.tensor(ref_losses), **TOL)
-    for norm, inf_norm, _, sd in results:
+    for norm, inf_norm, _, sd, clip_records in results:
+        assert clip_records == [("all_reduce", impl, "clip_grad_norm_", 4)] * 2
         assert norm > max_norm, "the test must actually clip"
         assert norm == pytest.approx(ref_norm, rel=1e-5) and inf_norm == pytest.approx(ref_inf, rel=1e-5)
         for k, v in ref.state_dict().items():
