@@ -12,9 +12,11 @@ The library, bottom up (a module imports only from its own layer or the ones bef
   2. processes and messages: launch (start N ranks and fail fast, from the caller), comm_log (every
      collective, logged), collectives (ring by hand and torch's builtins), groups (shard and replica
      process groups)
-  3. the engines: data_parallel (what DDP and FSDP share), grad_buckets (DDP's bucket rule), ddp,
-     zero (ZeRO-1), flat_param_handle (one flat parameter's gather / free / reduce), fsdp (the wrapper
-     and its units), state_dict (full state dicts), checkpoint (sharded DCP checkpoints)
+  3. the engines: states (the named states of a unit), data_parallel (what DDP and FSDP share),
+     grad_buckets (DDP's bucket rule), ddp, zero (ZeRO-1); the flat design (FSDP1's): flat_param_handle
+     (one flat parameter's gather / free / reduce), fsdp (the wrapper and its units); the per-parameter
+     design (FSDP2's): fsdp_param (one parameter's dim-0 shard), fsdp_param_group (a unit's collectives),
+     fully_shard (the API and its hooks); state_dict (full state dicts), checkpoint (sharded DCP checkpoints)
 
 `fsdp_mini.checkpoint` is imported on demand (torch.distributed.checkpoint takes a while to import).
 `python -m fsdp_mini` runs the course's command line (`fsdp_mini.course.cli`).
@@ -22,16 +24,18 @@ The library, bottom up (a module imports only from its own layer or the ones bef
 from fsdp_mini import collectives, comm_log, flat_param, memory, plan, strategy
 from fsdp_mini.comm_log import CommLog, CommRecord, scope
 from fsdp_mini.memory import MemoryEstimate, MemoryTracker, estimate_memory, format_bytes
-from fsdp_mini.mixed_precision import MixedPrecision
+from fsdp_mini.mixed_precision import MixedPrecision, MixedPrecisionPolicy
 from fsdp_mini.strategy import ZERO1, ShardingStrategy, as_strategy, shard_group_size, sharded_states
 from fsdp_mini.runtime import finish, get_device, init, under_torchrun
 from fsdp_mini.launch import LaunchError, LaunchTimeout, launch
 from fsdp_mini.fsdp import FSDP
+from fsdp_mini.fully_shard import FSDPModule, fully_shard, register_fsdp_forward_method
 from fsdp_mini.zero import ZeroRedundancyOptimizer
 from fsdp_mini.ddp import DistributedDataParallel
 
 __all__ = [
     "FSDP", "ShardingStrategy", "MixedPrecision", "ZeroRedundancyOptimizer", "DistributedDataParallel",
+    "fully_shard", "FSDPModule", "MixedPrecisionPolicy", "register_fsdp_forward_method",
     "launch", "init", "finish", "under_torchrun", "get_device", "LaunchError", "LaunchTimeout",
     "CommLog", "CommRecord", "scope",
     "MemoryEstimate", "MemoryTracker", "estimate_memory", "format_bytes",

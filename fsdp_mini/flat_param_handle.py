@@ -15,12 +15,10 @@ and FULL_SHARD must refill the *same* storage before backward for them to be val
 in-place write, which would bump the views' version counter and make autograd refuse the saved tensors;
 the counter is restored after each gather, as PyTorch's FSDP does, because the values are the same.
 
-Its states are named, as in PyTorch (`ShardedState`, and the stages of a gradient's reduction), so that
-a reader, a test or a debugger can ask a handle where it is instead of decoding which fields are None.
+Its states are named (`fsdp_mini.states`: `ShardedState`, `ReduceStage`), as in PyTorch.
 """
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
 import torch
@@ -31,29 +29,9 @@ from fsdp_mini.comm_log import scope
 from fsdp_mini.flat_param import FlatLayout, flatten, unflatten_views
 from fsdp_mini.groups import Groups
 from fsdp_mini.memory import MemoryTracker
+from fsdp_mini.states import ReduceStage, ShardedState
 
-__all__ = ["FlatParamHandle", "ShardedState", "ReduceStage", "PendingGather", "PendingReduction"]
-
-
-class ShardedState(enum.Enum):
-    """Where a flat parameter's values are."""
-
-    SHARDED = enum.auto()
-    """Only this rank's shard exists; the gathered buffer has no storage."""
-    UNSHARDING = enum.auto()
-    """The AllGather into the gathered buffer has been issued and not yet waited for."""
-    UNSHARDED = enum.auto()
-    """The gathered buffer holds every parameter; the module's parameters (views of it) can be used."""
-
-
-class ReduceStage(enum.Enum):
-    """How far the reduction of one backward's gradients has come."""
-
-    SCATTERING = enum.auto()
-    """The ReduceScatter into the gradient shard is in flight; the unsharded flat gradient must live."""
-    ACROSS_REPLICAS = enum.auto()
-    """The ReduceScatter is done and its input freed; the AllReduce of the shard across replica groups
-    (HYBRID_SHARD) is in flight, or there is none to do."""
+__all__ = ["FlatParamHandle", "PendingGather", "PendingReduction"]
 
 
 @dataclass

@@ -31,7 +31,6 @@ what each strategy implies (reshard after forward, shard-group size) is `fsdp_mi
 """
 from __future__ import annotations
 
-import enum
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -53,18 +52,10 @@ from fsdp_mini.mixed_precision import MixedPrecision, cast_floating
 from fsdp_mini.nested import tensors_in
 from fsdp_mini.plan import FlatParamPlan, Plan, plan_units
 from fsdp_mini.runtime import get_device
+from fsdp_mini.states import TrainingState
 from fsdp_mini.strategy import ShardingStrategy, as_strategy, reshard_after_forward, shard_group_size
 
-__all__ = ["FSDP", "FSDPUnit", "TrainingState", "ExecutionOrder"]
-
-
-class TrainingState(enum.Enum):
-    """Where a unit is in the training step (PyTorch FSDP's name for the same idea)."""
-
-    IDLE = enum.auto()
-    """Between steps, or in forward (forward needs no per-unit state: its hooks are enough)."""
-    PRE_BACKWARD = enum.auto()
-    """Backward has reached the unit's outputs: its parameters are gathered (again) for backward."""
+__all__ = ["FSDP", "FSDPUnit", "ExecutionOrder"]
 
 
 class FSDPUnit:

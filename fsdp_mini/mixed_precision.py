@@ -14,7 +14,7 @@ import torch
 
 from fsdp_mini.nested import map_tensors
 
-__all__ = ["MixedPrecision", "cast_floating"]
+__all__ = ["MixedPrecision", "MixedPrecisionPolicy", "cast_floating"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,29 @@ class MixedPrecision:
             value = getattr(self, name)
             if value is not None and not (isinstance(value, torch.dtype) and value.is_floating_point):
                 raise ValueError(f"MixedPrecision.{name} must be a floating-point torch.dtype, got {value!r}")
+
+
+@dataclass(frozen=True)
+class MixedPrecisionPolicy:
+    """The per-parameter design's policy (`fully_shard(mp_policy=...)`), PyTorch FSDP2's fields.
+
+    `param_dtype`: dtype of the gathered parameters and of compute (None: each parameter's own).
+    `reduce_dtype`: dtype of the gradient reduction (None: `param_dtype`, or the parameter's own).
+    `output_dtype`: cast the module's floating-point outputs to it (None: leave them).
+    `cast_forward_inputs`: cast the module's floating-point inputs to `param_dtype`.
+    Only floating-point parameters are cast: an integer or complex parameter keeps its dtype.
+    """
+
+    param_dtype: torch.dtype | None = None
+    reduce_dtype: torch.dtype | None = None
+    output_dtype: torch.dtype | None = None
+    cast_forward_inputs: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("param_dtype", "reduce_dtype", "output_dtype"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, torch.dtype) and value.is_floating_point):
+                raise ValueError(f"MixedPrecisionPolicy.{name} must be a floating-point torch.dtype, got {value!r}")
 
 
 def cast_floating(obj, dtype: torch.dtype):

@@ -10,8 +10,8 @@ import torch.nn as nn
 from fsdp_mini import FSDP, launch
 from fsdp_mini.course.models import GPT, Block, GPTConfig, make_batch
 from fsdp_mini.course.train import local_rows
-from fsdp_mini.flat_param_handle import ReduceStage, ShardedState
-from fsdp_mini.fsdp import ExecutionOrder, TrainingState
+from fsdp_mini.fsdp import ExecutionOrder
+from fsdp_mini.states import ReduceStage, ShardedState, TrainingState
 from fsdp_mini.plan import plan_units, unit_label, unit_of_label, wrap_classes
 
 

@@ -1,0 +1,256 @@
+"""One unit of the per-parameter design: its parameters' AllGather and ReduceScatter, one of each per unit.
+
+Each parameter keeps its own dim-0 chunk (`fsdp_mini.fsdp_param`), but a unit still communicates once,
+through a flat buffer, because every collective pays a fixed latency:
+
+    copy-in      each rank concatenates its padded chunks: [p0 chunk | p1 chunk | ...]   (per-rank row)
+    AllGather    over the shard group: n such rows, one per rank                         (n, row)
+    copy-out     parameter i is column block i of the n rows, read top to bottom: chunk 0, chunk 1, ...
+
+The chunks of one parameter are consecutive rows of it, so reading its column block rank after rank
+gives the parameter itself (its padding last). Gradients go the other way: each parameter's gradient
+padded to n chunks, the chunks of all parameters interleaved rank by rank into one buffer, one
+ReduceScatter (AVG), and rank r's output is its chunk of every parameter's gradient, in order.
+
+Compared with the flat design the bytes are the same up to padding (each parameter pads to n chunks
+here, the unit's flat buffer pads once there), and nothing is a view of a shared buffer: parameters keep
+their names, their dtypes (a unit mixing dtypes gathers them as bytes) and `requires_grad` each, so a
+unit with frozen and trainable parameters needs no split and spends gradient memory on the trainable
+ones only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from fsdp_mini import collectives as C
+from fsdp_mini.comm_log import scope
+from fsdp_mini.fsdp_param import FSDPParam
+from fsdp_mini.memory import MemoryTracker
+from fsdp_mini.states import ReduceStage, ShardedState, TrainingState
+
+__all__ = ["MeshInfo", "FSDPParamGroup", "GroupReduction"]
+
+
+@dataclass(frozen=True)
+class MeshInfo:
+    """A DeviceMesh as the engine needs it: the shard group (the mesh's last dimension) and the replica
+    group (the first dimension of a 2-D mesh), None where a group has one rank."""
+
+    mesh: object
+    shard_group: object | None
+    shard_size: int
+    shard_rank: int
+    replica_group: object | None
+    replicas: int
+
+    @classmethod
+    def of(cls, mesh) -> "MeshInfo":
+        shard_size, shard_rank = mesh.size(mesh.ndim - 1), mesh.get_local_rank(mesh.ndim - 1)
+        replicas = mesh.size(0) if mesh.ndim == 2 else 1
+        return cls(mesh, mesh.get_group(mesh.ndim - 1) if shard_size > 1 else None, shard_size, shard_rank,
+                   mesh.get_group(0) if replicas > 1 else None, replicas)
+
+
+@dataclass
+class GroupReduction:
+    """One ReduceScatter in flight (and then its AllReduce across replicas): the parameters it covers,
+    its output (this rank's chunks), its input (freed once scattered) and the work to wait for."""
+
+    params: list[FSDPParam]
+    stage: ReduceStage
+    work: object
+    output: torch.Tensor
+    input: torch.Tensor | None
+
+
+@dataclass
+class PostForwardShards:
+    """`reshard_after_forward=k`: the group of k ranks that share the gathered parameters between forward
+    and backward, this rank's index in it, and its 1/k share of each parameter (flat, padded)."""
+
+    group: object | None
+    size: int
+    rank: int
+    shards: list[torch.Tensor] = field(default_factory=list)
+    kept_bytes: int = 0
+
+
+class FSDPParamGroup:
+    """The parameters that one `fully_shard(module)` call manages, and their collectives."""
+
+    def __init__(self, params: list[FSDPParam], label: str, mesh_info: MeshInfo, reduce_dtype: torch.dtype | None,
+                 impl: str, tracker: MemoryTracker, post_forward: PostForwardShards | None):
+        self.params, self.label, self.mesh_info, self.impl, self.tracker = params, label, mesh_info, impl, tracker
+        self.reduce_dtype = reduce_dtype
+        self.post_forward = post_forward  # None: reshard fully after forward, or not at all (see the state)
+        self.state = ShardedState.SHARDED
+        self.training_state = TrainingState.IDLE
+        self.trainable = [p for p in params if p.requires_grad]
+        self.as_bytes = len({p.compute_dtype for p in params}) > 1
+        self.nbytes = sum(p.nbytes for p in params)
+        self._gather: tuple[object, torch.Tensor, list[int]] | None = None  # (work, output, lengths)
+        self.reductions: list[GroupReduction] = []
+        self.grads_ready = 0
+        self.on_all_grads_ready = None  # set by the unit's state: called when backward finished this unit
+        self._hooked: set[int] = set()
+
+    # --- parameters ----------------------------------------------------------------------------------
+
+    def unshard(self, async_op: bool = False) -> None:
+        """Start gathering (from the full shard group, or from the post-forward group of k ranks)."""
+        if self.state in (ShardedState.UNSHARDED, ShardedState.UNSHARDING):
+            return
+        from_post_forward = self.state is ShardedState.SHARDED_POST_FORWARD
+        if from_post_forward:
+            inputs, group, n = self.post_forward.shards, self.post_forward.group, self.post_forward.size
+        else:
+            inputs = [p.copy_in(self.as_bytes) for p in self.params]
+            group, n = self.mesh_info.shard_group, self.mesh_info.shard_size
+        for p in self.params:
+            p.alloc_unsharded()
+        self.tracker.alloc(self.nbytes, self.label)
+        lengths = [t.numel() for t in inputs]
+        row = inputs[0] if len(inputs) == 1 else torch.cat(inputs)
+        output = torch.empty((n, row.numel()), dtype=row.dtype, device=row.device)
+        work = None
+        if group is None:
+            output[0].copy_(row)
+        else:
+            with scope(self.label):
+                work = C.all_gather_into_tensor(output.view(-1), row, group=group, async_op=True, impl=self.impl)
+        self._gather = (work, output, lengths)
+        self.state = ShardedState.UNSHARDING
+        if from_post_forward:  # the 1/k shares are the AllGather's input now (`row`), no longer kept
+            self.tracker.free(self.post_forward.kept_bytes, self.label)
+            self.post_forward.shards, self.post_forward.kept_bytes = [], 0
+        if not async_op:
+            self.wait_for_unshard()
+
+    def wait_for_unshard(self) -> None:
+        """Finish a pending gather: copy each parameter out of the gathered rows, swap it into the module."""
+        if self._gather is None:
+            return
+        work, output, lengths = self._gather
+        self._gather = None
+        if work is not None:
+            work.wait()
+        offset = 0
+        for p, length in zip(self.params, lengths):
+            p.copy_out(output, offset, length)
+            offset += length
+            p.to_unsharded()
+            if p.requires_grad and id(p) not in self._hooked:
+                p.unsharded.register_post_accumulate_grad_hook(lambda _, p=p: self._on_grad(p))
+                self._hooked.add(id(p))
+        self.state = ShardedState.UNSHARDED
+
+    def reshard(self) -> None:
+        """Free the gathered parameters; the module sees the sharded ones again."""
+        self.wait_for_unshard()
+        if self.state is ShardedState.UNSHARDED:
+            for p in self.params:
+                p.free_unsharded()
+            self.tracker.free(self.nbytes, self.label)
+        if self.state is ShardedState.SHARDED_POST_FORWARD:
+            self.tracker.free(self.post_forward.kept_bytes, self.label)
+            self.post_forward.shards, self.post_forward.kept_bytes = [], 0
+        for p in self.params:
+            p.to_sharded()
+        self.state = ShardedState.SHARDED
+
+    def reshard_post_forward(self) -> None:
+        """After forward with `reshard_after_forward=k`: keep a 1/k share of each gathered parameter, so
+        backward gathers from k ranks (a node, typically) instead of the whole shard group."""
+        self.wait_for_unshard()
+        pf = self.post_forward
+        pf.shards = [p.post_forward_chunk(pf.size, pf.rank, self.as_bytes) for p in self.params]
+        pf.kept_bytes = sum(t.numel() * t.element_size() for t in pf.shards)
+        for p in self.params:
+            p.free_unsharded()
+            p.to_sharded()
+        self.tracker.free(self.nbytes, self.label)
+        self.tracker.alloc(pf.kept_bytes, self.label)
+        self.state = ShardedState.SHARDED_POST_FORWARD
+
+    # --- gradients -----------------------------------------------------------------------------------
+
+    def _on_grad(self, p: FSDPParam) -> None:
+        if not p.grad_ready:
+            p.grad_ready = True
+            self.grads_ready += 1
+            if self.grads_ready == len(self.trainable) and self.on_all_grads_ready is not None:
+                self.on_all_grads_ready(self)
+
+    def reduce_grads(self) -> None:
+        """Start the ReduceScatter (AVG) of the unit's unsharded gradients into this rank's chunks: one per
+        reduce dtype (one, unless the unit mixes dtypes without a policy)."""
+        by_dtype: dict[torch.dtype, list[FSDPParam]] = {}
+        for p in self.trainable:
+            by_dtype.setdefault(self.reduce_dtype or p.compute_dtype, []).append(p)
+        n, group = self.mesh_info.shard_size, self.mesh_info.shard_group
+        for dtype, params in by_dtype.items():
+            chunks = [p.padded_grad(dtype).view(n, -1) for p in params]
+            full = (chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=1)).reshape(-1)
+            output = torch.empty(full.numel() // n, dtype=dtype, device=full.device)
+            work = None
+            if group is None:
+                output.copy_(full)
+            else:
+                with scope(self.label):
+                    work = C.reduce_scatter_tensor(output, full, C.AVG, group=group, async_op=True, impl=self.impl)
+            self.reductions.append(GroupReduction(params, ReduceStage.SCATTERING, work, output, full))
+
+    def start_replica_reduce(self) -> None:
+        """Once the ReduceScatters are done: free their inputs and, with replicas (HSDP), start averaging
+        the gradient chunks across them (async)."""
+        for r in self.reductions:
+            if r.stage is not ReduceStage.SCATTERING:
+                continue
+            if r.work is not None:
+                r.work.wait()
+            r.work, r.input, r.stage = None, None, ReduceStage.ACROSS_REPLICAS
+            if self.mesh_info.replica_group is not None:
+                with scope(self.label):
+                    r.work = C.all_reduce(r.output, C.AVG, group=self.mesh_info.replica_group, async_op=True,
+                                          impl=self.impl)
+
+    def wait_for_grads(self) -> None:
+        """Finish every reduction and give each sharded parameter its gradient (a DTensor)."""
+        self.start_replica_reduce()
+        for r in self.reductions:
+            if r.work is not None:
+                r.work.wait()
+            offset = 0
+            for p in r.params:
+                p.accumulate_sharded_grad(r.output[offset:offset + p.shard_numel])
+                offset += p.shard_numel
+        self.reductions = []
+
+    def has_unsharded_grads(self) -> bool:
+        return any(p.has_unsharded_grad() for p in self.trainable)
+
+    def reset_backward(self) -> None:
+        self.grads_ready = 0
+        for p in self.params:
+            p.grad_ready = False
+        self.training_state = TrainingState.IDLE
+
+    def __repr__(self) -> str:
+        return f"FSDPParamGroup({self.label}, {len(self.params)} params, {self.state.name})"
+
+
+def post_forward_shards(mesh_info: MeshInfo, k: int) -> PostForwardShards:
+    """The groups of k consecutive ranks of each shard group (a collective: every rank creates all)."""
+    mesh = mesh_info.mesh.mesh
+    rows = mesh.reshape(-1, mesh_info.shard_size).tolist()
+    mine = None
+    for row in rows:
+        for start in range(0, len(row), k):
+            ranks = row[start:start + k]
+            pg = dist.new_group(ranks) if k > 1 else None
+            if dist.get_rank() in ranks:
+                mine = (pg, ranks.index(dist.get_rank()))
+    return PostForwardShards(mine[0], k, mine[1])

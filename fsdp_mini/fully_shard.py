@@ -1,0 +1,450 @@
+"""`fully_shard`: per-parameter sharding, PyTorch FSDP2's design and API, written from scratch.
+
+    for block in model.blocks:
+        fully_shard(block)              # bottom-up: each block is a unit...
+    fully_shard(model)                  # ...then the root takes the parameters left over
+    opt = torch.optim.AdamW(model.parameters())   # named parameters, each a DTensor of this rank's rows
+
+`fully_shard(module)` returns the same module object. Its class becomes `FSDP<Class>`, a subclass that adds
+FSDP2's methods (`FSDPModule`), and every parameter it manages becomes an `nn.Parameter` holding a
+`DTensor`: this rank's dim-0 chunk, under the parameter's own name (`fsdp_mini.fsdp_param`). One unit's
+parameters are gathered with one AllGather and their gradients reduced with one ReduceScatter
+(`fsdp_mini.fsdp_param_group`). The schedule is the flat design's (`fsdp_mini.fsdp`):
+
+    pre-forward    AllGather the unit (waiting for it if prefetched), swap the gathered parameters in
+    post-forward   reshard_after_forward=True: free them; False: keep them; k: keep a 1/k share
+    pre-backward   AllGather again if freed; prefetch the unit that backward reaches next
+    post-backward  ReduceScatter the gradients (async); the previous unit's is done: replica AllReduce
+    end of backward  wait for every reduction, so that `opt.step()` sees the sharded gradients
+
+`mesh`: a DeviceMesh, 1-D (shard over it) or 2-D (replicate over dim 0, shard over dim 1: HSDP); by
+default the whole world. The outermost `fully_shard`ed module to run forward is the root: it keeps its
+parameters from forward into backward and queues the end-of-backward work. Backward prefetches the unit
+that ran before in forward (as FSDP2 does by default); `set_modules_to_forward_prefetch` and
+`set_modules_to_backward_prefetch` set both orders by hand.
+"""
+from __future__ import annotations
+
+import functools
+import weakref
+from functools import partial
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.tensor import DTensor
+
+from fsdp_mini import collectives as C
+from fsdp_mini.data_parallel import check_same_everywhere
+from fsdp_mini.fsdp_param import FSDPParam
+from fsdp_mini.fsdp_param_group import FSDPParamGroup, MeshInfo, post_forward_shards
+from fsdp_mini.memory import MemoryTracker
+from fsdp_mini.mixed_precision import MixedPrecisionPolicy, cast_floating
+from fsdp_mini.nested import map_tensors, tensors_in
+from fsdp_mini.runtime import get_device
+from fsdp_mini.states import ShardedState, TrainingState
+
+__all__ = ["fully_shard", "FSDPModule", "FSDPState", "UnshardHandle", "register_fsdp_forward_method", "state_of",
+           "default_mesh", "gathered_memory"]
+
+_STATES: "weakref.WeakKeyDictionary[nn.Module, FSDPState]" = weakref.WeakKeyDictionary()
+_MANAGED: dict[int, tuple[weakref.ref, str]] = {}  # id(original parameter) -> (the parameter, its unit's label)
+_DEFAULT_MESH: dict[int, object] = {}
+_TRACKERS: dict[int, MemoryTracker] = {}  # one per mesh: the gathered bytes of every unit on it
+
+
+def state_of(module: nn.Module) -> "FSDPState":
+    """The FSDP state of a module that `fully_shard` was applied to."""
+    state = _STATES.get(module)
+    if state is None:
+        raise ValueError(f"{type(module).__name__} is not managed by fully_shard")
+    return state
+
+
+def gathered_memory(module: nn.Module) -> MemoryTracker:
+    """The tracker of gathered (unsharded) parameter bytes, live and peak, shared by every unit on the
+    module's mesh: the per-parameter design's `FSDP.memory`."""
+    group = state_of(module).group
+    if group is None:
+        raise ValueError(f"{type(module).__name__} manages no parameters of its own")
+    return group.tracker
+
+
+def default_mesh():
+    """A 1-D DeviceMesh over the whole world on this rank's device, created once per process group."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    key = id(dist.group.WORLD)
+    if key not in _DEFAULT_MESH:
+        _DEFAULT_MESH[key] = init_device_mesh(get_device().type, (dist.get_world_size(),))
+    return _DEFAULT_MESH[key]
+
+
+class UnshardHandle:
+    """What `FSDPModule.unshard(async_op=True)` returns: `wait()` ends the gather."""
+
+    def __init__(self, group: FSDPParamGroup | None):
+        self._group = group
+
+    def wait(self) -> None:
+        if self._group is not None:
+            self._group.wait_for_unshard()
+            self._group = None
+
+
+class FSDPModule:
+    """The methods a module gains from `fully_shard` (the names of PyTorch's FSDP2)."""
+
+    def unshard(self, async_op: bool = False) -> UnshardHandle | None:
+        """Gather this unit's parameters now (e.g. before a custom use outside forward)."""
+        group = state_of(self).group
+        if group is not None:
+            group.unshard(async_op=True)
+        handle = UnshardHandle(group)
+        if async_op:
+            return handle
+        handle.wait()
+        return None
+
+    def reshard(self) -> None:
+        """Free this unit's gathered parameters."""
+        group = state_of(self).group
+        if group is not None:
+            group.reshard()
+
+    def set_requires_gradient_sync(self, requires_gradient_sync: bool, *, recurse: bool = True) -> None:
+        """False: backward keeps accumulating unsharded gradients without communication (gradient
+        accumulation); the first backward with True reduces all of it. `recurse`: every unit below too."""
+        for state in _states_below(self, recurse):
+            state.requires_gradient_sync = bool(requires_gradient_sync)
+
+    def set_reshard_after_forward(self, reshard_after_forward: bool, *, recurse: bool = True) -> None:
+        """Change whether units free their parameters after forward (True) or keep them (False)."""
+        for state in _states_below(self, recurse):
+            if not isinstance(reshard_after_forward, bool):
+                raise ValueError("set_reshard_after_forward takes True or False")
+            state.reshard_after_forward = reshard_after_forward
+            if state.group is not None:
+                state.group.post_forward = None
+
+    def set_modules_to_forward_prefetch(self, modules: list) -> None:
+        """In forward, right after this unit's AllGather is issued, issue these units' too."""
+        state_of(self).forward_prefetch = [_checked_state(m) for m in modules]
+
+    def set_modules_to_backward_prefetch(self, modules: list) -> None:
+        """In backward, right after this unit's AllGather is issued, issue these units' too (instead of
+        the default: the unit that ran before this one in forward)."""
+        state_of(self).backward_prefetch = [_checked_state(m) for m in modules]
+
+
+def _checked_state(module) -> "FSDPState":
+    if not isinstance(module, FSDPModule):
+        raise ValueError(f"expected modules that fully_shard was applied to, got {type(module).__name__}")
+    return state_of(module)
+
+
+def _states_below(module, recurse: bool) -> list["FSDPState"]:
+    mods = module.modules() if recurse else [module]
+    return [_STATES[m] for m in mods if m in _STATES]
+
+
+class _InputsGradReady(torch.autograd.Function):
+    """Identity on a unit's inputs in forward; in backward it runs once the gradients with respect to
+    those inputs are computed, i.e. when backward is done with the unit (FSDP2's RegisterPostBackward)."""
+
+    @staticmethod
+    def forward(ctx, state, *tensors):
+        ctx.state = state
+        return tensors
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.state.inputs_grad_ready()
+        return (None, *grads)
+
+
+class FSDPState:
+    """The hooks of one `fully_shard`ed module, and (for the root) the step's bookkeeping.
+
+    When is a unit's backward over? When every trainable parameter has its gradient *and* the gradients
+    with respect to the unit's inputs have been computed (frozen parameters are still needed until then,
+    e.g. a LoRA layer's base weight for the input gradient). The first is counted by hooks on the
+    gathered parameters, the second by `_InputsGradReady` on the inputs that require grad; a unit whose
+    inputs need no gradient (the first one) ends on its parameters alone, and the end of backward mops up."""
+
+    def __init__(self, module: nn.Module, group: FSDPParamGroup | None, mp: MixedPrecisionPolicy,
+                 reshard_after_forward: bool | int):
+        self.module, self.group, self.mp = module, group, mp
+        self.reshard_after_forward = reshard_after_forward
+        self.requires_gradient_sync = True
+        self.forward_prefetch: list[FSDPState] = []
+        self.backward_prefetch: list[FSDPState] | None = None
+        self.is_root: bool | None = None
+        self.root: FSDPState | None = None
+        # the root's bookkeeping
+        self.forward_order: list[FSDPState] = []
+        self.recording = True
+        self.backward_queued = False
+        self.pending: list[FSDPParamGroup] = []  # groups whose reduction is in flight, in issue order
+        # this step's forward calls that hooked their inputs, and how many of those backward has finished
+        self.hooked_calls = 0
+        self.finished_calls = 0
+        if group is not None:
+            group.on_all_grads_ready = self._maybe_post_backward
+
+    # --- lazy initialisation at the root -----------------------------------------------------------
+
+    def _lazy_init(self) -> None:
+        """The first forward: this module is the root; every unit below learns it, and its label (its
+        path from the root: "layers.0", "root"), which CommLog and the memory tracker show."""
+        self.is_root, self.root = True, self
+        for path, m in self.module.named_modules():
+            state = _STATES.get(m)
+            if state is not None and state.group is not None:
+                state.group.label = path or "root"
+            if state is not None and state is not self:
+                if state.is_root:
+                    raise ValueError("fully_shard's root changed: the module that ran forward first "
+                                     "contains another root")
+                state.is_root, state.root = False, self
+
+    # --- forward -----------------------------------------------------------------------------------
+
+    def pre_forward(self, module, args, kwargs):
+        if self.is_root is None:
+            self._lazy_init()
+        root = self.root
+        if self.mp.param_dtype is not None and self.mp.cast_forward_inputs:
+            args, kwargs = cast_floating((args, kwargs), self.mp.param_dtype)
+        if root.recording and self not in root.forward_order:
+            root.forward_order.append(self)
+        if self.group is not None:
+            self.group.training_state = TrainingState.FORWARD
+            self.group.unshard(async_op=True)
+            for other in self.forward_prefetch:
+                if other.group is not None:
+                    other.group.unshard(async_op=True)
+            self.group.wait_for_unshard()
+            if torch.is_grad_enabled():
+                args, kwargs = self._hook_inputs(args, kwargs)
+        return args, kwargs
+
+    def _hook_inputs(self, args, kwargs):
+        """Route the inputs that require grad through `_InputsGradReady`, to learn when backward is done."""
+        flat = [t for t in tensors_in((args, kwargs)) if t.requires_grad]
+        if not flat:
+            return args, kwargs
+        self.hooked_calls += 1
+        replaced = dict(zip(map(id, flat), _InputsGradReady.apply(self, *flat)))
+        return map_tensors(lambda t: replaced.get(id(t), t), (args, kwargs))
+
+    def inputs_grad_ready(self) -> None:
+        self.finished_calls += 1
+        self._maybe_post_backward(self.group)
+
+    def _maybe_post_backward(self, group: FSDPParamGroup) -> None:
+        if group is None or group.training_state is TrainingState.IDLE:
+            return
+        grads_done = group.grads_ready == len(group.trainable)
+        if grads_done and self.finished_calls == self.hooked_calls:
+            self._post_backward(group)
+
+    def post_forward(self, module, args, out):
+        root = self.root
+        grad_outputs = [t for t in tensors_in(out) if t.requires_grad]
+        for t in grad_outputs:
+            t.register_hook(self._pre_backward)
+        if self.group is not None:
+            self.group.training_state = TrainingState.IDLE
+        if self.is_root:
+            root.recording = False
+            if not grad_outputs:  # inference: no backward will come to free anything
+                for state in root.forward_order:
+                    if state.group is not None:
+                        state.group.reshard()
+        elif self.group is not None and (not grad_outputs or self.reshard_after_forward is True):
+            self.group.reshard()
+        elif self.group is not None and self.group.post_forward is not None:
+            self.group.reshard_post_forward()
+        if self.mp.output_dtype is not None:
+            out = map_tensors(lambda t: t.to(self.mp.output_dtype) if t.is_floating_point() else t, out)
+        return out
+
+    # --- backward ----------------------------------------------------------------------------------
+
+    def _pre_backward(self, grad):
+        root = self.root
+        if not root.backward_queued:
+            root.backward_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(root._finish_backward)
+        group = self.group
+        if group is None or group.training_state is TrainingState.PRE_BACKWARD:
+            return
+        group.training_state = TrainingState.PRE_BACKWARD
+        group.unshard(async_op=True)
+        for other in self._backward_prefetch_targets():
+            if other.group is not None and other.group.training_state is not TrainingState.PRE_BACKWARD:
+                other.group.unshard(async_op=True)
+        group.wait_for_unshard()
+
+    def _backward_prefetch_targets(self) -> list["FSDPState"]:
+        if self.backward_prefetch is not None:
+            return self.backward_prefetch
+        order = self.root.forward_order
+        i = order.index(self) if self in order else 0
+        return [order[i - 1]] if i > 0 else []
+
+    def _post_backward(self, group: FSDPParamGroup) -> None:
+        """Backward is done with this unit: start its reduction, free its parameters."""
+        root = self.root
+        group.training_state = TrainingState.IDLE
+        if self.requires_gradient_sync:
+            group.reduce_grads()
+            if root.pending:
+                root.pending[-1].start_replica_reduce()
+            root.pending.append(group)
+        if not self.is_root:
+            group.reshard()
+
+    def _finish_backward(self) -> None:
+        """End of backward: reduce what post-backward did not (unused parameters, accumulated gradients),
+        wait for every reduction, free every gathered unit."""
+        for state in self.forward_order:
+            group = state.group
+            if group is None:
+                continue
+            if state.requires_gradient_sync and group not in self.pending and group.has_unsharded_grads():
+                group.reduce_grads()
+                self.pending.append(group)
+        for group in self.pending:
+            group.wait_for_grads()
+        for state in self.forward_order:
+            state.hooked_calls = state.finished_calls = 0
+            if state.group is not None:
+                state.group.reshard()
+                state.group.reset_backward()
+        self.pending, self.backward_queued = [], False
+
+
+def fully_shard(module: nn.Module, *, mesh=None, reshard_after_forward: bool | int = True,
+                mp_policy: MixedPrecisionPolicy | None = None, impl: str = "builtin") -> nn.Module:
+    """Shard `module`'s parameters (those not in an already sharded submodule) dim-0-wise over `mesh`.
+
+    Apply it bottom-up: to each block, then to the model. Returns `module` itself, now an `FSDPModule`.
+    `reshard_after_forward`: True frees the gathered parameters after forward (ZeRO-3), False keeps them
+    until backward is done (ZeRO-2), an int k keeps a 1/k share, so backward gathers from k ranks only.
+    `mp_policy`: `MixedPrecisionPolicy`. `impl`: "builtin" (torch.distributed) or "ring" (fsdp_mini's).
+    Collective over the mesh (every rank calls it in the same order); bad input is a ValueError first.
+    """
+    if not dist.is_initialized():
+        raise RuntimeError("fully_shard needs torch.distributed: run under fsdp_mini.launch or torchrun and call "
+                           "fsdp_mini.init() first")
+    if not isinstance(module, nn.Module):
+        raise ValueError(f"fully_shard takes an nn.Module, got {type(module).__name__}")
+    if isinstance(module, FSDPModule):
+        raise ValueError(f"fully_shard was already applied to this {type(module).__name__}")
+    mp = mp_policy if mp_policy is not None else MixedPrecisionPolicy()
+    if not isinstance(mp, MixedPrecisionPolicy):
+        raise ValueError(f"mp_policy must be a MixedPrecisionPolicy, got {type(mp_policy).__name__}")
+    C.check_impl(impl)
+    mesh = default_mesh() if mesh is None else mesh
+    _check_mesh(mesh)
+    mesh_info = MeshInfo.of(mesh)
+    post_forward = _check_reshard_after_forward(reshard_after_forward, mesh_info.shard_size)
+
+    params = _managed_params(module)
+    device = get_device()
+    description = [(name, tuple(p.shape), str(p.dtype), p.requires_grad) for name, _, p in params]
+    check_same_everywhere((description, tuple(mesh.mesh.shape), str(reshard_after_forward)),
+                          f"module to fully_shard ({type(module).__name__})",
+                          " (every rank must apply fully_shard to the same modules, in the same order)",
+                          device=device)
+    label = _label(module)
+    group = None
+    if params:
+        fsdp_params = []
+        for name, owners, p in params:
+            compute = mp.param_dtype if (mp.param_dtype is not None and p.is_floating_point()) else p.dtype
+            fsdp_params.append(FSDPParam(name, owners, p, mesh, mesh_info.shard_rank, mesh_info.shard_size,
+                                         compute, device))
+            _MANAGED[id(p)] = (weakref.ref(p), label)
+        reduce_dtype = mp.reduce_dtype or mp.param_dtype
+        pf = post_forward_shards(mesh_info, post_forward) if post_forward else None
+        tracker = _TRACKERS.setdefault(id(mesh), MemoryTracker())
+        group = FSDPParamGroup(fsdp_params, label, mesh_info, reduce_dtype, impl, tracker, pf)
+    state = FSDPState(module, group, mp, reshard_after_forward if isinstance(reshard_after_forward, bool) else False)
+    _STATES[module] = state
+    module.register_forward_pre_hook(lambda m, a, k: state.pre_forward(m, a, k), prepend=True, with_kwargs=True)
+    module.register_forward_hook(lambda m, a, out: state.post_forward(m, a, out))
+    cls = type(module)
+    module.__class__ = type(f"FSDP{cls.__name__}", (FSDPModule, cls), {})
+    return module
+
+
+def register_fsdp_forward_method(module: nn.Module, method_name: str) -> None:
+    """Make `module.<method_name>` (e.g. a HuggingFace model's `generate`) gather and free parameters as
+    `forward` does, so it can run on a sharded model. A no-op for a module without fully_shard."""
+    if not isinstance(module, FSDPModule):
+        return
+    if not hasattr(module, method_name):
+        raise ValueError(f"{type(module).__name__} has no method {method_name!r}")
+    method = getattr(module, method_name)
+    state = state_of(module)
+
+    @functools.wraps(method)
+    def wrapped(*args, **kwargs):
+        args, kwargs = state.pre_forward(module, args, kwargs)
+        return state.post_forward(module, args, method(*args, **kwargs))
+
+    setattr(module, method_name, wrapped)
+
+
+# --- checks and bookkeeping -------------------------------------------------------------------------
+
+def _check_mesh(mesh) -> None:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    if not isinstance(mesh, DeviceMesh):
+        raise ValueError(f"mesh must be a torch.distributed.device_mesh.DeviceMesh, got {type(mesh).__name__}")
+    if mesh.ndim not in (1, 2):
+        raise ValueError(f"mesh must be 1-D (shard) or 2-D (replicate, shard), got {mesh.ndim} dimensions")
+    if mesh.device_type != get_device().type:
+        raise ValueError(f"mesh is on {mesh.device_type!r} but this rank computes on {get_device().type!r}")
+
+
+def _check_reshard_after_forward(value, shard_size: int) -> int | None:
+    """None for True/False; k for an int, checked to divide the shard group."""
+    if isinstance(value, bool):
+        return None
+    if not isinstance(value, int) or value < 1 or shard_size % value:
+        raise ValueError(f"reshard_after_forward must be True, False or a positive divisor of the shard group "
+                         f"size {shard_size}, got {value!r}")
+    return value
+
+
+def _label(module: nn.Module) -> str:
+    """A unit's label until the root names it by its path at the first forward."""
+    return type(module).__name__
+
+
+def _managed_params(module: nn.Module) -> list[tuple[str, list[tuple[nn.Module, str]], nn.Parameter]]:
+    """(first name, every (module, attribute) holding it, tensor) of the parameters this call manages:
+    all of the module's, except those inside submodules that are already units. Errors for a parameter
+    already sharded (top-down order) or shared with another unit."""
+    inner_units = [name for name, m in module.named_modules() if name and isinstance(m, FSDPModule)]
+    out: dict[int, tuple[str, list, nn.Parameter]] = {}
+    for fqn, p in module.named_parameters(remove_duplicate=False):
+        owner_path, _, attr = fqn.rpartition(".")
+        inside = next((u for u in inner_units if owner_path == u or owner_path.startswith(u + ".")), None)
+        if inside is not None:
+            continue
+        if isinstance(p, DTensor):
+            raise ValueError(f"parameter {fqn} is already sharded: apply fully_shard bottom-up (submodules first, "
+                             f"then their parents), not to a module inside an already sharded one")
+        ref, unit = _MANAGED.get(id(p), (None, ""))
+        if ref is not None and ref() is p:
+            raise ValueError(f"parameter {fqn} is shared with another unit ({unit}): a parameter must belong "
+                             f"to one fully_shard unit; apply fully_shard to a module containing every use")
+        entry = out.setdefault(id(p), (fqn, [], p))
+        entry[1].append((module.get_submodule(owner_path), attr))
+    return list(out.values())
