@@ -30,12 +30,14 @@ from fsdp_mini.runtime import finish, get_device, init, under_torchrun
 from fsdp_mini.launch import LaunchError, LaunchTimeout, launch
 from fsdp_mini.fsdp import FSDP
 from fsdp_mini.fully_shard import FSDPModule, fully_shard, register_fsdp_forward_method
+from fsdp_mini.state_dict import full_state_dict, load_full_state_dict
 from fsdp_mini.zero import ZeroRedundancyOptimizer
 from fsdp_mini.ddp import DistributedDataParallel
 
 __all__ = [
     "FSDP", "ShardingStrategy", "MixedPrecision", "ZeroRedundancyOptimizer", "DistributedDataParallel",
     "fully_shard", "FSDPModule", "MixedPrecisionPolicy", "register_fsdp_forward_method",
+    "full_state_dict", "load_full_state_dict",
     "launch", "init", "finish", "under_torchrun", "get_device", "LaunchError", "LaunchTimeout",
     "CommLog", "CommRecord", "scope",
     "MemoryEstimate", "MemoryTracker", "estimate_memory", "format_bytes",

@@ -62,6 +62,9 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from torch.distributed.tensor import DTensor
+
+from fsdp_mini.fully_shard import FSDPModule
 from fsdp_mini.runtime import local_world_size
 
 __all__ = ["save_checkpoint", "load_checkpoint", "sharded_state_dict"]
@@ -199,10 +202,62 @@ def _optimizer_params(model, optimizer, plans):
     return out
 
 
+def _per_param_state_dict(model, optimizer, saving: bool):
+    """The per-parameter design's dict for DCP: its parameters are DTensors already (this rank's rows,
+    with the layout over the mesh), so they go in as they are, each under its first name (a tied one once,
+    as the flat design writes it); optimizer states shaped like a parameter are DTensors too."""
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
+    sd: dict[str, Any] = {}
+    name_of: dict[int, str] = {}
+    for name, t in model.state_dict(keep_vars=True).items():
+        if id(t) in name_of:
+            continue  # tied: written once, under its first name
+        name_of[id(t)] = name
+        sd[name] = t.detach() if isinstance(t, DTensor) else t
+    finish: list[Callable[[], Any]] = []
+    if optimizer is None:
+        return sd, [], finish
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if id(p) not in name_of:
+                raise ValueError("the optimizer holds a tensor that is not one of this model's parameters: build "
+                                 "it over model.parameters() after fully_shard")
+            name = name_of[id(p)]
+            for key, value in optimizer.state.get(p, {}).items():
+                full_key = f"{OPTIM_PREFIX}{name}.{key}"
+                if isinstance(value, DTensor) or (torch.is_tensor(value) and value.numel() > 1):
+                    sd[full_key] = value
+                elif torch.is_tensor(value):
+                    sd[full_key] = value if saving else torch.empty_like(value)
+                    if not saving:
+                        finish.append(lambda v=value, k=full_key: v.copy_(sd[k]))
+                else:
+                    sd[full_key] = value if saving else None
+                    if not saving:
+                        finish.append(lambda s=optimizer.state[p], key=key, k=full_key: s.__setitem__(key, sd[k]))
+    sd[PARAM_GROUPS_KEY] = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups] \
+        if saving else None
+    if not saving:
+        finish.append(lambda: _set_param_groups(optimizer, sd[PARAM_GROUPS_KEY]))
+    return sd, [], finish
+
+
+def _set_param_groups(optimizer, saved) -> None:
+    if len(saved) != len(optimizer.param_groups):
+        raise ValueError(f"the checkpoint's optimizer has {len(saved)} param groups, this one "
+                         f"{len(optimizer.param_groups)}")
+    for group, hyper in zip(optimizer.param_groups, saved):
+        group.update({k: v for k, v in hyper.items() if k != "params"})
+
+
 def _state_dict(model, optimizer, saving: bool):
     """The flat dict handed to DCP; for loading also the steps to run just before the read (zero the
     optimizer states that are read piecewise, so their padding stays zero) and just after it (move the
     values that are not views, scalars and objects, into place)."""
+    if isinstance(model, FSDPModule):
+        return _per_param_state_dict(model, optimizer, saving)
     _check_model(model)
     plans = _layout_plans(model)
     sd: dict[str, Any] = {}
@@ -245,16 +300,8 @@ def _state_dict(model, optimizer, saving: bool):
     groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
     sd[PARAM_GROUPS_KEY] = groups if saving else None
 
-    def set_param_groups():
-        saved = sd[PARAM_GROUPS_KEY]
-        if len(saved) != len(optimizer.param_groups):
-            raise ValueError(f"the checkpoint's optimizer has {len(saved)} param groups, this one "
-                             f"{len(optimizer.param_groups)}")
-        for group, hyper in zip(optimizer.param_groups, saved):
-            group.update({k: v for k, v in hyper.items() if k != "params"})
-
     if not saving:
-        finish.append(set_param_groups)
+        finish.append(lambda: _set_param_groups(optimizer, sd[PARAM_GROUPS_KEY]))
     return sd, prepare, finish
 
 
@@ -368,13 +415,14 @@ def load_checkpoint(path: str | os.PathLike, model, optimizer=None) -> None:
     """
     _check_against_checkpoint(path, _state_dict(model, None, saving=False)[0])  # the model first: untouched
     if optimizer is not None:
-        _optimizer_params(model, optimizer, _layout_plans(model))  # before stepping it
+        _state_dict(model, optimizer, saving=False)  # the optimizer's parameters are the model's, before stepping it
         _init_optimizer_state(optimizer)
     sd, prepare, finish = _state_dict(model, optimizer, saving=False)
     _check_against_checkpoint(path, sd)
     for step in prepare:
         step()
-    model.reshard()  # the gathered copies would be stale: drop them (as load_full_state_dict does)
+    if not isinstance(model, FSDPModule):
+        model.reshard()  # the gathered copies would be stale: drop them (as load_full_state_dict does)
     with torch.no_grad(), _quiet(), _as_runtime_error("loading", path):
         dcp.load(sd, storage_reader=dcp.FileSystemReader(os.fspath(path)),
                  planner=DefaultLoadPlanner(**_planner_kwargs()))

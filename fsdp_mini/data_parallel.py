@@ -7,6 +7,12 @@ silently mixes unrelated tensors. `check_same_everywhere` hashes a description o
 and compares the hashes with one tiny AllGather, so a mismatch fails at construction with the ranks
 named, before any real collective.
 
+Same starting values: data parallelism is only correct if every replica starts from the same weights.
+A rank that forgot to seed its generator trains a different replica forever (NO_SHARD), or a patchwork of
+shards from different initialisations (FULL_SHARD), silently. `check_same_values` compares a fingerprint
+of every tensor across ranks and names the first one that differs; `broadcast_from_rank0` is the fix
+PyTorch's DDP applies always and FSDP applies with `sync_module_states=True`.
+
 Pausing sync: gradient accumulation over k micro-batches needs only the last backward to communicate.
 `no_sync()` is PyTorch's name for that (DDP, FSDP1); FSDP2 calls it `set_requires_gradient_sync(False)`.
 """
@@ -20,7 +26,8 @@ import torch.distributed as dist
 
 from fsdp_mini.collectives import torch_all_gather_into_tensor
 
-__all__ = ["check_same_everywhere", "GradientSync"]
+__all__ = ["check_same_everywhere", "check_same_values", "check_same_fingerprints", "broadcast_from_rank0",
+           "fingerprint", "GradientSync"]
 
 
 def check_same_everywhere(description: object, what: str, hint: str = "", group=None, device=None) -> None:
@@ -39,6 +46,59 @@ def check_same_everywhere(description: object, what: str, hint: str = "", group=
     differ = [r for r, d in enumerate(everyone.tolist()) if d != everyone[0].item()]
     if differ:
         raise ValueError(f"ranks {differ} wrap a different {what} than rank 0{hint}")
+
+
+def fingerprint(t: torch.Tensor) -> torch.Tensor:
+    """Four float64 numbers that differ when the values differ (in practice): sum, L2 norm, first and last
+    element. Computed without a float64 copy of the tensor."""
+    x = t.detach().reshape(-1)
+    if x.is_complex():
+        x = torch.view_as_real(x).reshape(-1)
+    if not x.is_floating_point():
+        x = x.double()
+    if x.numel() == 0:
+        return torch.zeros(4, dtype=torch.float64, device=x.device)
+    return torch.stack([x.sum(dtype=torch.float64), torch.linalg.vector_norm(x, dtype=torch.float64),
+                        x[0].double(), x[-1].double()])
+
+
+def check_same_values(named: list[tuple[str, torch.Tensor]], group=None, device=None, where: str = "") -> None:
+    """Raise a ValueError naming the ranks whose tensors differ from rank 0's, and the first such tensor
+    (its name, then `where`). Collective over `group` (one AllGather of 4 numbers per tensor)."""
+    check_same_fingerprints([(name, fingerprint(t)) for name, t in named], group, device, where)
+
+
+def check_same_fingerprints(named: list[tuple[str, torch.Tensor]], group=None, device=None, where: str = "") -> None:
+    """`check_same_values` on fingerprints taken earlier (e.g. of a unit's values before it was sharded)."""
+    n = dist.get_world_size(group)
+    if n == 1 or not named:
+        return
+    mine = torch.stack([fp for _, fp in named]).to(device)
+    everyone = torch.empty((n, *mine.shape), dtype=mine.dtype, device=mine.device)
+    torch_all_gather_into_tensor(everyone.view(-1), mine.view(-1), group=group)
+    differ = {r: int((everyone[r] != everyone[0]).any(dim=1).nonzero()[0]) for r in range(1, n)
+              if not torch.equal(everyone[r], everyone[0])}
+    if differ:
+        first = named[min(differ.values())][0]
+        raise ValueError(f"ranks {sorted(differ)} start from different values than rank 0 (first differing: "
+                         f"{first}{where}): seed every rank the same way before building the model, or pass "
+                         f"sync_module_states=True to start every rank from rank 0's values")
+
+
+def broadcast_from_rank0(tensors: list[torch.Tensor], group=None) -> None:
+    """Overwrite `tensors` with rank 0's (of `group`): one broadcast per dtype of all of them flattened
+    together (few large messages, as PyTorch's DDP does at construction)."""
+    if dist.get_world_size(group) == 1:
+        return
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for t in tensors:
+        by_dtype.setdefault(t.dtype, []).append(t)
+    with torch.no_grad():
+        for same in by_dtype.values():
+            flat = torch.cat([t.detach().reshape(-1) for t in same])
+            dist.broadcast(flat, group=group, group_src=0)
+            for t, value in zip(same, flat.split([t.numel() for t in same])):
+                t.copy_(value.view_as(t))
 
 
 class GradientSync:

@@ -45,7 +45,7 @@ import torch.nn as nn
 
 from fsdp_mini import collectives as C
 from fsdp_mini.comm_log import scope
-from fsdp_mini.data_parallel import GradientSync, check_same_everywhere
+from fsdp_mini.data_parallel import GradientSync, broadcast_from_rank0, check_same_everywhere
 from fsdp_mini.grad_buckets import MiB, assign_buckets, check_bucket_cap_mb
 from fsdp_mini.runtime import get_device
 
@@ -131,7 +131,7 @@ class DistributedDataParallel(GradientSync, nn.Module):
         self._bucket_params = [[by_name[n] for n in b.names] for b in self.buckets]
         check_same_everywhere(_description(module), "model", " of the group (every rank must build the same "
                               "DistributedDataParallel)", group=group, device=_device_of(module))
-        _broadcast_from_rank0(module, group)
+        broadcast_from_rank0(_state_tensors(module), group)
         self._reset()
         for i, params in enumerate(self._bucket_params):
             for j, p in enumerate(params):
@@ -195,22 +195,6 @@ def _state_tensors(module: nn.Module) -> list[torch.Tensor]:
             seen.add(id(t))
             out.append(t)
     return out
-
-
-def _broadcast_from_rank0(module: nn.Module, group) -> None:
-    """Make every replica start from rank 0's weights: one broadcast per dtype of all parameters and
-    buffers flattened together (few large messages, as torch's DDP does at construction)."""
-    if dist.get_world_size(group) == 1:
-        return
-    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-    for t in _state_tensors(module):
-        by_dtype.setdefault(t.dtype, []).append(t)
-    with torch.no_grad():
-        for tensors in by_dtype.values():
-            flat = torch.cat([t.detach().reshape(-1) for t in tensors])
-            dist.broadcast(flat, group=group, group_src=0)
-            for t, value in zip(tensors, flat.split([t.numel() for t in tensors])):
-                t.copy_(value.view_as(t))
 
 
 def _description(module: nn.Module) -> list[tuple]:

@@ -122,6 +122,24 @@ class FlatParamHandle:
             self.tracker.free(self.nbytes, self.label)
         self.state = ShardedState.SHARDED
 
+    def register_original_params(self) -> list[tuple[nn.Module, str]]:
+        """Register the gathered views as the module's own `nn.Parameter`s (aliases of the gathered buffer,
+        no copy), so that a plain use of the module sees its parameters; returns where, for undoing."""
+        placed = []
+        for leaf, owners_of_leaf in zip(self.leaves, self.owners):
+            alias = nn.Parameter(leaf.detach(), requires_grad=False)
+            for module, name in owners_of_leaf:
+                delattr(module, name)
+                module.register_parameter(name, alias)
+                placed.append((module, name, leaf))
+        return placed
+
+    def unregister_original_params(self, placed) -> None:
+        """Put the plain views back (what forward and backward use)."""
+        for module, name, leaf in placed:
+            del module._parameters[name]
+            setattr(module, name, leaf)
+
     # --- gradients -----------------------------------------------------------------------------------
 
     def take_flat_grad(self) -> torch.Tensor:

@@ -42,7 +42,8 @@ import torch.nn as nn
 from fsdp_mini import collectives as C
 from fsdp_mini import state_dict as SD
 from fsdp_mini.comm_log import scope
-from fsdp_mini.data_parallel import GradientSync, check_same_everywhere
+from fsdp_mini.data_parallel import (GradientSync, broadcast_from_rank0, check_same_everywhere,
+                                     check_same_fingerprints, fingerprint)
 from fsdp_mini.flat_param import flatten
 from fsdp_mini.flat_param_handle import FlatParamHandle
 from fsdp_mini.grad_buckets import GradBuckets, check_bucket_cap_mb
@@ -115,13 +116,16 @@ class FSDP(GradientSync, nn.Module):
     parameter or buffer in place by its name, required for a model built on the meta device, which is
     materialised one unit at a time. `impl`: "builtin" (torch.distributed) or "ring" (fsdp_mini's own).
     `bucket_cap_mb`: NO_SHARD only, the size of its gradient buckets, as in PyTorch's DDP.
+    Every rank must start from the same values: by default this is checked (a ValueError names the ranks
+    and the first differing parameter); `sync_module_states=True` gives every rank rank 0's instead.
     Public state: `units` (root first), each with its `handles`; `groups`; `memory` (the tracker of
     gathered bytes); `state_dict_keys`; `forward_order` / `backward_order` (prefetch).
     """
 
     def __init__(self, module: nn.Module, sharding_strategy=ShardingStrategy.FULL_SHARD, wrap=(),
                  shard_size: int | None = None, mixed_precision: MixedPrecision | None = None,
-                 prefetch: bool = True, param_init_fn=None, impl: str = "builtin", bucket_cap_mb: float = 25):
+                 prefetch: bool = True, param_init_fn=None, impl: str = "builtin", bucket_cap_mb: float = 25,
+                 sync_module_states: bool = False):
         super().__init__()
         if not dist.is_initialized():
             raise RuntimeError("FSDP needs torch.distributed: run under fsdp_mini.launch or torchrun and call "
@@ -142,15 +146,25 @@ class FSDP(GradientSync, nn.Module):
                               " (every rank must build the same FSDP)", device=self.device)
 
         self.module = module
+        self.sync_module_states = bool(sync_module_states)
+        self._initial_values: list[tuple[str, torch.Tensor]] = []  # fingerprints, checked once all are built
         self.groups = make_groups(size)
         self.memory = MemoryTracker()
         self.grad_buckets = GradBuckets(self.groups.replica, impl, bucket_cap_mb)
         self.units = self._materialise(plan, param_init_fn)
+        buffers = [(name, b) for name, b in module.named_buffers()]
+        if self.sync_module_states:
+            broadcast_from_rank0([b for _, b in buffers])
+        else:
+            check_same_fingerprints(self._initial_values + [(n, fingerprint(b)) for n, b in buffers], device=self.device)
+        self._initial_values = []
         self._flat_params = nn.ParameterList([h.shard for h in self.handles])
         self.state_dict_keys: tuple[str, ...] = plan.state_dict_keys
         self.forward_order, self.backward_order = ExecutionOrder(), ExecutionOrder()
         self._backward_queued = False
         self._pending: list[FlatParamHandle] = []  # handles whose reduction is in flight, in issue order
+        self._running = False  # inside FSDP.forward or summon_full_params: the wrapped module may run
+        module.register_forward_pre_hook(self._refuse_sharded_use)
         for unit in self.units:
             if not unit.is_root:
                 unit.module.register_forward_pre_hook(partial(self._pre_forward, unit))
@@ -189,11 +203,16 @@ class FSDP(GradientSync, nn.Module):
     def _handle(self, fp: FlatParamPlan, init_fn) -> FlatParamHandle:
         layout = fp.layout(self.groups.shard_size)
         full = _full_flat(fp, layout, self.device, init_fn)
+        if self.sync_module_states:
+            broadcast_from_rank0([full])
+        else:
+            views = (full[info.offset:info.offset + info.numel] for info in layout.params)
+            self._initial_values += [(p.names[0], fingerprint(v)) for p, v in zip(fp.params, views)]
         for p in fp.params:
             for module, name in p.owners:
                 del module._parameters[name]
-        compute = self.mixed_precision.param_dtype or fp.dtype
-        reduce = self.mixed_precision.reduce_dtype or compute
+        compute = self.mixed_precision.compute_dtype(fp.dtype)  # floating-point parameters only
+        reduce = self.mixed_precision.gradient_reduce_dtype(fp.dtype)
         return FlatParamHandle(layout, [p.owners for p in fp.params], full, self.groups, fp.requires_grad,
                                compute, reduce, self.impl, self.memory, fp.label)
 
@@ -209,9 +228,22 @@ class FSDP(GradientSync, nn.Module):
         root = self.units[0]
         self.forward_order.start_pass()
         self._pre_forward(root, self.module, args)
-        out = self.module(*args, **kwargs)
+        self._running = True
+        try:
+            out = self.module(*args, **kwargs)
+        finally:
+            self._running = False
         self._post_forward(root, self.module, args, out)
+        if self.mixed_precision.output_dtype is not None:
+            out = cast_floating(out, self.mixed_precision.output_dtype)
         return out
+
+    def _refuse_sharded_use(self, module, args) -> None:
+        """A forward pre-hook on the wrapped module: called directly (not through this wrapper) outside
+        `summon_full_params`, it would compute with parameters that have no storage. Say so."""
+        if not self._running:
+            raise RuntimeError(f"{type(module).__name__} is wrapped in FSDP and its parameters are sharded: call "
+                               f"the wrapper (model(...)), or use it inside `with model.summon_full_params():`")
 
     def _pre_forward(self, unit: FSDPUnit, module, args) -> None:
         unit.unshard(async_op=True)
@@ -289,12 +321,19 @@ class FSDP(GradientSync, nn.Module):
 
     @contextmanager
     def summon_full_params(self):
-        """Gather every unit so the original parameters can be read (e.g. to print them); read-only."""
+        """Gather every unit and show the wrapped module its original parameters, registered under their
+        own names, so it can be read and used as a plain module (`model.module.generate(...)`,
+        `.parameters()`, `.device`); read-only: the shards are not updated from them."""
         for unit in self.units:
             unit.unshard()
+        registered = [h.register_original_params() for h in self.handles]
+        previous, self._running = self._running, True
         try:
             yield
         finally:
+            self._running = previous
+            for h, names in zip(self.handles, registered):
+                h.unregister_original_params(names)
             for unit in self.units:
                 unit.reshard()
 

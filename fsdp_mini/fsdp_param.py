@@ -48,6 +48,7 @@ class FSDPParam:
         self.row_numel = math.prod(param.shape[1:])
         self.shard_numel = self.chunk_rows * self.row_numel
         start = min(shard_rank * self.chunk_rows, self.rows)
+        self.row_start = start  # this rank's first row of the parameter
         self.local_rows = max(0, min(self.rows, start + self.chunk_rows) - start)
         self.padded_shard = torch.zeros((self.chunk_rows, *param.shape[1:]), dtype=param.dtype, device=device)
         with torch.no_grad():

@@ -35,7 +35,7 @@ import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
 from fsdp_mini import collectives as C
-from fsdp_mini.data_parallel import check_same_everywhere
+from fsdp_mini.data_parallel import broadcast_from_rank0, check_same_everywhere, check_same_values
 from fsdp_mini.fsdp_param import FSDPParam
 from fsdp_mini.fsdp_param_group import FSDPParamGroup, MeshInfo, post_forward_shards
 from fsdp_mini.memory import MemoryTracker
@@ -327,13 +327,17 @@ class FSDPState:
 
 
 def fully_shard(module: nn.Module, *, mesh=None, reshard_after_forward: bool | int = True,
-                mp_policy: MixedPrecisionPolicy | None = None, impl: str = "builtin") -> nn.Module:
+                mp_policy: MixedPrecisionPolicy | None = None, impl: str = "builtin",
+                sync_module_states: bool = False) -> nn.Module:
     """Shard `module`'s parameters (those not in an already sharded submodule) dim-0-wise over `mesh`.
 
     Apply it bottom-up: to each block, then to the model. Returns `module` itself, now an `FSDPModule`.
     `reshard_after_forward`: True frees the gathered parameters after forward (ZeRO-3), False keeps them
     until backward is done (ZeRO-2), an int k keeps a 1/k share, so backward gathers from k ranks only.
     `mp_policy`: `MixedPrecisionPolicy`. `impl`: "builtin" (torch.distributed) or "ring" (fsdp_mini's).
+    Every rank must start from the same values: by default this is checked (a ValueError names the ranks
+    and the first differing parameter); `sync_module_states=True` copies rank 0's instead (fsdp_mini's
+    addition: FSDP2 expects you to load the same weights everywhere).
     Collective over the mesh (every rank calls it in the same order); bad input is a ValueError first.
     """
     if not dist.is_initialized():
@@ -359,6 +363,11 @@ def fully_shard(module: nn.Module, *, mesh=None, reshard_after_forward: bool | i
                           f"module to fully_shard ({type(module).__name__})",
                           " (every rank must apply fully_shard to the same modules, in the same order)",
                           device=device)
+    values = [(name, p) for name, _, p in params] + _own_buffers(module)
+    if sync_module_states:
+        broadcast_from_rank0([t for _, t in values])
+    else:
+        check_same_values(values, device=device, where=f" of the {type(module).__name__} passed to fully_shard")
     label = _label(module)
     group = None
     if params:
@@ -425,6 +434,13 @@ def _check_reshard_after_forward(value, shard_size: int) -> int | None:
 def _label(module: nn.Module) -> str:
     """A unit's label until the root names it by its path at the first forward."""
     return type(module).__name__
+
+
+def _own_buffers(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The module's buffers outside submodules that are already units (those were checked there)."""
+    inner_units = [name for name, m in module.named_modules() if name and isinstance(m, FSDPModule)]
+    return [(name, b) for name, b in module.named_buffers()
+            if not any(name.startswith(u + ".") for u in inner_units)]
 
 
 def _managed_params(module: nn.Module) -> list[tuple[str, list[tuple[nn.Module, str]], nn.Parameter]]:

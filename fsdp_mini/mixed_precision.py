@@ -21,14 +21,26 @@ __all__ = ["MixedPrecision", "MixedPrecisionPolicy", "cast_floating"]
 class MixedPrecision:
     """`param_dtype`: dtype of gathered parameters and of compute (None: the parameters' own dtype).
     `reduce_dtype`: dtype in which gradients are reduced (None: `param_dtype`).
-    `cast_forward_inputs`: cast floating-point inputs of the root forward to `param_dtype`."""
+    `cast_forward_inputs`: cast floating-point inputs of the root forward to `param_dtype`.
+    `output_dtype`: cast the root forward's floating-point outputs to it (None: leave them).
+    Only floating-point parameters are cast: an integer or complex parameter keeps its dtype, as in
+    PyTorch (a bf16 copy of token ids or of a complex rotation would be silently wrong)."""
 
     param_dtype: torch.dtype | None = None
     reduce_dtype: torch.dtype | None = None
     cast_forward_inputs: bool = True
+    output_dtype: torch.dtype | None = None
+
+    def compute_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The dtype a parameter of `dtype` is gathered and computed in."""
+        return (self.param_dtype or dtype) if dtype.is_floating_point else dtype
+
+    def gradient_reduce_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The dtype the gradient of a parameter of `dtype` is reduced in."""
+        return (self.reduce_dtype or self.compute_dtype(dtype)) if dtype.is_floating_point else dtype
 
     def __post_init__(self) -> None:
-        for name in ("param_dtype", "reduce_dtype"):
+        for name in ("param_dtype", "reduce_dtype", "output_dtype"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, torch.dtype) and value.is_floating_point):
                 raise ValueError(f"MixedPrecision.{name} must be a floating-point torch.dtype, got {value!r}")

@@ -10,7 +10,7 @@ import torch.distributed.checkpoint as dcp
 import torch.nn as nn
 from torch.testing import assert_close
 
-from fsdp_mini import get_device, launch
+from fsdp_mini import full_state_dict, fully_shard, get_device, launch
 from fsdp_mini.checkpoint import load_checkpoint, save_checkpoint, sharded_state_dict
 from fsdp_mini.fsdp import FSDP
 from fsdp_mini.course.models import GPT, Block, GPTConfig, make_batch
@@ -61,7 +61,17 @@ def _reference(opt_name):
 
 
 def _fsdp_gpt(strategy, cfg=CFG, seed=0):
-    return FSDP(GPT(cfg, seed=seed), sharding_strategy=strategy, wrap=(Block,))
+    """A sharded GPT: the flat design under `strategy`, or the per-parameter one ("fully_shard" on the
+    whole world, "fully_shard_2x2" on a 2 x 2 mesh: HSDP)."""
+    if not strategy.startswith("fully_shard"):
+        return FSDP(GPT(cfg, seed=seed), sharding_strategy=strategy, wrap=(Block,))
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2, 2)) if strategy == "fully_shard_2x2" else None
+    model = GPT(cfg, seed=seed)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
 
 
 def _train_and_save(path, strategy, opt_name):
@@ -79,7 +89,7 @@ def _load_and_train(path, strategy, opt_name):
     load_checkpoint(path, model, opt)
     lr = opt.param_groups[0]["lr"]
     losses = _train(model, opt, range(SPLIT, STEPS), _rows())
-    return losses, model.full_state_dict(), lr
+    return losses, full_state_dict(model), lr
 
 
 def _launch(fn, world, args, local_world_size=None):
@@ -91,6 +101,10 @@ def _launch(fn, world, args, local_world_size=None):
     pytest.param((4, "HYBRID_SHARD", 2), (1, "NO_SHARD", None), "adamw", id="2x2-HYBRID_SHARD-to-1-NO_SHARD"),
     pytest.param((3, "NO_SHARD", None), (4, "FULL_SHARD", None), "adamw", id="3-NO_SHARD-to-4-FULL_SHARD"),
     pytest.param((1, "FULL_SHARD", None), (4, "HYBRID_SHARD", 2), "sgd", id="1-FULL_SHARD-to-2x2-HYBRID_SHARD-sgd"),
+    # between the designs: per-parameter (DTensor) and flat (ShardedTensor) checkpoints are the same file
+    pytest.param((2, "fully_shard", None), (3, "FULL_SHARD", None), "adamw", id="2-per-param-to-3-flat"),
+    pytest.param((3, "SHARD_GRAD_OP", None), (4, "fully_shard_2x2", None), "sgd", id="3-flat-to-2x2-per-param-sgd"),
+    pytest.param((4, "fully_shard_2x2", None), (2, "fully_shard", None), "adamw", id="2x2-per-param-to-2-per-param"),
 ])
 def test_resumed_training_matches_uninterrupted_training(tmp_path, save, load, opt_name):
     (n, s, lws), (m, s2, lws2) = save, load

@@ -265,3 +265,68 @@ def test_meta_init_materialises_one_unit_at_a_time(no_orphans):
             torch.testing.assert_close(sd[k], v, rtol=0, atol=0)
         assert len(unit_bytes) == 4 and peak == max(unit_bytes), "never more than one whole unit at a time"
         assert shard_bytes == sum(unit_bytes) // 2
+
+
+# --- what a new user meets: non-float parameters, the inner module, initial values -------------------
+
+class WithTable(nn.Module):
+    """A float layer, an integer table and a complex rotation: mixed precision casts the float one only."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.table = nn.Parameter(torch.arange(8).reshape(4, 2), requires_grad=False)
+        self.rot = nn.Parameter(torch.polar(torch.ones(4), torch.arange(4.0)), requires_grad=False)
+
+    def forward(self, x):
+        phase = (x.to(torch.complex64) * self.rot).real.to(x.dtype)
+        return self.lin(x) + self.table[:, 0].to(x.dtype) + phase
+
+    @property
+    def device(self):  # what HuggingFace models do: the device of the first parameter
+        return next(self.parameters()).device
+
+
+def _non_float_and_inner_module():
+    model = FSDP(WithTable(), "FULL_SHARD",
+                 mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, output_dtype=torch.float16))
+    x = torch.randn(2, 4)
+    out = model(x)
+    out.float().sum().backward()
+    try:
+        model.module(x)
+        direct = "no error"
+    except RuntimeError as exc:
+        direct = str(exc)
+    with model.summon_full_params():
+        inner = {n: p.dtype for n, p in model.module.named_parameters()}
+        device = str(model.module.device)
+        inner_out = model.module(x.to(torch.bfloat16)).dtype
+    return out.dtype, inner, device, inner_out, direct
+
+
+def test_mixed_precision_casts_floats_only_and_the_inner_module_is_usable_under_summon(no_orphans):
+    out_dtype, inner, device, inner_out, direct = launch(_non_float_and_inner_module, 2, timeout=60)[0]
+    assert out_dtype == torch.float16  # output_dtype
+    assert inner == {"lin.weight": torch.bfloat16, "lin.bias": torch.bfloat16, "table": torch.int64,
+                     "rot": torch.complex64}
+    assert device == "cpu" and inner_out == torch.bfloat16
+    assert "WithTable is wrapped in FSDP and its parameters are sharded: call the wrapper" in direct
+
+
+def _unseeded_flat(strategy, sync):
+    try:
+        model = FSDP(GPT(GPTConfig(), seed=dist.get_rank()), strategy, wrap=(Block,), sync_module_states=sync)
+    except ValueError as exc:
+        return str(exc)
+    return model.full_state_dict()
+
+
+@pytest.mark.parametrize("strategy", ["NO_SHARD", "FULL_SHARD"])
+def test_ranks_that_start_differently_are_named_or_synced_from_rank_0(strategy, no_orphans):
+    messages = launch(_unseeded_flat, 3, args=(strategy, False), timeout=60)
+    assert len(set(messages)) == 1 and messages[0].startswith(
+        "ranks [1, 2] start from different values than rank 0 (first differing: tok_emb.weight)")
+    for sd in launch(_unseeded_flat, 3, args=(strategy, True), timeout=60):
+        for k, v in GPT(GPTConfig(), seed=0).state_dict().items():
+            torch.testing.assert_close(sd[k], v, rtol=0, atol=0)

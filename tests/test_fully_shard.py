@@ -451,3 +451,56 @@ def _mismatch():
 def test_ranks_sharding_different_modules_fail_together_naming_the_rank(no_orphans):
     with pytest.raises(Exception, match=r"ranks \[1\] wrap a different module to fully_shard \(Linear\)"):
         launch(_mismatch, 2, timeout=60)
+
+
+# --- initial values, full state dicts ---------------------------------------------------------------------
+
+def _unseeded(sync):
+    model = GPT(CFG, seed=dist.get_rank())  # a forgotten seed: every rank initialises differently
+    try:
+        for block in model.blocks:
+            fully_shard(block, sync_module_states=sync)
+        fully_shard(model, sync_module_states=sync)
+    except ValueError as exc:
+        return str(exc)
+    return full_sd(model)
+
+
+def test_ranks_that_start_differently_are_named_or_synced_from_rank_0(no_orphans):
+    messages = launch(_unseeded, 3, args=(False,), timeout=60)
+    assert messages[0].startswith("ranks [1, 2] start from different values than rank 0 (first differing: "
+                                  "attn.qkv.weight of the Block passed to fully_shard)") and len(set(messages)) == 1
+    synced = launch(_unseeded, 3, args=(True,), timeout=60)
+    for k, v in GPT(CFG, seed=0).state_dict().items():
+        for sd in synced:
+            torch.testing.assert_close(sd[k], v, rtol=0, atol=0)
+
+
+def _full_state_dicts():
+    from fsdp_mini import full_state_dict, load_full_state_dict
+
+    model = shard_gpt(GPT(CFG))
+    train(model, make_optimizer("sgd", model.parameters()), CFG, 1, BATCH)
+    with CommLog() as log:
+        sd = full_state_dict(model)
+    other = shard_gpt(GPT(CFG))
+    load_full_state_dict(other, sd)
+    again = full_state_dict(other)
+    try:
+        load_full_state_dict(other, {k: v for k, v in sd.items() if k != "ln_f.bias"})
+        error = "no error"
+    except ValueError as exc:
+        error = str(exc)
+    return sd, again, [(r.op, r.label) for r in log.records], error
+
+
+def test_full_state_dict_round_trips_with_the_unwrapped_keys(no_orphans):
+    ref = GPT(CFG)
+    train(ref, make_optimizer("sgd", ref.parameters()), CFG, 1, BATCH)
+    for sd, again, records, error in launch(_full_state_dicts, 3, timeout=60):
+        assert list(sd) == list(ref.state_dict())
+        for k, v in ref.state_dict().items():
+            torch.testing.assert_close(sd[k], v, **TOL)
+            assert torch.equal(again[k], sd[k])
+        assert {op for op, _ in records} == {"all_gather"} and {label for _, label in records} == {"full_state_dict"}
+        assert "missing keys ['ln_f.bias']" in error

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fsdp_mini.memory import MemoryTracker, optimizer_state_bytes, tensor_bytes
-from fsdp_mini.mixed_precision import MixedPrecision
+from fsdp_mini.mixed_precision import MixedPrecision, MixedPrecisionPolicy
 
 FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 FIELDS = ["param_dtype", "reduce_dtype"]
@@ -25,9 +25,12 @@ def test_defaults():
 
 
 def test_field_names_mirror_pytorch():
+    """FSDP1's names for the flat design (plus FSDP2's output_dtype), FSDP2's exactly for the policy."""
     fsdp = pytest.importorskip("torch.distributed.fsdp")
-    theirs = {f.name for f in dataclasses.fields(fsdp.MixedPrecision)}
+    theirs = {f.name for f in dataclasses.fields(fsdp.MixedPrecision)} | {"output_dtype"}
     assert {f.name for f in dataclasses.fields(MixedPrecision)} <= theirs
+    policy = {f.name for f in dataclasses.fields(fsdp.MixedPrecisionPolicy)}
+    assert {f.name for f in dataclasses.fields(MixedPrecisionPolicy)} == policy
 
 
 @pytest.mark.parametrize("param_dtype", FLOAT_DTYPES + [None])
