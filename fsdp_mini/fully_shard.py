@@ -38,14 +38,14 @@ from fsdp_mini import collectives as C
 from fsdp_mini.data_parallel import broadcast_from_rank0, check_same_everywhere, check_same_values
 from fsdp_mini.fsdp_param import FSDPParam
 from fsdp_mini.fsdp_param_group import FSDPParamGroup, MeshInfo, post_forward_shards
-from fsdp_mini.memory import MemoryTracker
+from fsdp_mini.memory import MemoryTracker, tensor_bytes
 from fsdp_mini.mixed_precision import MixedPrecisionPolicy, cast_floating
 from fsdp_mini.nested import map_tensors, tensors_in
 from fsdp_mini.runtime import get_device
 from fsdp_mini.states import ShardedState, TrainingState
 
 __all__ = ["fully_shard", "FSDPModule", "FSDPState", "UnshardHandle", "register_fsdp_forward_method", "state_of",
-           "default_mesh", "gathered_memory"]
+           "default_mesh", "gathered_memory", "memory_stats"]
 
 _STATES: "weakref.WeakKeyDictionary[nn.Module, FSDPState]" = weakref.WeakKeyDictionary()
 _MANAGED: dict[int, tuple[weakref.ref, str]] = {}  # id(original parameter) -> (the parameter, its unit's label)
@@ -68,6 +68,21 @@ def gathered_memory(module: nn.Module) -> MemoryTracker:
     if group is None:
         raise ValueError(f"{type(module).__name__} manages no parameters of its own")
     return group.tracker
+
+
+def memory_stats(module: nn.Module, optimizer=None) -> dict[str, int]:
+    """This rank's bytes, as `FSDP.memory_stats` reports them: sharded parameters and gradients (local
+    chunks), optimizer state (local chunks), gathered parameters now and at their peak."""
+    def local(t):
+        return t.to_local() if isinstance(t, DTensor) else t
+
+    params = list(module.parameters())
+    state = [local(v) for s in (optimizer.state.values() if optimizer is not None else []) for v in s.values()
+             if torch.is_tensor(v)]
+    tracker = gathered_memory(module)
+    return {"params": tensor_bytes(local(p) for p in params),
+            "grads": tensor_bytes(local(p.grad) for p in params if p.grad is not None),
+            "optimizer": tensor_bytes(state), "unsharded_now": tracker.current, "unsharded_peak": tracker.peak}
 
 
 def default_mesh():

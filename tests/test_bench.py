@@ -14,7 +14,7 @@ from fsdp_mini.course.cost import fit_alpha_beta, predict
 from fsdp_mini.course.models import GPT, GPTConfig
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
-SMOKE_CASES = "mini:NO_SHARD,mini:FULL_SHARD,mini:FULL_SHARD:noprefetch,fsdp2:reshard,ddp,compute"
+SMOKE_CASES = "mini:NO_SHARD,mini:FULL_SHARD,mini:FULL_SHARD:noprefetch,fsdp2:reshard,ddp,compute,fully_shard:reshard"
 
 
 def run(*args, timeout=170):
@@ -58,7 +58,7 @@ def test_bench_runs_on_a_tiny_setting_and_writes_json(smoke):
     for text in ("tiny GPT (24,750 parameters), world size 2", "fsdp_mini FULL_SHARD", "FSDP2 reshard=True",
                  "PyTorch DDP", "performance targets:", "prediction vs measurement", "extrapolation: 8 nodes x 8"):
         assert text in out.stdout, text
-    assert "[  6/6] memory tiny x2" in out.stderr and "[  6/6] tiny x2" in out.stderr  # progress
+    assert "[  7/7] memory tiny x2" in out.stderr and "[  7/7] tiny x2" in out.stderr  # progress
 
 
 def test_simulate_reads_the_bench_json(smoke):
@@ -86,7 +86,10 @@ def test_bad_arguments_are_clear_usage_errors():
 def test_cases_parse_and_name_their_twin():
     assert [bench.parse_case(k).name for k in bench.CASES] == [
         "fsdp_mini NO_SHARD", "fsdp_mini SHARD_GRAD_OP", "fsdp_mini FULL_SHARD", "fsdp_mini FULL_SHARD, no prefetch",
-        "fsdp_mini HYBRID_SHARD", "FSDP2 reshard=True", "FSDP2 reshard=False", "PyTorch DDP", "compute only"]
+        "fsdp_mini HYBRID_SHARD", "fsdp_mini fully_shard reshard=True", "FSDP2 reshard=True", "FSDP2 reshard=False",
+        "PyTorch DDP", "compute only"]
+    assert bench.parse_case("fully_shard:reshard").twin == "fsdp2:reshard"
+    assert bench.parse_case("fully_shard:noreshard").twin == "fsdp2:noreshard"
     assert bench.parse_case("mini:full_shard:ring").impl == "ring"
     assert bench.parse_case("mini:NO_SHARD").twin == "ddp"
     assert bench.parse_case("mini:SHARD_GRAD_OP").twin == "fsdp2:noreshard"

@@ -15,7 +15,9 @@ from fsdp_mini.fsdp import FSDP
 from fsdp_mini.runtime import get_device
 from fsdp_mini.memory import format_bytes, optimizer_state_bytes, tensor_bytes
 from fsdp_mini.course.models import GPT, Block, GPTConfig, make_batch
-from fsdp_mini.course.pytorch_equivalent import pytorch_full_state_dict, wrap_like_pytorch
+from fsdp_mini.course.pytorch_equivalent import pytorch_full_state_dict, shard_per_parameter, wrap_like_pytorch
+from fsdp_mini.fully_shard import gathered_memory, memory_stats
+from fsdp_mini.state_dict import full_state_dict
 from fsdp_mini.course.train import hybrid_shard_size, local_rows, train
 from fsdp_mini.zero import ZeroRedundancyOptimizer
 
@@ -24,6 +26,7 @@ __all__ = ["CFG", "worker", "reference", "table"]
 CFG = GPTConfig(n_layer=4)
 STEPS, BATCH = 6, 16
 STRATEGIES = ["NO_SHARD", "ZERO1", "SHARD_GRAD_OP", "FULL_SHARD", "HYBRID_SHARD"]
+PER_PARAMETER = ["SHARD_GRAD_OP", "FULL_SHARD", "HYBRID_SHARD"]  # the same strategies, per-parameter design
 
 
 def _optimizer(params):
@@ -36,11 +39,11 @@ def _global_mean(values: list[float]) -> list[float]:
     return (t / dist.get_world_size()).tolist()
 
 
-def _measure_step(model, opt) -> None:
+def _measure_step(model, opt, tracker=None) -> None:
     """One more forward and backward (no step), so gradients and gathered parameters are alive."""
     x, y = (local_rows(t, dist.get_rank(), dist.get_world_size()) for t in make_batch(CFG, BATCH, STEPS))
-    if hasattr(model, "memory"):
-        model.memory.reset_peak()
+    if tracker is not None:
+        tracker.reset_peak()
     model(x, y).backward()
 
 
@@ -59,8 +62,17 @@ def _run_ours(strategy: str, shard_size: int) -> dict:
     opt = _optimizer(model.parameters())
     with CommLog() as log:
         losses = train(model, opt, CFG, STEPS, BATCH)
-    _measure_step(model, opt)
+    _measure_step(model, opt, model.memory)
     return {"losses": losses, "sd": model.full_state_dict(), "memory": model.memory_stats(opt), "sent": log.sent / STEPS}
+
+
+def _run_per_parameter(strategy: str, shard_size: int) -> dict:
+    model = shard_per_parameter(GPT(CFG), strategy, wrap=(Block,), shard_size=shard_size if "HYBRID" in strategy else None)
+    opt = _optimizer(model.parameters())
+    with CommLog() as log:
+        losses = train(model, opt, CFG, STEPS, BATCH)
+    _measure_step(model, opt, gathered_memory(model))
+    return {"losses": losses, "sd": full_state_dict(model), "memory": memory_stats(model, opt), "sent": log.sent / STEPS}
 
 
 def worker(with_pytorch: bool = True) -> list[dict]:
@@ -72,6 +84,16 @@ def worker(with_pytorch: bool = True) -> list[dict]:
         row["strategy"], row["losses"] = strategy, _global_mean(row["losses"])
         row["vs_pytorch"] = None
         if with_pytorch and strategy != "ZERO1":
+            theirs = wrap_like_pytorch(GPT(CFG), strategy, wrap=(Block,), shard_size=shard_size)
+            train(theirs, _optimizer(theirs.parameters()), CFG, STEPS, BATCH)
+            their_sd = pytorch_full_state_dict(theirs)
+            row["vs_pytorch"] = max((row["sd"][k] - their_sd[k]).abs().max().item() for k in their_sd)
+        rows.append(row)
+    for strategy in PER_PARAMETER:
+        row = _run_per_parameter(strategy, shard_size)
+        row["strategy"], row["losses"] = f"per-parameter {strategy}", _global_mean(row["losses"])
+        row["vs_pytorch"] = None
+        if with_pytorch:
             theirs = wrap_like_pytorch(GPT(CFG), strategy, wrap=(Block,), shard_size=shard_size)
             train(theirs, _optimizer(theirs.parameters()), CFG, STEPS, BATCH)
             their_sd = pytorch_full_state_dict(theirs)
@@ -95,16 +117,19 @@ def reference() -> dict:
 
 def table(ref: dict, rows: list[dict], world: int) -> str:
     shard_size = hybrid_shard_size(world)
+    hybrid = f"HYBRID_SHARD ({world // shard_size}x{shard_size})"
     names = {"NO_SHARD": "NO_SHARD (DDP)", "ZERO1": "ZeRO-1", "SHARD_GRAD_OP": "SHARD_GRAD_OP (ZeRO-2)",
-             "FULL_SHARD": "FULL_SHARD (ZeRO-3)", "HYBRID_SHARD": f"HYBRID_SHARD ({world // shard_size}x{shard_size})"}
-    head = (f"{'strategy':<24}{'loss':>8}{'max|dw| vs 1':>14}{'vs PyTorch':>12}{'params':>10}{'grads':>10}"
+             "FULL_SHARD": "FULL_SHARD (ZeRO-3)", "HYBRID_SHARD": hybrid,
+             "per-parameter SHARD_GRAD_OP": "fully_shard, reshard=False", "per-parameter FULL_SHARD": "fully_shard",
+             "per-parameter HYBRID_SHARD": f"fully_shard, 2-D mesh {world // shard_size}x{shard_size}"}
+    head = (f"{'strategy':<28}{'loss':>8}{'max|dw| vs 1':>14}{'vs PyTorch':>12}{'params':>10}{'grads':>10}"
             f"{'optim':>10}{'gathered':>10}{'sent/step':>11}")
     lines = [head, "-" * len(head)]
     for row in [ref] + rows:
         m = row["memory"]
         diff = max((row["sd"][k] - ref["sd"][k]).abs().max().item() for k in ref["sd"])
         vs_pt = "-" if row["vs_pytorch"] is None else f"{row['vs_pytorch']:.1e}"
-        lines.append(f"{names.get(row['strategy'], row['strategy']):<24}{row['losses'][-1]:>8.4f}"
+        lines.append(f"{names.get(row['strategy'], row['strategy']):<28}{row['losses'][-1]:>8.4f}"
                      f"{diff if row is not ref else 0:>14.1e}{vs_pt:>12}"
                      + "".join(f"{format_bytes(m[k]):>10}" for k in ("params", "grads", "optimizer", "unsharded_peak"))
                      + f"{format_bytes(row['sent']):>11}")

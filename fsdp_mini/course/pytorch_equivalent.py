@@ -18,19 +18,37 @@ import torch.nn as nn
 from fsdp_mini.runtime import get_device
 from fsdp_mini.strategy import ShardingStrategy, as_strategy, is_hybrid, reshard_after_forward, shard_group_size
 
-__all__ = ["wrap_like_pytorch", "pytorch_full_state_dict"]
+__all__ = ["wrap_like_pytorch", "shard_per_parameter", "pytorch_full_state_dict"]
 
 
 def wrap_like_pytorch(module: nn.Module, sharding_strategy, wrap=(), shard_size: int | None = None) -> nn.Module:
     """Wrap `module` with PyTorch's own DDP or FSDP2 the way `fsdp_mini.FSDP` would shard it."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
     strategy = as_strategy(sharding_strategy)
     device = get_device()
-    module = module.to(device)
     if strategy is ShardingStrategy.NO_SHARD:
+        module = module.to(device)
         return nn.parallel.DistributedDataParallel(module, device_ids=None if device.type == "cpu" else [device])
+    return shard_per_parameter(module, strategy, wrap, shard_size, engine="pytorch")
+
+
+def shard_per_parameter(module: nn.Module, sharding_strategy, wrap=(), shard_size: int | None = None,
+                        engine: str = "fsdp_mini") -> nn.Module:
+    """Shard `module` per parameter (`fully_shard` on each `wrap` module, then on `module`) the way
+    `fsdp_mini.FSDP(module, sharding_strategy)` shards it flat: `engine` "fsdp_mini" (our fully_shard) or
+    "pytorch" (torch.distributed.fsdp.fully_shard). NO_SHARD has no per-parameter form: use DDP."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if engine == "pytorch":
+        from torch.distributed.fsdp import fully_shard
+    elif engine == "fsdp_mini":
+        from fsdp_mini.fully_shard import fully_shard
+    else:
+        raise ValueError(f"engine must be 'fsdp_mini' or 'pytorch', got {engine!r}")
+    strategy = as_strategy(sharding_strategy)
+    if strategy is ShardingStrategy.NO_SHARD:
+        raise ValueError("NO_SHARD has no per-parameter form: use DistributedDataParallel")
+    device = get_device()
+    module = module.to(device)
     world = dist.get_world_size()
     if is_hybrid(strategy):
         size = shard_group_size(strategy, world, shard_size)

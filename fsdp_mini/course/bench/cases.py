@@ -1,7 +1,8 @@
 """The contestants of `python -m fsdp_mini bench`: which model sizes, which engines and strategies, and
 how one of them is built and stepped on a rank.
 
-A case key names an engine and a strategy: `mini:FULL_SHARD[:noprefetch][:ring]` (fsdp_mini's FSDP),
+A case key names an engine and a strategy: `mini:FULL_SHARD[:noprefetch][:ring]` (fsdp_mini's FSDP, the
+flat design), `fully_shard:reshard` / `fully_shard:noreshard` (fsdp_mini's per-parameter design),
 `fsdp2:reshard` / `fsdp2:noreshard` (PyTorch's `fully_shard`), `ddp` (PyTorch's DDP) or `compute` (the
 plain model on this rank's rows, no communication: the compute the simulator adds to the collectives).
 """
@@ -29,7 +30,8 @@ SIZES: dict[str, tuple[GPTConfig, int]] = {
 
 @dataclass(frozen=True)
 class Case:
-    """One contestant. `engine`: "fsdp_mini", "fsdp2" (fully_shard), "ddp" (torch's) or "compute" (the
+    """One contestant. `engine`: "fsdp_mini" (flat), "fully_shard" (fsdp_mini's per-parameter design),
+    "fsdp2" (PyTorch's fully_shard), "ddp" (torch's) or "compute" (the
     plain model on this rank's rows, no communication: the compute the simulator adds to the collectives)."""
 
     key: str
@@ -43,12 +45,15 @@ class Case:
         if self.engine == "fsdp_mini":
             extra = ("" if self.prefetch else ", no prefetch") + ("" if self.impl == "builtin" else f", {self.impl}")
             return f"fsdp_mini {self.strategy}{extra}"
-        return {"fsdp2": f"FSDP2 reshard={self.strategy == 'FULL_SHARD'}", "ddp": "PyTorch DDP",
+        return {"fsdp2": f"FSDP2 reshard={self.strategy == 'FULL_SHARD'}",
+                "fully_shard": f"fsdp_mini fully_shard reshard={self.strategy == 'FULL_SHARD'}", "ddp": "PyTorch DDP",
                 "compute": "compute only"}[self.engine]
 
     @property
     def twin(self) -> str | None:
         """The key of the PyTorch case this one is compared with (the peer a user would otherwise pick)."""
+        if self.engine == "fully_shard":
+            return "fsdp2:reshard" if self.strategy == "FULL_SHARD" else "fsdp2:noreshard"
         if self.engine != "fsdp_mini":
             return None
         return {"NO_SHARD": "ddp", "SHARD_GRAD_OP": "fsdp2:noreshard",
@@ -66,16 +71,16 @@ def parse_case(key: str) -> Case:
         strategy = as_strategy(parts[1]).name
         return Case(key.strip(), "fsdp_mini", strategy, prefetch="noprefetch" not in flags,
                     impl="ring" if "ring" in flags else "builtin")
-    if parts[0] == "fsdp2" and len(parts) == 2 and parts[1] in ("reshard", "noreshard"):
-        return Case(key.strip(), "fsdp2", "FULL_SHARD" if parts[1] == "reshard" else "SHARD_GRAD_OP")
+    if parts[0] in ("fsdp2", "fully_shard") and len(parts) == 2 and parts[1] in ("reshard", "noreshard"):
+        return Case(key.strip(), parts[0], "FULL_SHARD" if parts[1] == "reshard" else "SHARD_GRAD_OP")
     if key.strip() in ("ddp", "compute"):
         return Case(key.strip(), key.strip())
-    raise ValueError(f"unknown case {key!r}: use mini:STRATEGY[:noprefetch][:ring], fsdp2:reshard, "
-                     f"fsdp2:noreshard, ddp or compute")
+    raise ValueError(f"unknown case {key!r}: use mini:STRATEGY[:noprefetch][:ring], fully_shard:reshard, "
+                     f"fully_shard:noreshard, fsdp2:reshard, fsdp2:noreshard, ddp or compute")
 
 
 CASES = ("mini:NO_SHARD", "mini:SHARD_GRAD_OP", "mini:FULL_SHARD", "mini:FULL_SHARD:noprefetch",
-         "mini:HYBRID_SHARD", "fsdp2:reshard", "fsdp2:noreshard", "ddp", "compute")
+         "mini:HYBRID_SHARD", "fully_shard:reshard", "fsdp2:reshard", "fsdp2:noreshard", "ddp", "compute")
 
 
 def parse_cases(text: str) -> list[Case]:
@@ -107,7 +112,7 @@ def make_optimizer(params):
 
 def build(case: Case, cfg: GPTConfig):
     """(model, optimizer) for one case on this rank."""
-    from fsdp_mini.course.pytorch_equivalent import wrap_like_pytorch
+    from fsdp_mini.course.pytorch_equivalent import shard_per_parameter, wrap_like_pytorch
     from fsdp_mini.fsdp import FSDP
 
     world = dist.get_world_size()
@@ -115,6 +120,8 @@ def build(case: Case, cfg: GPTConfig):
         hybrid = "HYBRID" in case.strategy
         model = FSDP(GPT(cfg), case.strategy, wrap=(Block,), prefetch=case.prefetch, impl=case.impl,
                      shard_size=hybrid_shard_size(world) if hybrid else None)
+    elif case.engine == "fully_shard":
+        model = shard_per_parameter(GPT(cfg), case.strategy, wrap=(Block,))
     elif case.engine == "fsdp2":
         model = wrap_like_pytorch(GPT(cfg), case.strategy, wrap=(Block,))
     elif case.engine == "ddp":

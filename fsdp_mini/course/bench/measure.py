@@ -35,6 +35,7 @@ from fsdp_mini.comm_log import CommLog
 from fsdp_mini.course.bench.cases import SIZES, build, local_batch, make_optimizer, parse_case, step
 from fsdp_mini.course.cost import algbw, busbw
 from fsdp_mini.course.models import GPT, make_batch
+from fsdp_mini.fully_shard import gathered_memory
 from fsdp_mini.groups import grid
 from fsdp_mini.launch import launch
 from fsdp_mini.ring_model import ring_model_sent
@@ -194,8 +195,10 @@ def memory_worker(size: str, case_key: str, warmup: int = 2) -> dict:
     step(model, opt, *local_batch(cfg, batch, warmup))
     rss_peak = max(0, _status_kib("VmHWM") - rss_before)
     x, y = local_batch(cfg, batch, warmup + 1)
-    if case.engine == "fsdp_mini":
-        model.memory.reset_peak()
+    tracker = model.memory if case.engine == "fsdp_mini" else (
+        gathered_memory(model) if case.engine == "fully_shard" else None)
+    if tracker is not None:
+        tracker.reset_peak()
     at_start = _nbytes(model.parameters()) + _optimizer_bytes(opt)
     state = {}
 
@@ -213,9 +216,10 @@ def memory_worker(size: str, case_key: str, warmup: int = 2) -> dict:
                rss_peak=rss_peak)
     records, units = [], []
     following = local_batch(cfg, batch, warmup + 2)
-    if case.engine == "fsdp_mini":
-        out["unsharded_peak"] = model.memory.peak
-        units = [sum(h.nbytes for h in u.handles) for u in model.units]
+    if case.engine in ("fsdp_mini", "fully_shard"):
+        out["unsharded_peak"] = tracker.peak
+        if case.engine == "fsdp_mini":
+            units = [sum(h.nbytes for h in u.handles) for u in model.units]
         with CommLog() as log:
             step(model, opt, *following)
         records = [(r.op, r.impl, r.nbytes, r.group_size, r.sent) for r in log.records]

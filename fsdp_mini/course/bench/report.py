@@ -84,10 +84,18 @@ def targets(rows: list[dict], results: list[dict]) -> list[dict]:
         full, fsdp2 = get(world, size, "mini:FULL_SHARD"), get(world, size, "fsdp2:reshard")
         no_shard, ddp = get(world, size, "mini:NO_SHARD"), get(world, size, "ddp")
         off, compute = get(world, size, "mini:FULL_SHARD:noprefetch"), get(world, size, "compute")
+        per_param = get(world, size, "fully_shard:reshard")
         where = f"{size}, world {world}"
         if full and fsdp2 and world == 2:
             v = full["step_s"] / fsdp2["step_s"]
             out.append(dict(target="FULL_SHARD step <= 0.9x FSDP2 (world 2)", where=where, value=v, limit=0.9, met=v <= 0.9))
+        if per_param and fsdp2:
+            v = per_param["step_s"] / fsdp2["step_s"]
+            out.append(dict(target="fully_shard step <= FSDP2's", where=where, value=v, limit=1.0, met=v <= 1.0))
+        if per_param and full:
+            v = per_param["step_s"] / full["step_s"]
+            out.append(dict(target="fully_shard step <= 1.15x flat FULL_SHARD", where=where, value=v, limit=1.15,
+                            met=v <= 1.15))
         if no_shard and ddp:
             v = no_shard["step_s"] / ddp["step_s"]
             out.append(dict(target="NO_SHARD step <= 1.1x DDP", where=where, value=v, limit=1.1, met=v <= 1.1))
