@@ -22,6 +22,10 @@ default the whole world. The outermost `fully_shard`ed module to run forward is 
 parameters from forward into backward and queues the end-of-backward work. Backward prefetches the unit
 that ran before in forward (as FSDP2 does by default); `set_modules_to_forward_prefetch` and
 `set_modules_to_backward_prefetch` set both orders by hand.
+
+The optimizer steps on DTensors: every op of its per-parameter loop dispatches through DTensor, so on a
+CPU (where PyTorch does not pick it by default) pass `foreach=True` to the optimizer, one dispatch for
+all parameters: measured ~6x faster for AdamW on the course's GPT.
 """
 from __future__ import annotations
 
@@ -469,6 +473,9 @@ def _managed_params(module: nn.Module) -> list[tuple[str, list[tuple[nn.Module, 
         inside = next((u for u in inner_units if owner_path == u or owner_path.startswith(u + ".")), None)
         if inside is not None:
             continue
+        if p.is_meta:
+            raise ValueError(f"parameter {fqn} is on the meta device: materialise the module (to_empty and an "
+                             f"initialisation, the same on every rank) before fully_shard")
         if isinstance(p, DTensor):
             raise ValueError(f"parameter {fqn} is already sharded: apply fully_shard bottom-up (submodules first, "
                              f"then their parents), not to a module inside an already sharded one")

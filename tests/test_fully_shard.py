@@ -418,6 +418,7 @@ def _errors():
     out["impl"] = message(lambda: fully_shard(nn.Linear(2, 2), impl="mpi"))
     out["scalar"] = message(_scalar_module)
     out["not_fsdp"] = message(lambda: state_of(nn.Linear(2, 2)))
+    out["meta"] = message(lambda: fully_shard(nn.Linear(2, 2, device="meta")))
     return out
 
 
@@ -441,6 +442,7 @@ def test_bad_input_gets_a_clear_error(no_orphans):
     assert "impl must be one of ('builtin', 'ring')" in out["impl"]
     assert "parameter s is a 0-dim tensor" in out["scalar"]
     assert "Linear is not managed by fully_shard" in out["not_fsdp"]
+    assert "parameter weight is on the meta device" in out["meta"]
 
 
 def _mismatch():
