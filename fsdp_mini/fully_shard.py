@@ -202,7 +202,6 @@ class FSDPState:
         self.root: FSDPState | None = None
         # the root's bookkeeping
         self.forward_order: list[FSDPState] = []
-        self.recording = True
         self.backward_queued = False
         self.pending: list[FSDPParamGroup] = []  # groups whose reduction is in flight, in issue order
         # this step's forward calls that hooked their inputs, and how many of those backward has finished
@@ -235,7 +234,7 @@ class FSDPState:
         root = self.root
         if self.mp.param_dtype is not None and self.mp.cast_forward_inputs:
             args, kwargs = cast_floating((args, kwargs), self.mp.param_dtype)
-        if root.recording and self not in root.forward_order:
+        if self not in root.forward_order:  # first run of this unit (a unit skipped so far joins late)
             root.forward_order.append(self)
         if self.group is not None:
             self.group.training_state = TrainingState.FORWARD
@@ -276,7 +275,6 @@ class FSDPState:
         if self.group is not None:
             self.group.training_state = TrainingState.IDLE
         if self.is_root:
-            root.recording = False
             if not grad_outputs:  # inference: no backward will come to free anything
                 for state in root.forward_order:
                     if state.group is not None:
