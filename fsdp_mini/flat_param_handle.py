@@ -122,9 +122,10 @@ class FlatParamHandle:
             self.tracker.free(self.nbytes, self.label)
         self.state = ShardedState.SHARDED
 
-    def register_original_params(self) -> list[tuple[nn.Module, str]]:
+    def register_original_params(self) -> list[tuple[nn.Module, str, torch.Tensor]]:
         """Register the gathered views as the module's own `nn.Parameter`s (aliases of the gathered buffer,
-        no copy), so that a plain use of the module sees its parameters; returns where, for undoing."""
+        no copy), so that a plain use of the module sees its parameters; returns (module, name, plain view)
+        for each, for `unregister_original_params`."""
         placed = []
         for leaf, owners_of_leaf in zip(self.leaves, self.owners):
             alias = nn.Parameter(leaf.detach(), requires_grad=False)

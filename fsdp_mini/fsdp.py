@@ -147,17 +147,16 @@ class FSDP(GradientSync, nn.Module):
 
         self.module = module
         self.sync_module_states = bool(sync_module_states)
-        self._initial_values: list[tuple[str, torch.Tensor]] = []  # fingerprints, checked once all are built
         self.groups = make_groups(size)
         self.memory = MemoryTracker()
         self.grad_buckets = GradBuckets(self.groups.replica, impl, bucket_cap_mb)
-        self.units = self._materialise(plan, param_init_fn)
+        initial_values: list[tuple[str, torch.Tensor]] = []  # fingerprints of each unit before it is sharded
+        self.units = self._materialise(plan, param_init_fn, initial_values)
         buffers = [(name, b) for name, b in module.named_buffers()]
         if self.sync_module_states:
             broadcast_from_rank0([b for _, b in buffers])
         else:
-            check_same_fingerprints(self._initial_values + [(n, fingerprint(b)) for n, b in buffers], device=self.device)
-        self._initial_values = []
+            check_same_fingerprints(initial_values + [(n, fingerprint(b)) for n, b in buffers], device=self.device)
         self._flat_params = nn.ParameterList([h.shard for h in self.handles])
         self.state_dict_keys: tuple[str, ...] = plan.state_dict_keys
         self.forward_order, self.backward_order = ExecutionOrder(), ExecutionOrder()
@@ -180,11 +179,11 @@ class FSDP(GradientSync, nn.Module):
 
     # --- construction --------------------------------------------------------------------------------
 
-    def _materialise(self, plan: Plan, init_fn) -> list[FSDPUnit]:
+    def _materialise(self, plan: Plan, init_fn, initial_values: list) -> list[FSDPUnit]:
         """Build each unit's shards one unit at a time: at most one unit is ever whole on this rank."""
         units = []
         for u in plan.units:
-            unit = FSDPUnit(u.name, u.module, [self._handle(fp, init_fn) for fp in u.flat_params], u.is_root)
+            unit = FSDPUnit(u.name, u.module, [self._handle(fp, init_fn, initial_values) for fp in u.flat_params], u.is_root)
             unit.reshard()
             units.append(unit)
         for name, buf in list(self.module.named_buffers()):
@@ -200,14 +199,16 @@ class FSDP(GradientSync, nn.Module):
                 mod._buffers[attr] = buf.to(self.device)
         return units
 
-    def _handle(self, fp: FlatParamPlan, init_fn) -> FlatParamHandle:
+    def _handle(self, fp: FlatParamPlan, init_fn, initial_values: list) -> FlatParamHandle:
+        """One flat parameter, built whole, synced from rank 0 or fingerprinted into `initial_values`
+        (checked across ranks once every unit is built), then sharded."""
         layout = fp.layout(self.groups.shard_size)
         full = _full_flat(fp, layout, self.device, init_fn)
         if self.sync_module_states:
             broadcast_from_rank0([full])
         else:
             views = (full[info.offset:info.offset + info.numel] for info in layout.params)
-            self._initial_values += [(p.names[0], fingerprint(v)) for p, v in zip(fp.params, views)]
+            initial_values += [(p.names[0], fingerprint(v)) for p, v in zip(fp.params, views)]
         for p in fp.params:
             for module, name in p.owners:
                 del module._parameters[name]

@@ -42,7 +42,7 @@ from fsdp_mini import collectives as C
 from fsdp_mini.data_parallel import broadcast_from_rank0, check_same_everywhere, check_same_values
 from fsdp_mini.fsdp_param import FSDPParam
 from fsdp_mini.fsdp_param_group import FSDPParamGroup, MeshInfo, post_forward_shards
-from fsdp_mini.memory import MemoryTracker, tensor_bytes
+from fsdp_mini.memory import MemoryTracker, optimizer_state_bytes, tensor_bytes
 from fsdp_mini.mixed_precision import MixedPrecisionPolicy, cast_floating
 from fsdp_mini.nested import map_tensors, tensors_in
 from fsdp_mini.runtime import get_device
@@ -77,16 +77,11 @@ def gathered_memory(module: nn.Module) -> MemoryTracker:
 def memory_stats(module: nn.Module, optimizer=None) -> dict[str, int]:
     """This rank's bytes, as `FSDP.memory_stats` reports them: sharded parameters and gradients (local
     chunks), optimizer state (local chunks), gathered parameters now and at their peak."""
-    def local(t):
-        return t.to_local() if isinstance(t, DTensor) else t
-
     params = list(module.parameters())
-    state = [local(v) for s in (optimizer.state.values() if optimizer is not None else []) for v in s.values()
-             if torch.is_tensor(v)]
     tracker = gathered_memory(module)
-    return {"params": tensor_bytes(local(p) for p in params),
-            "grads": tensor_bytes(local(p.grad) for p in params if p.grad is not None),
-            "optimizer": tensor_bytes(state), "unsharded_now": tracker.current, "unsharded_peak": tracker.peak}
+    return {"params": tensor_bytes(params), "grads": tensor_bytes(p.grad for p in params),
+            "optimizer": optimizer_state_bytes(optimizer) if optimizer is not None else 0,
+            "unsharded_now": tracker.current, "unsharded_peak": tracker.peak}
 
 
 def default_mesh():
@@ -453,9 +448,14 @@ def _label(module: nn.Module) -> str:
     return type(module).__name__
 
 
+def _inner_units(module: nn.Module) -> list[str]:
+    """Paths of the submodules that are already units (bottom-up: their parameters are theirs)."""
+    return [name for name, m in module.named_modules() if name and isinstance(m, FSDPModule)]
+
+
 def _own_buffers(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
     """The module's buffers outside submodules that are already units (those were checked there)."""
-    inner_units = [name for name, m in module.named_modules() if name and isinstance(m, FSDPModule)]
+    inner_units = _inner_units(module)
     return [(name, b) for name, b in module.named_buffers()
             if not any(name.startswith(u + ".") for u in inner_units)]
 
@@ -464,7 +464,7 @@ def _managed_params(module: nn.Module) -> list[tuple[str, list[tuple[nn.Module, 
     """(first name, every (module, attribute) holding it, tensor) of the parameters this call manages:
     all of the module's, except those inside submodules that are already units. Errors for a parameter
     already sharded (top-down order) or shared with another unit."""
-    inner_units = [name for name, m in module.named_modules() if name and isinstance(m, FSDPModule)]
+    inner_units = _inner_units(module)
     out: dict[int, tuple[str, list, nn.Parameter]] = {}
     for fqn, p in module.named_parameters(remove_duplicate=False):
         owner_path, _, attr = fqn.rpartition(".")

@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from torch.distributed.tensor import DTensor
+
 from fsdp_mini.strategy import StrategyLike, shard_group_size, sharded_states
 
 __all__ = ["MemoryEstimate", "estimate_memory", "format_bytes", "MemoryTracker", "MemoryChange", "ListenerHandle",
@@ -187,8 +189,13 @@ class ListenerHandle:
 
 
 def tensor_bytes(tensors) -> int:
-    """Bytes held by the given tensors (None entries are skipped)."""
-    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+    """Bytes this rank holds for the given tensors (None entries are skipped): of a DTensor, its local
+    shard, not the global tensor it describes."""
+    return sum(_local(t).numel() * _local(t).element_size() for t in tensors if t is not None)
+
+
+def _local(t):
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def optimizer_state_bytes(optimizer) -> int:

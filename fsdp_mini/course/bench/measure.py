@@ -38,6 +38,7 @@ from fsdp_mini.course.models import GPT, make_batch
 from fsdp_mini.fully_shard import gathered_memory
 from fsdp_mini.groups import grid
 from fsdp_mini.launch import launch
+from fsdp_mini.memory import optimizer_state_bytes, tensor_bytes
 from fsdp_mini.ring_model import ring_model_sent
 from fsdp_mini.runtime import init, under_torchrun
 
@@ -45,19 +46,6 @@ __all__ = ["PHASES", "memory_worker", "time_worker", "timed_step", "calibrate", 
            "environment"]
 
 # --- memory and bytes ---------------------------------------------------------------------------------
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's local shard (FSDP2), or the tensor itself."""
-    return getattr(t, "_local_tensor", t)
-
-
-def _nbytes(tensors) -> int:
-    return sum(_local(t).numel() * _local(t).element_size() for t in tensors if t is not None)
-
-
-def _optimizer_bytes(opt) -> int:
-    return _nbytes(v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor))
-
 
 def _status_kib(field: str) -> int:
     with open("/proc/self/status") as f:
@@ -199,15 +187,15 @@ def memory_worker(size: str, case_key: str, warmup: int = 2) -> dict:
         gathered_memory(model) if case.engine == "fully_shard" else None)
     if tracker is not None:
         tracker.reset_peak()
-    at_start = _nbytes(model.parameters()) + _optimizer_bytes(opt)
+    at_start = tensor_bytes(model.parameters()) + optimizer_state_bytes(opt)
     state = {}
 
     def one_step():
         model(x, y).backward()
-        state["params"] = _nbytes(model.parameters())
-        state["grads"] = _nbytes(p.grad for p in model.parameters())
+        state["params"] = tensor_bytes(model.parameters())
+        state["grads"] = tensor_bytes(p.grad for p in model.parameters())
         opt.step()
-        state["optimizer"] = _optimizer_bytes(opt)
+        state["optimizer"] = optimizer_state_bytes(opt)
         opt.zero_grad()
 
     dist.barrier()
