@@ -411,3 +411,100 @@ def test_search_finds_the_lesson_in_both_languages(browser, server, lang):
         assert not tab.inspect()["problems"]
     finally:
         tab.close()
+
+
+# --- the memory calculator (lessons/*/calculator.md, lessons/assets/calculator/calculator.js) -------------
+# Each case: what a reader sets on the page, and the call of fsdp_mini.estimate_memory that must give the
+# same bytes. Inputs not named keep the page's defaults: the ZeRO paper's Figure 1 (7.5e9 parameters, 64
+# ranks, FULL_SHARD, bf16 parameters and gradients, Adam with fp32 state and an fp32 master copy: K = 12).
+CALCULATOR_CASES = [
+    ({}, (7.5e9, 64, "FULL_SHARD"), {}),
+    ({"strategy": "NO_SHARD"}, (7.5e9, 64, "NO_SHARD"), {}),
+    ({"strategy": "ZERO1"}, (7.5e9, 64, "ZERO1"), {}),
+    ({"strategy": "SHARD_GRAD_OP"}, (7.5e9, 64, "SHARD_GRAD_OP"), {}),
+    ({"params": "7B", "world": "16", "strategy": "HYBRID_SHARD", "shard": "8", "grad_dtype": "4:fp32"},
+     (7_000_000_000, 16, "HYBRID_SHARD"), {"shard_size": 8, "grad_bytes": 4}),
+    ({"params": "1,300,001", "world": "6", "strategy": "_HYBRID_SHARD_ZERO2", "shard": "3"},
+     (1_300_001, 6, "_HYBRID_SHARD_ZERO2"), {"shard_size": 3}),
+    ({"params": "125M", "world": "3", "param_dtype": "4:fp32", "grad_dtype": "4:fp32"},  # no master copy
+     (125_000_000, 3, "FULL_SHARD"), {"param_bytes": 4, "grad_bytes": 4, "optimizer_bytes": 8}),
+    ({"params": "1000003", "world": "7", "strategy": "ZERO1", "param_dtype": "2:fp16", "optimizer": "sgd_momentum"},
+     (1_000_003, 7, "ZERO1"), {"optimizer_bytes": 8}),
+    ({"params": "999", "world": "2", "strategy": "NO_SHARD", "param_dtype": "4:fp32", "grad_dtype": "4:fp32",
+      "optimizer": "sgd"}, (999, 2, "NO_SHARD"), {"param_bytes": 4, "grad_bytes": 4, "optimizer_bytes": 0}),
+    ({"params": "625e6", "world": "8", "strategy": "NO_SHARD", "grad_dtype": "4:fp32"},  # 1.25 GB: a tie
+     (625_000_000, 8, "NO_SHARD"), {"grad_bytes": 4}),
+    ({"params": "70B", "world": "1", "state_dtype": "2:bf16", "master": False},
+     (70_000_000_000, 1, "FULL_SHARD"), {"optimizer_bytes": 4}),
+    ({"params": "175e9", "world": "1024", "strategy": "HYBRID_SHARD", "shard": "64", "optimizer": "sgd_momentum",
+      "state_dtype": "2:bf16", "master": False}, (175e9, 1024, "HYBRID_SHARD"), {"shard_size": 64, "optimizer_bytes": 2}),
+]
+RU_UNITS = {"B": "Б", "kB": "кБ", "MB": "МБ", "GB": "ГБ", "TB": "ТБ", "PB": "ПБ"}
+
+
+def shown_size(nbytes: int, lang: str) -> str:
+    """fsdp_mini.format_bytes, as the page in `lang` writes it."""
+    from fsdp_mini.memory import format_bytes
+
+    number, unit = format_bytes(nbytes).split(" ")
+    return f"{number} {unit}" if lang == "en" else f"{number.replace('.', ',')} {RU_UNITS[unit]}"
+
+
+def set_calculator(page, inputs: dict) -> None:
+    page.click("#mc-reset")
+    for key, value in inputs.items():
+        target = "#mc-" + key.replace("_", "-")
+        if key == "master":
+            page.set_checked(target, value)
+        elif key in ("strategy", "param_dtype", "grad_dtype", "optimizer", "state_dtype"):
+            page.select_option(target, value)
+        else:
+            page.fill(target, value)
+
+
+def read_calculator(page) -> dict:
+    return page.evaluate("""() => Object.fromEntries([...document.querySelectorAll('#mc-result tr')].map(
+        tr => [tr.dataset.state, {bytes: tr.querySelector('.mc-bytes').dataset.bytes,
+                                  size: tr.querySelector('.mc-size').textContent,
+                                  exact: tr.querySelector('.mc-bytes').textContent}]))""")
+
+
+@pytest.mark.parametrize("lang", LANGS)
+def test_memory_calculator_equals_estimate_memory(browser, server, lang):
+    from fsdp_mini import estimate_memory
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    tab = Tab(browser, server)
+    try:
+        tab.open(url(lang, "calculator"))
+        figure = tab.page.evaluate("""() => Object.fromEntries([...document.querySelectorAll('#mc-all tr[data-strategy]')]
+            .map(tr => [tr.dataset.strategy, tr.querySelector('.mc-size').textContent]))""")
+        paper = {"NO_SHARD": "120.0 GB", "ZERO1": "31.4 GB", "SHARD_GRAD_OP": "16.6 GB", "FULL_SHARD": "1.9 GB"}
+        if lang == "ru":
+            paper = {k: v.replace(".", ",").replace("GB", "ГБ") for k, v in paper.items()}
+        assert {k: figure[k].replace("\xa0", " ") for k in paper} == paper, "the default is not ZeRO's Figure 1"
+        tab.page.screenshot(path=str(ARTIFACTS / f"calculator-{lang}.png"), full_page=True)
+        for inputs, args, kwargs in CALCULATOR_CASES:
+            set_calculator(tab.page, inputs)
+            shown = read_calculator(tab.page)
+            expected = estimate_memory(*args, **kwargs)
+            for state in ("params", "grads", "optimizer", "total"):
+                nbytes = getattr(expected, state)
+                where = f"{lang} {inputs} {state}"
+                assert int(shown[state]["bytes"]) == nbytes, where
+                assert shown[state]["size"].replace("\xa0", " ") == shown_size(nbytes, lang), where
+                sep = "," if lang == "en" else "\xa0"
+                assert shown[state]["exact"] == f"{nbytes:,}".replace(",", sep) + "\xa0" + ("B" if lang == "en" else "Б")
+            assert "estimate_memory(" in tab.page.text_content("#mc-call")
+        # a shard group that does not divide the world: Python refuses, and so does the page
+        set_calculator(tab.page, {"world": "16", "strategy": "HYBRID_SHARD", "shard": "5"})
+        with pytest.raises(ValueError):
+            estimate_memory(7.5e9, 16, "HYBRID_SHARD", shard_size=5)
+        assert tab.page.locator("#memory-calculator .mc-error").count() == 1
+        assert tab.page.locator("#mc-result").count() == 0
+        text = tab.page.text_content("#memory-calculator")
+        if lang == "ru":
+            assert "Размер группы шардирования" in text and "World size" in text
+        assert not tab.inspect()["problems"]
+    finally:
+        tab.close()
