@@ -163,7 +163,12 @@ class FSDP(GradientSync, nn.Module):
         self._backward_queued = False
         self._pending: list[FlatParamHandle] = []  # handles whose reduction is in flight, in issue order
         self._running = False  # inside FSDP.forward or summon_full_params: the wrapped module may run
-        module.register_forward_pre_hook(self._refuse_sharded_use)
+        # the wrapped module and the modules holding the root unit's parameters (e.g. the embedding, which
+        # a `generate()` may call directly) refuse to run on sharded parameters; inner units gather themselves
+        root_owners = {id(m): (name, m) for name, m in module.named_modules() if name == "" or any(
+            m is owner for fp in plan.units[0].flat_params for p in fp.params for owner, _ in p.owners)}
+        for name, owner in root_owners.values():
+            owner.register_forward_pre_hook(partial(self._refuse_sharded_use, name or "the wrapped module"))
         for unit in self.units:
             if not unit.is_root:
                 unit.module.register_forward_pre_hook(partial(self._pre_forward, unit))
@@ -239,12 +244,14 @@ class FSDP(GradientSync, nn.Module):
             out = cast_floating(out, self.mixed_precision.output_dtype)
         return out
 
-    def _refuse_sharded_use(self, module, args) -> None:
-        """A forward pre-hook on the wrapped module: called directly (not through this wrapper) outside
-        `summon_full_params`, it would compute with parameters that have no storage. Say so."""
+    def _refuse_sharded_use(self, name: str, module, args) -> None:
+        """A forward pre-hook on the wrapped module and on the modules holding the root unit's parameters:
+        called directly (not through this wrapper, e.g. by the model's own `generate()`) outside
+        `summon_full_params`, they would compute with parameters that have no storage. Say so."""
         if not self._running:
-            raise RuntimeError(f"{type(module).__name__} is wrapped in FSDP and its parameters are sharded: call "
-                               f"the wrapper (model(...)), or use it inside `with model.summon_full_params():`")
+            raise RuntimeError(f"{name} ({type(module).__name__}) is inside an FSDP wrapper and its parameters are "
+                               f"sharded: call the wrapper (model(...)), or use it inside "
+                               f"`with model.summon_full_params():`")
 
     def _pre_forward(self, unit: FSDPUnit, module, args) -> None:
         unit.unshard(async_op=True)

@@ -25,3 +25,93 @@ def test_verdicts_and_messages(capsys):
 def test_the_verdict_compares_like_a_bool_and_shows_nothing_in_a_notebook():
     assert check(1, 1) == True and check(2, 1) == False  # noqa: E712
     assert repr(check(1, 1)) == "True" and check(1, 1)._ipython_display_() is None
+
+
+# --- code exercises: every reference solution passes its judge, every planted mistake fails it ---------
+
+import json  # noqa: E402
+
+import pytest  # noqa: E402
+
+from fsdp_mini.course.exercise import CodeExercise, Outcome, Verdict  # noqa: E402
+from fsdp_mini.course.exercises import all_exercises  # noqa: E402
+from fsdp_mini.course.language import num  # noqa: E402
+
+EXERCISES = {ex.name: ex for ex in all_exercises()}
+
+
+@pytest.mark.parametrize("name", sorted(EXERCISES))
+def test_the_reference_solution_passes(name, no_orphans):
+    verdict = EXERCISES[name].verdict(EXERCISES[name].reference)
+    assert verdict.outcome is Outcome.RIGHT, verdict.detail
+
+
+@pytest.mark.parametrize("name, wrong", [(name, w) for name, ex in sorted(EXERCISES.items()) for w in ex.wrong],
+                         ids=lambda x: getattr(x, "__name__", x))
+def test_a_plausible_wrong_solution_fails_and_the_verdict_says_what_is_wrong(name, wrong, no_orphans):
+    verdict = EXERCISES[name].verdict(wrong)
+    assert verdict.outcome is Outcome.WRONG and len(verdict.detail) > 20
+
+
+@pytest.mark.parametrize("name", sorted(EXERCISES))
+def test_an_unwritten_body_is_not_yet_and_nothing_raises(name, capsys, no_orphans):
+    def stub(*args):
+        raise NotImplementedError
+
+    assert EXERCISES[name].verdict(stub).outcome is Outcome.NOT_YET
+    assert not EXERCISES[name].check(stub)
+    assert capsys.readouterr().out.startswith("Not yet: write the function's body")
+
+
+def test_every_exercise_has_wrong_solutions_to_catch():
+    assert EXERCISES and all(len(ex.wrong) >= 2 for ex in EXERCISES.values())
+
+
+def test_a_learner_exception_is_a_wrong_verdict_naming_it(capsys):
+    def judge(fn):
+        fn()
+        return Verdict.right()
+
+    def broken():
+        raise KeyError("blocks.0")
+
+    ex = CodeExercise("demo", judge, lambda: None)
+    assert ex.verdict(broken) == Verdict.wrong("your function raised KeyError: 'blocks.0'")
+    assert not ex.check(broken) and capsys.readouterr().out == "Not quite: your function raised KeyError: 'blocks.0'\n"
+    assert ex.check(lambda: None) and capsys.readouterr().out == "Correct!\n"
+
+
+def test_numbers_in_each_language():
+    assert (num(49152), num(1.5, 1), num(0.25)) == ("49,152", "1.5", "0.25")
+    try:
+        set_language("ru")
+        assert (num(49152), num(1.5, 1), num(-1234567.891)) == ("49\u202f152", "1,5", "-1\u202f234\u202f567,89")
+    finally:
+        set_language("en")
+
+
+def _solution_blocks(path):
+    """The code of every folded solution (<details> ... ```python ... ``` ...) of a notebook."""
+    import json
+    import re
+    cells = json.loads(path.read_text())["cells"]
+    text = ["".join(c["source"]) for c in cells if c["cell_type"] == "markdown"]
+    return [m.group(1).strip() for t in text if t.lstrip().startswith("<details>")
+            for m in re.finditer(r"```python\n(.*?)```", t, re.S)]
+
+
+def test_the_lessons_folded_solutions_are_the_references_and_every_exercise_is_in_both_languages():
+    from pathlib import Path
+
+    from fsdp_mini.course.source import source_of
+    lessons = Path(__file__).resolve().parent.parent / "lessons"
+    for ex in EXERCISES.values():
+        name = ex.reference.__name__
+        for lang in ("en", "ru"):
+            found = [(path, block) for path in sorted((lessons / lang).glob("*.ipynb"))
+                     for block in _solution_blocks(path) if block.startswith(f"def {name}(")]
+            assert len(found) == 1, f"{lang}: the solution of {ex.name} should appear once, found {len(found)}"
+            assert found[0][1] == source_of(ex.reference), f"{found[0][0].name}: the solution differs from {name}"
+            cells = json.loads(found[0][0].read_text())["cells"]
+            checks = [c for c in cells if c["cell_type"] == "code" and f".check({name})" in "".join(c["source"])]
+            assert len(checks) == 1, f"{found[0][0].name}: one cell should check {name}"

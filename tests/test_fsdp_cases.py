@@ -311,7 +311,26 @@ def test_mixed_precision_casts_floats_only_and_the_inner_module_is_usable_under_
     assert inner == {"lin.weight": torch.bfloat16, "lin.bias": torch.bfloat16, "table": torch.int64,
                      "rot": torch.complex64}
     assert device == "cpu" and inner_out == torch.bfloat16
-    assert "WithTable is wrapped in FSDP and its parameters are sharded: call the wrapper" in direct
+    assert "the wrapped module (WithTable) is inside an FSDP wrapper and its parameters are sharded" in direct
+
+
+def _generate_on_a_flat_model():
+    model = FSDP(GPT(GPTConfig()), "FULL_SHARD", wrap=(Block,))
+    prompt = torch.tensor([[1, 2, 3]])
+    try:
+        model.generate(prompt, 4)  # the inner GPT.generate calls the root unit's embedding directly
+        direct = "no error"
+    except RuntimeError as e:
+        direct = str(e)
+    with model.summon_full_params():
+        tokens = model.generate(prompt, 4)
+    return direct, tokens
+
+
+def test_a_method_beside_forward_gets_a_clear_error_and_works_under_summon(no_orphans):
+    direct, tokens = launch(_generate_on_a_flat_model, 2, timeout=60)[0]
+    assert direct.startswith("tok_emb (Embedding) is inside an FSDP wrapper and its parameters are sharded")
+    assert torch.equal(tokens, GPT(GPTConfig()).generate(torch.tensor([[1, 2, 3]]), 4))
 
 
 def _unseeded_flat(strategy, sync):

@@ -1,14 +1,28 @@
-"""Exercise checks for the lessons: a learner replaces `None` with an answer, and a cell says whether it
-is right, without ever raising, so an unanswered notebook still runs from top to bottom."""
+"""Exercise checks for the lessons, of two kinds, neither of which ever raises, so an unanswered notebook
+still runs from top to bottom:
+
+- `check(answer, expected)`: the learner replaces `None` with a value;
+- `CodeExercise`: the learner writes a function's body, and the exercise *runs* it (in real processes,
+  when it is distributed code) and judges what it did: its results against the library's or a single
+  process's, the collectives CommLog saw, the memory it held. The verdict says what is wrong, never what
+  the right code is. A function whose body still raises `NotImplementedError` is "not yet".
+
+Every `CodeExercise` carries its reference solution and plausible wrong ones; `tests/test_exercises.py`
+runs each through the judge (the reference must pass, every wrong one must fail), and the lesson's
+collapsible solution is checked to be the reference's source, so the two cannot drift.
+"""
 from __future__ import annotations
 
+import enum
 import math
+from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
 from fsdp_mini.course.language import tr
 
-__all__ = ["check", "Checked"]
+__all__ = ["check", "Checked", "CodeExercise", "Outcome", "Verdict", "NotYet"]
 
 
 class Checked:
@@ -58,3 +72,71 @@ def check(answer, expected, rtol: float = 1e-6, hint: str | None = None) -> Chec
         return Checked(True)
     print(tr("Not quite.", "Пока неверно.") + (f" {hint}" if hint else ""))
     return Checked(False)
+
+
+class Outcome(enum.Enum):
+    NOT_YET = "not yet"   # the body still raises NotImplementedError
+    WRONG = "wrong"
+    RIGHT = "right"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a judge found: the outcome and, when wrong, what is wrong (in the lesson's language)."""
+
+    outcome: Outcome
+    detail: str = ""
+
+    @classmethod
+    def right(cls, detail: str = "") -> "Verdict":
+        return cls(Outcome.RIGHT, detail)
+
+    @classmethod
+    def wrong(cls, detail: str) -> "Verdict":
+        return cls(Outcome.WRONG, detail)
+
+
+class NotYet(Exception):
+    """Raised by a judge's trial (also inside a rank) when the learner's function is not written yet."""
+
+
+@dataclass(frozen=True)
+class CodeExercise:
+    """An exercise whose answer is code: `judge(fn)` runs the learner's function and returns a `Verdict`.
+
+    `reference` is the solution the lesson shows (folded); `wrong` are plausible mistakes the judge must
+    catch (a test runs both)."""
+
+    name: str
+    judge: Callable[[Callable], Verdict]
+    reference: Callable
+    wrong: tuple[Callable, ...] = field(default_factory=tuple)
+
+    def verdict(self, fn: Callable) -> Verdict:
+        """The judge's verdict, with "not yet" for an unwritten body and a learner's exception turned
+        into a wrong verdict that names it (a check never raises)."""
+        try:
+            return self.judge(fn)
+        except (NotYet, NotImplementedError):
+            return Verdict(Outcome.NOT_YET)
+        except Exception as e:  # the learner's code failed: say how, as a verdict
+            return Verdict.wrong(tr("your function raised ", "ваша функция выбросила ") + _first_line(e))
+
+    def check(self, fn: Callable) -> Checked:
+        """Judge `fn` and print the verdict: what a lesson's exercise cell calls."""
+        v = self.verdict(fn)
+        if v.outcome is Outcome.NOT_YET:
+            print(tr("Not yet: write the function's body (it still raises NotImplementedError) and run the cell again.",
+                     "Пока нет ответа: напишите тело функции (оно всё ещё выбрасывает NotImplementedError) "
+                     "и запустите ячейку ещё раз."))
+        elif v.outcome is Outcome.RIGHT:
+            print(tr("Correct!", "Верно!") + (f" {v.detail}" if v.detail else ""))
+        else:
+            print(tr("Not quite: ", "Пока неверно: ") + v.detail)
+        return Checked(v.outcome is Outcome.RIGHT)
+
+
+def _first_line(e: BaseException) -> str:
+    """An exception as one line: its type and its message's first line (a rank's failure included)."""
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"

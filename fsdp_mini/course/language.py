@@ -27,3 +27,15 @@ def get_language() -> str:
 def tr(en: str, ru: str) -> str:
     """The text in the current language."""
     return ru if _current == "ru" else en
+
+
+def num(value: float, digits: int | None = None) -> str:
+    """A number as the lesson's language writes it: 49,152 and 1.5 in English, 49 152 and 1,5 in Russian
+    (a thin no-break space between thousands, a decimal comma). `digits`: places after the point (floats
+    default to 2, integers to none)."""
+    if digits is None:
+        digits = 0 if isinstance(value, int) else 2
+    text = f"{value:,.{digits}f}"
+    if _current == "ru":
+        text = text.replace(",", "\u202f").replace(".", ",")
+    return text

@@ -105,16 +105,32 @@ class GPT(nn.Module):
                 tensor.copy_(torch.randn(tensor.shape, generator=g) * std)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        logits = self.lm_head(self.ln_f(self.hidden(idx)))
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
+
+    def hidden(self, idx: torch.Tensor) -> torch.Tensor:
+        """The last block's output for each position: `forward` without the final LayerNorm and head."""
         t = idx.shape[1]
         if t > self.cfg.block_size:
             raise ValueError(f"sequence length {t} exceeds block_size={self.cfg.block_size}")
         x = self.tok_emb(idx) + self.pos_emb(torch.arange(t, device=idx.device))
         for block in self.blocks:
             x = block(x)
-        logits = self.lm_head(self.ln_f(x))
-        if targets is None:
-            return logits
-        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
+        return x
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+        """Greedy decoding, nanoGPT's loop: append the likeliest next token `max_new_tokens` times (the
+        context cropped to `block_size`), the head applied to the last position only. Like a HuggingFace
+        model's `generate`, it is a method beside `forward` that uses the model's own parameters (the
+        embeddings, the head), so on a sharded model it must gather them itself (lesson 09:
+        `register_fsdp_forward_method(model, "generate")`)."""
+        for _ in range(max_new_tokens):
+            x = self.hidden(idx[:, -self.cfg.block_size:])[:, -1]
+            idx = torch.cat([idx, self.lm_head(self.ln_f(x)).argmax(dim=-1, keepdim=True)], dim=1)
+        return idx
 
 
 def make_batch(cfg: GPTConfig, batch_size: int, step: int = 0, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

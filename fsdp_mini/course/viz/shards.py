@@ -11,7 +11,7 @@ from fsdp_mini.plan import plan_units
 from fsdp_mini.course.language import get_language, tr
 from fsdp_mini.course.viz import figure
 
-__all__ = ["PARAM_COLORS", "unit_layouts", "describe_pieces", "plot_flat_layout"]
+__all__ = ["PARAM_COLORS", "unit_layouts", "describe_pieces", "plot_flat_layout", "plot_gather_buffer"]
 
 PARAM_COLORS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C",
                 "#CCB974", "#64B5CD", "#1F3A5F", "#7F3C1B", "#2D6A4F", "#8E1B2B", "#4B3A70", "#5A4632")
@@ -101,5 +101,49 @@ def plot_flat_layout(layouts, titles=None, names=None, width: float = 9.0):
     handles = [Patch(color=c, label=n) for n, c in legend.items()]
     handles.append(Patch(facecolor="white", edgecolor=PAD_COLOR, hatch="////", label=tr("padding", "паддинг")))
     axes[0].legend(handles=handles, fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.15))
+    fig.tight_layout()
+    return fig
+
+
+def plot_gather_buffer(params, n: int, title: str | None = None):
+    """The per-parameter design's AllGather buffer for one unit: n rows, one per rank, each the rank's
+    padded dim-0 chunks side by side (copy-in); parameter i is column block i, read rank after rank
+    (copy-out). `params`: (name, shape) pairs. Padding rows are hatched. Small parameters are drawn
+    wider than their share (at least a tenth of the largest), so that every one stays visible."""
+    import math
+
+    from matplotlib.patches import Rectangle
+
+    fig, ax = figure(width=9.0, height=0.55 * n + 1.6)
+    numels = [math.ceil(shape[0] / n) * math.prod(shape[1:]) for _, shape in params]
+    widths = [max(w, 0.1 * max(numels)) for w in numels]
+    offset = 0
+    for i, ((name, shape), width) in enumerate(zip(params, widths)):
+        rows_per_rank = math.ceil(shape[0] / n)
+        for rank in range(n):
+            real = max(0, min(rows_per_rank, shape[0] - rank * rows_per_rank))  # rows of the parameter here
+            filled = width * real / rows_per_rank
+            y = n - 1 - rank
+            color = PARAM_COLORS[i % len(PARAM_COLORS)]
+            ax.add_patch(Rectangle((offset, y), filled, 0.8, facecolor=color, edgecolor="white", linewidth=0.5))
+            if filled < width:
+                ax.add_patch(Rectangle((offset + filled, y), width - filled, 0.8, facecolor="white",
+                                       edgecolor=color, hatch="///", linewidth=0.5))
+        ax.text(offset + width / 2, n + 0.05, f"{name}\n{tuple(shape)}", ha="center", va="bottom", fontsize=8)
+        offset += width
+    for rank in range(n):
+        ax.text(-0.01 * offset, n - 1 - rank + 0.4, tr(f"rank {rank}", f"ранг {rank}"), ha="right", va="center",
+                fontsize=9)
+    ax.set_xlim(0, offset)
+    ax.set_ylim(-0.3, n + 1.0)
+    ax.set_yticks([])
+    ax.set_xticks([])
+    ax.set_xlabel(tr("a rank's row: its padded chunks, parameter after parameter (small ones drawn wider)",
+                     "строка ранга: его чанки с паддингом, параметр за параметром (малые нарисованы шире)"),
+                  fontsize=9)
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
+    if title:
+        ax.set_title(title, fontsize=10)
     fig.tight_layout()
     return fig
