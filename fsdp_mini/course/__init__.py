@@ -1,7 +1,8 @@
 """The course's floor: everything the lessons, the demo and the benchmarks use that a user of the library
 does not need. It imports the library (`fsdp_mini`); the library never imports it.
 
-  lessons      language (English or Russian), exercise (checks), source (show the library's real code),
+  lessons      language (English or Russian), exercise (checks of values and of code), exercises (the
+               lessons' code exercises: judge, reference, planted mistakes), source (the library's real code),
                models (the small GPT every lesson trains), train (the shared loop), trace (compute spans
                beside CommLog), viz/ (one module per kind of picture)
   on paper     cost (alpha-beta time of a collective), ring_schedule (which chunk is where, step by step),
