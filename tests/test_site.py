@@ -30,6 +30,9 @@ NOTEBOOKS = sorted(p.stem for p in (LESSONS / "en").glob("*.ipynb"))
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = ROOT / "test-artifacts" / "site"
 CYRILLIC = re.compile("[а-яё]", re.I)
+# The build and the browser tour of every page run inside the first tests that need them: on a loaded
+# 2-core machine that takes longer than the suite's default deadline per test.
+pytestmark = pytest.mark.timeout(900)
 
 
 # --- the build ---------------------------------------------------------------------------------------
@@ -505,6 +508,62 @@ def test_memory_calculator_equals_estimate_memory(browser, server, lang):
         text = tab.page.text_content("#memory-calculator")
         if lang == "ru":
             assert "Размер группы шардирования" in text and "World size" in text
+        assert not tab.inspect()["problems"]
+    finally:
+        tab.close()
+
+
+# --- search, one index per language (lessons/_site/search_per_language.py) -------------------------------
+TEX = re.compile(r"\$[^$\s][^$]*\$|\\\(|\\\[|\\(frac|cdot|alpha|beta|Psi|lceil|approx)\b")
+
+
+def outside_code(html: str) -> str:
+    return re.sub(r"<code\b.*?</code>|<pre\b.*?</pre>", "", html, flags=re.S)
+
+
+@pytest.mark.parametrize("lang", LANGS)
+def test_search_index_per_language(site, lang):
+    site_dir = site[0]
+    index = json.loads((site_dir / PREFIX[lang] / "search" / "search_index.json").read_text(encoding="utf-8"))
+    docs = index["docs"]
+    pages = {d["location"].split("#")[0] for d in docs}
+    assert url(lang, NOTEBOOKS[0]) [len(PREFIX[lang]):] in pages and "reference/" in pages, sorted(pages)
+    for location in pages:  # relative to the language's root, and landing on a page of that language
+        assert not location.startswith(tuple(f"{x}/" for x in LANGS)), location
+        assert (site_dir / PREFIX[lang] / location / "index.html").is_file() or location == "", location
+    stray = [d["title"] for d in docs if "¶" in d["title"] + d["text"]]
+    assert not stray, f"permalink signs in the index: {stray[:5]}"
+    noise = [d["location"] for d in docs if re.search(r"Copied!|In\s\[\d*\]:", d["text"])]
+    assert not noise, f"notebook prompts or copy-button text in the index: {noise[:5]}"
+    tex = [(d["location"], TEX.search(outside_code(d["title"] + " " + d["text"])).group(0))
+           for d in docs if TEX.search(outside_code(d["title"] + " " + d["text"]))]
+    assert not tex, f"raw TeX in the index: {tex[:5]}"
+    titles = " ".join(d["title"] for d in docs)
+    assert (CYRILLIC.search(titles) is not None) == (lang == "ru")
+
+
+@pytest.mark.parametrize("lang", LANGS)
+def test_search_results_stay_in_the_page_language(browser, server, lang):
+    """A term both languages use: the results come from this language's pages only, as readable text."""
+    tab = Tab(browser, server)
+    try:
+        tab.open(url(lang, NOTEBOOKS[0]))
+        tab.page.click("input.md-search__input")
+        tab.page.keyboard.type("ZeRO")
+        results = tab.page.locator(".md-search-result__item a")
+        results.first.wait_for(timeout=30_000)
+        hrefs = results.evaluate_all("(links) => links.map(a => a.href)")
+        assert len(hrefs) >= 3
+        here = tab.base + PREFIX[lang]
+        wrong = [h for h in hrefs if not h.startswith(here) or (lang == "en" and h.startswith(tab.base + "ru/"))]
+        assert not wrong, f"results from another language on a {lang} page: {wrong}"
+        shown = tab.page.text_content(".md-search-result")
+        assert "¶" not in shown and not re.search(r"\$[^$\s][^$]*\$", shown), shown[:500]
+        assert lang == "en" or CYRILLIC.search(shown)
+        tab.page.screenshot(path=str(ARTIFACTS / f"search-{lang}.png"))
+        results.first.click()
+        tab.page.wait_for_load_state("load")
+        assert tab.page.url.startswith(here) and tab.page.evaluate("document.documentElement.lang") == lang
         assert not tab.inspect()["problems"]
     finally:
         tab.close()

@@ -32,17 +32,24 @@
    every language into the same file, is kept in English, its language switch to the home pages.
 7. The API reference covers every module: a page containing `<!-- fsdp_mini modules -->` gets one
    mkdocstrings block per module of `fsdp_mini` found on disk, so a new module cannot be left out.
+8. A notebook's link to another notebook lands on its page. A lesson links the next one as Jupyter and
+   GitHub need it, `[lesson 09](09_flat_or_per_parameter.ipynb)`; MkDocs rewrites such links in
+   Markdown pages only, mkdocs-jupyter leaves them as they are, so on the site they pointed at a file
+   that is not there. Here they point at the twin page of the same language (a missing target is left
+   alone, for the link check to report).
 """
 from __future__ import annotations
 
 import hashlib
 import importlib.util
 import json
+import posixpath
 import re
 import shutil
 from copy import deepcopy
 from importlib import metadata
 from pathlib import Path
+from urllib.parse import unquote
 from xml.etree.ElementTree import Element
 
 from mkdocs.exceptions import PluginError
@@ -131,7 +138,23 @@ def on_page_content(html: str, page, config, files) -> str:
     if page.file.src_uri.endswith(".ipynb"):
         for block in _CDN_BLOCKS:
             html = block.sub("", html)
+        html = _link_notebooks(html, page, files)
     return html
+
+
+# 8. links between notebooks -----------------------------------------------------------------------
+_NOTEBOOK_LINK = re.compile(r'(<a\b[^>]*?\bhref=")([^":/?#]+\.ipynb)(#[^"]*)?(")')
+
+
+def _link_notebooks(html: str, page, files) -> str:
+    def to_page(m: re.Match) -> str:
+        target = files.get_file_from_path(posixpath.normpath(posixpath.join(
+            posixpath.dirname(page.file.src_uri), unquote(m.group(2)))))
+        if target is None:
+            return m.group(0)
+        return m.group(1) + target.url_relative_to(page.file) + (m.group(3) or "") + m.group(4)
+
+    return _NOTEBOOK_LINK.sub(to_page, html)
 
 
 # 4. MathJax from the site itself -------------------------------------------------------------------
