@@ -3,6 +3,10 @@
 
   per_parameter   lesson 09: a parameter's dim-0 shard, a unit's unshard (copy-in, AllGather, copy-out),
                   its gradients' ReduceScatter
+  ddp_buckets     lesson 03: DDP's gradient hook and end of backward (buckets, async AllReduce), accumulation
+                  with no_sync
+  zero1           lesson 04: ZeRO-1's flat shard with its optimizer, and the step between ReduceScatter and
+                  AllGather
 """
 from __future__ import annotations
 
@@ -14,4 +18,7 @@ __all__ = ["all_exercises"]
 def all_exercises() -> list[CodeExercise]:
     """Every code exercise of the course (what tests/test_exercises.py runs)."""
     from fsdp_mini.course.exercises import per_parameter
-    return [per_parameter.DIM0_SHARD, per_parameter.UNSHARD, per_parameter.REDUCE_GRADS]
+    from fsdp_mini.course.exercises import ddp_buckets, zero1
+    return [per_parameter.DIM0_SHARD, per_parameter.UNSHARD, per_parameter.REDUCE_GRADS,
+            ddp_buckets.BUCKET_HOOK, ddp_buckets.FINISH_BACKWARD, ddp_buckets.ACCUMULATE,
+            zero1.ZERO1_SHARD, zero1.ZERO1_STEP]

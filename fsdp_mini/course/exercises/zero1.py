@@ -1,0 +1,277 @@
+"""Lesson 04's exercises: ZeRO-1 written by the learner, in its two halves.
+
+1. `zero1_shard(params, make_optimizer, group)`: flatten the parameters into one buffer padded
+   to a multiple of n, keep this rank's slice as a flat parameter, and build the optimizer on it alone.
+   Judged by the optimizer state each rank holds after a step (about 1/n of one process's) and by
+   training with the reference step.
+2. `zero1_step(params, shard, opt, group)`: ReduceScatter (AVG) the flat gradient into the shard's
+   gradient, step the shard, AllGather the updated shards and copy them into the parameters. Judged by
+   CommLog (one ReduceScatter and one AllGather of the padded flat bytes) and by parity.
+
+Parity is with one process training on the whole batch, with SGD and momentum (a wrong averaging factor
+changes its steps) and AdamW with eps=1e-3 (a larger eps keeps rounding noise on near-zero gradients
+from moving weights), at worlds 2, 3 and 4. The trial GPT has 17,675 parameters, which 2, 3 and 4 ranks
+all have to pad.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from fsdp_mini import collectives as C
+from fsdp_mini.comm_log import CommLog
+from fsdp_mini.course.exercise import CodeExercise, NotYet, Verdict
+from fsdp_mini.course.language import num, tr
+from fsdp_mini.course.models import GPT, GPTConfig, make_batch
+from fsdp_mini.course.train import local_rows, train
+from fsdp_mini.launch import launch
+from fsdp_mini.memory import optimizer_state_bytes
+
+__all__ = ["ZERO1_SHARD", "ZERO1_STEP", "zero1_shard", "zero1_step", "TRIAL_CFG", "WORLDS"]
+
+TRIAL_CFG = GPTConfig(vocab_size=63, n_embd=25, n_head=5)  # 17,675 parameters: odd, and not a multiple of 3
+WORLDS = (2, 3, 4)
+BATCH, STEPS = 12, 3
+OPTIMIZERS = {
+    "SGD": (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}),
+    "AdamW": (torch.optim.AdamW, {"lr": 1e-2, "weight_decay": 0.1, "eps": 1e-3}),
+}
+_TIMEOUT_S = 60
+
+
+# --- reference solutions (the lesson's folded solutions are these functions' source) ------------------
+
+def zero1_shard(params: list[nn.Parameter], make_optimizer, group=None):
+    n, rank = dist.get_world_size(group), dist.get_rank(group)
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    size = math.ceil(flat.numel() / n)  # every rank's share, rounded up...
+    flat = torch.cat([flat, flat.new_zeros(n * size - flat.numel())])  # ...so the buffer is padded at its end
+    shard = nn.Parameter(flat[rank * size:(rank + 1) * size].clone())  # this rank's slice, and nothing else
+    return shard, make_optimizer([shard])  # optimizer state for 1/n of the parameters
+
+
+def zero1_step(params: list[nn.Parameter], shard: nn.Parameter, opt: torch.optim.Optimizer, group=None) -> None:
+    n = dist.get_world_size(group)
+    flat_grad = torch.cat([p.grad.reshape(-1) for p in params])
+    flat_grad = torch.cat([flat_grad, flat_grad.new_zeros(n * shard.numel() - flat_grad.numel())])  # the padding
+    shard.grad = torch.empty_like(shard)
+    C.reduce_scatter_tensor(shard.grad, flat_grad, C.AVG, group=group)  # this rank's slice of the average
+    opt.step()  # updates the shard only
+    flat = torch.empty(n * shard.numel(), dtype=shard.dtype)
+    C.all_gather_into_tensor(flat, shard.detach(), group=group)  # every rank's updated slice
+    offset = 0
+    with torch.no_grad():
+        for p in params:  # the flat buffer's padding, at its end, is left out
+            p.copy_(flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+
+# --- plausible mistakes, which the judges must catch (tests/test_exercise.py) -------------------------
+
+def _shard_but_optimize_everything(params, make_optimizer, group=None):
+    shard, _ = zero1_shard(params, make_optimizer, group)
+    return shard, make_optimizer([shard, *params])  # state for the whole model on every rank
+
+
+def _shard_unequal_slices(params, make_optimizer, group=None):
+    n, rank = dist.get_world_size(group), dist.get_rank(group)
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    shard = nn.Parameter(flat.tensor_split(n)[rank].clone())  # no padding: the slices differ by one element
+    return shard, make_optimizer([shard])
+
+
+def _shard_strided(params, make_optimizer, group=None):
+    n, rank = dist.get_world_size(group), dist.get_rank(group)
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    size = math.ceil(flat.numel() / n)
+    flat = torch.cat([flat, flat.new_zeros(n * size - flat.numel())])
+    shard = nn.Parameter(flat[rank::n].clone())  # every n-th element: not the slice a ReduceScatter delivers
+    return shard, make_optimizer([shard])
+
+
+def _step_all_reduce(params, shard, opt, group=None):
+    n, rank = dist.get_world_size(group), dist.get_rank(group)
+    flat_grad = torch.cat([p.grad.reshape(-1) for p in params])
+    flat_grad = torch.cat([flat_grad, flat_grad.new_zeros(n * shard.numel() - flat_grad.numel())])
+    C.all_reduce(flat_grad, C.AVG, group=group)  # DDP's AllReduce, then keeps a quarter of it
+    shard.grad = flat_grad[rank * shard.numel():(rank + 1) * shard.numel()].clone()
+    opt.step()
+    flat = torch.empty(n * shard.numel(), dtype=shard.dtype)
+    C.all_gather_into_tensor(flat, shard.detach(), group=group)
+    _copy_back(params, flat)
+
+
+def _step_no_all_gather(params, shard, opt, group=None):
+    n, rank = dist.get_world_size(group), dist.get_rank(group)
+    flat_grad = torch.cat([p.grad.reshape(-1) for p in params])
+    flat_grad = torch.cat([flat_grad, flat_grad.new_zeros(n * shard.numel() - flat_grad.numel())])
+    shard.grad = torch.empty_like(shard)
+    C.reduce_scatter_tensor(shard.grad, flat_grad, C.AVG, group=group)
+    opt.step()
+    flat = torch.cat([p.detach().reshape(-1) for p in params])  # only this rank's own slice gets updated
+    flat = torch.cat([flat, flat.new_zeros(n * shard.numel() - flat.numel())])
+    flat[rank * shard.numel():(rank + 1) * shard.numel()] = shard.detach()
+    _copy_back(params, flat)
+
+
+def _step_sum_not_average(params, shard, opt, group=None):
+    n = dist.get_world_size(group)
+    flat_grad = torch.cat([p.grad.reshape(-1) for p in params])
+    flat_grad = torch.cat([flat_grad, flat_grad.new_zeros(n * shard.numel() - flat_grad.numel())])
+    shard.grad = torch.empty_like(shard)
+    C.reduce_scatter_tensor(shard.grad, flat_grad, group=group)  # SUM, the default: n times too large
+    opt.step()
+    flat = torch.empty(n * shard.numel(), dtype=shard.dtype)
+    C.all_gather_into_tensor(flat, shard.detach(), group=group)
+    _copy_back(params, flat)
+
+
+def _copy_back(params, flat):
+    offset = 0
+    with torch.no_grad():
+        for p in params:
+            p.copy_(flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+
+# --- what the judges run -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RankResult:
+    """One rank's training: final weights, its shard's size, its optimizer state bytes after the first
+    step, and per step the collectives CommLog saw (op, bytes)."""
+
+    state: dict | None
+    shard_numel: int = 0
+    state_bytes: int = 0
+    steps: tuple[tuple[tuple[str, int], ...], ...] = ()
+    not_yet: bool = False
+
+
+def _num_params() -> int:
+    return sum(p.numel() for p in GPT(TRIAL_CFG).parameters())
+
+
+@functools.cache
+def one_process(opt_name: str) -> tuple[dict, int]:
+    """One process on the whole batch: the final weights, and its optimizer's state bytes."""
+    cls, kwargs = OPTIMIZERS[opt_name]
+    model = GPT(TRIAL_CFG)
+    opt = cls(model.parameters(), **kwargs)
+    train(model, opt, TRIAL_CFG, STEPS, BATCH, shard_batch=False)
+    return model.state_dict(), optimizer_state_bytes(opt)
+
+
+def _zero1_run(shard_fn, step_fn, opt_name: str) -> RankResult:
+    cls, kwargs = OPTIMIZERS[opt_name]
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = GPT(TRIAL_CFG)  # seeded: the same weights on every rank, as ZeRO-1 requires
+    params = list(model.parameters())
+    try:
+        shard, opt = shard_fn(params, functools.partial(cls, **kwargs), None)
+        sizes = [torch.zeros(1, dtype=torch.long) for _ in range(world)]
+        dist.all_gather(sizes, torch.tensor([shard.numel()]))  # outside CommLog: the judge's own question
+        if len({int(t) for t in sizes}) > 1:  # a ReduceScatter could not even start
+            return RankResult(None, shard.numel())
+        steps, state_bytes = [], 0
+        for step in range(STEPS):
+            x, y = (local_rows(t, rank, world) for t in make_batch(TRIAL_CFG, BATCH, step))
+            model(x, y).backward()
+            with CommLog() as log:
+                step_fn(params, shard, opt, None)
+            steps.append(tuple((r.op, r.nbytes) for r in log.records))
+            state_bytes = state_bytes or optimizer_state_bytes(opt)
+            model.zero_grad()
+            opt.zero_grad()
+    except NotImplementedError:
+        return RankResult(None, not_yet=True)
+    return RankResult(model.state_dict(), shard.numel(), state_bytes, tuple(steps))
+
+
+def _memory_problem(results: list[RankResult], world: int, opt_name: str) -> str:
+    numel = _num_params()
+    sizes = [r.shard_numel for r in results]
+    if len(set(sizes)) > 1:
+        return tr(f"world {world}: the shards differ in size across ranks ({sizes} elements), and a ReduceScatter "
+                  f"hands every rank an equal slice of the flat buffer",
+                  f"мир из {world}: шарды на рангах разного размера ({sizes} элементов), а ReduceScatter выдаёт "
+                  f"каждому рангу равный кусок плоского буфера")
+    if sizes[0] * world < numel:
+        return tr(f"world {world}: {world} shards of {num(sizes[0])} elements cannot hold {num(numel)} parameters",
+                  f"мир из {world}: {world} шарда по {num(sizes[0])} элементов не вмещают {num(numel)} параметров")
+    _, full = one_process(opt_name)
+    per_element = full / numel
+    for rank, r in enumerate(results):
+        if r.state_bytes > per_element * sizes[0] + 64:
+            return tr(f"world {world}, rank {rank}: {opt_name} holds {num(r.state_bytes)} B of state on this rank, "
+                      f"one process holds {num(full)} B for the whole model: a rank should hold about 1/{world} of it",
+                      f"мир из {world}, ранг {rank}: {opt_name} держит на этом ранге {num(r.state_bytes)} Б состояния, "
+                      f"один процесс на всю модель — {num(full)} Б; рангу положено около 1/{world} этого")
+    return ""
+
+
+def _comm_problem(results: list[RankResult], world: int) -> str:
+    padded = 4 * world * results[0].shard_numel
+    for rank, r in enumerate(results):
+        for step, seen in enumerate(r.steps, 1):
+            ops = [op for op, _ in seen]
+            if ops != ["reduce_scatter", "all_gather"]:
+                return tr(f"world {world}, rank {rank}, step {step}: a ZeRO-1 step needs one ReduceScatter, then one "
+                          f"AllGather (through fsdp_mini.collectives); CommLog saw {ops}",
+                          f"мир из {world}, ранг {rank}, шаг {step}: шагу ZeRO-1 нужны один ReduceScatter и затем "
+                          f"один AllGather (через fsdp_mini.collectives); CommLog увидел {ops}")
+            for op, nbytes in seen:
+                if nbytes != padded:
+                    return tr(f"world {world}, rank {rank}: the {op} carried {num(nbytes)} B, not the padded flat "
+                              f"buffer's {num(padded)} B",
+                              f"мир из {world}, ранг {rank}: {op} передал {num(nbytes)} Б, а не {num(padded)} Б "
+                              f"плоского буфера с паддингом")
+    return ""
+
+
+def _parity_problem(results: list[RankResult], world: int, opt_name: str) -> str:
+    want, _ = one_process(opt_name)
+    for rank, r in enumerate(results):
+        for name, w in want.items():
+            if not torch.allclose(r.state[name], w, rtol=1e-5, atol=1e-6):
+                gap = (r.state[name] - w).abs().max().item()
+                return tr(f"world {world}, rank {rank}, {opt_name}: after {STEPS} steps {name} differs from one "
+                          f"process's training on the whole batch by up to {gap:.1e}",
+                          f"мир из {world}, ранг {rank}, {opt_name}: после {STEPS} шагов {name} отличается от "
+                          f"обучения в одном процессе на всём батче на величину до {gap:.1e}")
+    return ""
+
+
+def _judge(shard_fn, step_fn) -> Verdict:
+    for world in WORLDS:
+        for opt_name in OPTIMIZERS:
+            results = launch(_zero1_run, world, args=(shard_fn, step_fn, opt_name), timeout=_TIMEOUT_S)
+            if any(r.not_yet for r in results):
+                raise NotYet
+            problem = (_memory_problem(results, world, opt_name) or _comm_problem(results, world)
+                       or _parity_problem(results, world, opt_name))
+            if problem:
+                return Verdict.wrong(problem)
+    return Verdict.right(tr("At worlds 2, 3 and 4, with SGD and AdamW, every rank trains like one process, keeps "
+                            "1/n of the optimizer state, and sends one ReduceScatter and one AllGather per step.",
+                            "В мирах из 2, 3 и 4 рангов, с SGD и AdamW, каждый ранг обучается как один процесс, "
+                            "хранит 1/n состояния оптимизатора и делает за шаг один ReduceScatter и один AllGather."))
+
+
+def _judge_shard(fn) -> Verdict:
+    return _judge(fn, zero1_step)
+
+
+def _judge_step(fn) -> Verdict:
+    return _judge(zero1_shard, fn)
+
+
+ZERO1_SHARD = CodeExercise("04.zero1_shard", _judge_shard, zero1_shard,
+                           (_shard_but_optimize_everything, _shard_unequal_slices, _shard_strided))
+ZERO1_STEP = CodeExercise("04.zero1_step", _judge_step, zero1_step,
+                          (_step_all_reduce, _step_no_all_gather, _step_sum_not_average))
