@@ -7,6 +7,8 @@
                   with no_sync
   zero1           lesson 04: ZeRO-1's flat shard with its optimizer, and the step between ReduceScatter and
                   AllGather
+  hybrid          lesson 07: the grid's shard and replica groups, HYBRID_SHARD's gradient sync
+  port_to_fsdp2   lesson 08: fully_shard bottom-up on a 1-D or 2-D mesh, a full state dict on every rank
 """
 from __future__ import annotations
 
@@ -18,7 +20,9 @@ __all__ = ["all_exercises"]
 def all_exercises() -> list[CodeExercise]:
     """Every code exercise of the course (what tests/test_exercises.py runs)."""
     from fsdp_mini.course.exercises import per_parameter
+    from fsdp_mini.course.exercises import hybrid, port_to_fsdp2
     from fsdp_mini.course.exercises import ddp_buckets, zero1
     return [per_parameter.DIM0_SHARD, per_parameter.UNSHARD, per_parameter.REDUCE_GRADS,
             ddp_buckets.BUCKET_HOOK, ddp_buckets.FINISH_BACKWARD, ddp_buckets.ACCUMULATE,
-            zero1.ZERO1_SHARD, zero1.ZERO1_STEP]
+            zero1.ZERO1_SHARD, zero1.ZERO1_STEP,
+            hybrid.GROUPS_FOR, hybrid.HYBRID_REDUCE, port_to_fsdp2.WRAP_FSDP2, port_to_fsdp2.GATHER_FULL_STATE]
