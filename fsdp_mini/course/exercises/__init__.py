@@ -3,6 +3,10 @@
 
   per_parameter   lesson 09: a parameter's dim-0 shard, a unit's unshard (copy-in, AllGather, copy-out),
                   its gradients' ReduceScatter
+  flat_param      lesson 05: a flat parameter's unshard (one AllGather, views of one buffer) and its
+                  gradient's ReduceScatter, against FSDP's own handle
+  prefetch        lesson 06: the order backward reaches the units, replayed by FSDP's prefetch
+  mixed_precision lesson 06: the cast policy (compute dtype for floating parameters only, reduce dtype)
   ddp_buckets     lesson 03: DDP's gradient hook and end of backward (buckets, async AllReduce), accumulation
                   with no_sync
   zero1           lesson 04: ZeRO-1's flat shard with its optimizer, and the step between ReduceScatter and
@@ -20,9 +24,11 @@ __all__ = ["all_exercises"]
 def all_exercises() -> list[CodeExercise]:
     """Every code exercise of the course (what tests/test_exercises.py runs)."""
     from fsdp_mini.course.exercises import per_parameter
+    from fsdp_mini.course.exercises import flat_param, mixed_precision, prefetch
     from fsdp_mini.course.exercises import hybrid, port_to_fsdp2
     from fsdp_mini.course.exercises import ddp_buckets, zero1
-    return [per_parameter.DIM0_SHARD, per_parameter.UNSHARD, per_parameter.REDUCE_GRADS,
+    return [flat_param.UNSHARD_FLAT, flat_param.REDUCE_GRADIENT, prefetch.BACKWARD_ORDER, mixed_precision.CAST_POLICY,
+            per_parameter.DIM0_SHARD, per_parameter.UNSHARD, per_parameter.REDUCE_GRADS,
             ddp_buckets.BUCKET_HOOK, ddp_buckets.FINISH_BACKWARD, ddp_buckets.ACCUMULATE,
             zero1.ZERO1_SHARD, zero1.ZERO1_STEP,
             hybrid.GROUPS_FOR, hybrid.HYBRID_REDUCE, port_to_fsdp2.WRAP_FSDP2, port_to_fsdp2.GATHER_FULL_STATE]

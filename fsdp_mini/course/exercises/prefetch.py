@@ -1,0 +1,178 @@
+"""Lesson 06's prefetch exercise: the order in which backward reaches the units, written by the learner.
+
+`backward_prefetch_order(forward_order)` receives the unit names in the order the first forward ran them
+(what `FSDP.forward_order` records) and returns the order backward will reach them. The judge plugs the
+answer into a real `fsdp_mini.FSDP` through its public `backward_order` (an `ExecutionOrder` that replays a
+list instead of recording one), runs a logged step on two ranks with prefetch on, and judges what
+happened: with `Trace` (when each unit's backward compute began) and CommLog (when each AllGather was
+issued), every unit's backward AllGather must be issued before the unit that runs just before it in
+backward starts computing (it was prefetched), and the gathered peak must not exceed the library's own.
+
+Two models: the course's GPT, and one whose forward calls its stages out of their definition order, so
+an answer that sorts names instead of reading the recorded order is caught.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from fsdp_mini.comm_log import CommLog
+from fsdp_mini.course.exercise import CodeExercise, Verdict
+from fsdp_mini.course.language import num, tr
+from fsdp_mini.launch import launch
+
+__all__ = ["BACKWARD_ORDER", "backward_prefetch_order", "Shuffled", "MODELS"]
+
+_TIMEOUT_S = 90
+_WORLD = 2
+
+
+# --- the reference solution (the lesson's folded solution is its source) -------------------------------
+
+def backward_prefetch_order(forward_order: list[str]) -> list[str]:
+    root, *units = forward_order  # the root ran first: embeddings... and its head runs last in forward
+    return [root] + units[::-1]  # the loss's gradient reaches the head (root) first, then units in reverse
+
+
+# --- plausible mistakes, which the judge must catch (tests/test_exercise.py) ---------------------------
+
+def _order_reversed_whole(forward_order):
+    return forward_order[::-1]  # backward is forward reversed... including the root, which runs at both ends
+
+
+def _order_as_forward(forward_order):
+    return list(forward_order)  # backward replays forward
+
+
+def _order_by_name(forward_order):
+    root, *units = forward_order
+    return [root] + sorted(units, reverse=True)  # reverse by name, not by what forward did
+
+
+# --- the models --------------------------------------------------------------------------------------------
+
+class Stage(nn.Module):
+    """One unit of `Shuffled`: a residual Linear + tanh."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.lin = nn.Linear(width, width)
+
+    def forward(self, h):
+        return h + torch.tanh(self.lin(h))
+
+
+class Shuffled(nn.Module):
+    """A model whose forward calls its stages in the order `ORDER`, not 0, 1, 2, 3: the recorded forward
+    order is the only source of truth about which unit runs when."""
+
+    ORDER = (2, 0, 3, 1)
+
+    def __init__(self, width: int = 16):
+        super().__init__()
+        self.inp = nn.Linear(6, width)
+        self.layers = nn.ModuleList(Stage(width) for _ in self.ORDER)
+        self.head = nn.Linear(width, 1)
+
+    def forward(self, x):
+        h = self.inp(x)
+        for i in self.ORDER:
+            h = self.layers[i](h)
+        return self.head(h).pow(2).mean()
+
+
+def _gpt():
+    from fsdp_mini.course.models import GPT, Block, GPTConfig
+    cfg = GPTConfig(n_layer=4)
+    return GPT(cfg), (Block,)
+
+
+def _shuffled():
+    torch.manual_seed(0)
+    return Shuffled(), (Stage,)
+
+
+MODELS = {"GPT": _gpt, "Shuffled": _shuffled}
+
+
+def _step(name: str, model, step: int):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if name == "GPT":
+        from fsdp_mini.course.models import GPTConfig, make_batch
+        from fsdp_mini.course.train import local_rows
+        x, y = (local_rows(t, rank, world) for t in make_batch(GPTConfig(n_layer=4), 8, step=step))
+        model(x, y).backward()
+    else:
+        model(torch.randn(4, 6, generator=torch.Generator().manual_seed(10 * step + rank))).backward()
+
+
+def _run(name: str, order: list[str] | None) -> dict:
+    """One step to record (or, with `order`, to replay the learner's backward order), one logged step."""
+    from fsdp_mini.course.trace import Trace
+    from fsdp_mini.fsdp import FSDP, ExecutionOrder
+    module, wrap = MODELS[name]()
+    model = FSDP(module, wrap=wrap, prefetch=True)
+    if order is not None:  # the public path: a backward order that replays the learner's list
+        by_name = {u.name or "root": u for u in model.units}
+        model.backward_order = ExecutionOrder(units=[by_name[n] for n in order], recording=False)
+    _step(name, model, 0)
+    model.memory.reset_peak()
+    dist.barrier()
+    with CommLog() as log, Trace(model) as trace:
+        _step(name, model, 1)
+    return dict(forward=[u.name or "root" for u in model.forward_order.units],
+                backward=[u.name or "root" for u in model.backward_order.units],
+                gathers=[(r.label, r.start) for r in log.records if r.op == "all_gather"],
+                backward_starts=[(s.label, s.start) for s in trace.spans if s.kind == "backward"],
+                peak=model.memory.peak)
+
+
+@functools.cache
+def library_run(name: str) -> tuple[dict, ...]:
+    """The library's own recorded orders and gathered peak for model `name` (computed once per process)."""
+    return tuple(launch(_run, _WORLD, args=(name, None), timeout=_TIMEOUT_S))
+
+
+def _judge(fn) -> Verdict:
+    for name in MODELS:
+        truth = library_run(name)
+        forward, backward = truth[0]["forward"], truth[0]["backward"]
+        answer = fn(list(forward))
+        if not isinstance(answer, (list, tuple)) or sorted(map(str, answer)) != sorted(forward):
+            return Verdict.wrong(tr(
+                f"{name}: return the unit names you were given ({forward}), each once, in the order backward "
+                f"reaches them; got {answer!r}",
+                f"{name}: верните данные вам имена юнитов ({forward}), каждое по разу, в том порядке, в каком "
+                f"до них доходит backward; получено {answer!r}"))
+        runs = launch(_run, _WORLD, args=(name, list(answer)), timeout=_TIMEOUT_S)
+        for rank, res in enumerate(runs):
+            for before, after in zip(backward, backward[1:]):
+                issued = max(t for label, t in res["gathers"] if label == after)
+                began = min(t for label, t in res["backward_starts"] if label == before)
+                if issued > began:
+                    return Verdict.wrong(tr(
+                        f"{name} (forward order {forward}), rank {rank}: {after} was not prefetched: its "
+                        f"backward AllGather was issued only after {before}'s backward had begun, so backward "
+                        f"waited for it",
+                        f"{name} (порядок forward {forward}), ранг {rank}: {after} не был выбран заранее: его "
+                        f"AllGather в backward запущен, только когда backward {before} уже начался, и backward "
+                        f"его ждал"))
+            if res["peak"] > truth[rank]["peak"]:
+                return Verdict.wrong(tr(
+                    f"{name}, rank {rank}: gathered parameters peaked at {num(res['peak'])} B, above the "
+                    f"{num(truth[rank]['peak'])} B of a unit computing plus one prefetched: some unit was "
+                    f"gathered long before backward needed it",
+                    f"{name}, ранг {rank}: пик собранных параметров {num(res['peak'])} Б, больше "
+                    f"{num(truth[rank]['peak'])} Б (вычисляемый юнит плюс один выбранный заранее): какой-то юнит "
+                    f"собран задолго до того, как он понадобился backward"))
+    return Verdict.right(tr("Plugged into FSDP, your order prefetched every unit in time in both models, with the "
+                            "library's gathered peak.",
+                            "Подключённый к FSDP, ваш порядок вовремя выбирал каждый юнит заранее в обеих моделях, "
+                            "с тем же пиком собранных параметров, что у библиотеки."))
+
+
+BACKWARD_ORDER = CodeExercise("06.backward_prefetch_order", _judge, backward_prefetch_order,
+                              (_order_reversed_whole, _order_as_forward, _order_by_name))
