@@ -107,12 +107,51 @@ def modules() -> list[str]:
     return names
 
 
+def reference_pages(site_dir: Path, lang: str) -> dict[str, str]:
+    """The API reference's pages of one language, {folder name: html}: its index and one page per group."""
+    folder = site_dir / PREFIX[lang] / "reference"
+    return {p.parent.name: p.read_text(encoding="utf-8") for p in sorted(folder.glob("*/index.html"))} | {
+        "": (folder / "index.html").read_text(encoding="utf-8")}
+
+
+def signature_of(html: str, anchor: str) -> str:
+    """The text of the signature block that follows a heading's anchor (mkdocstrings' separate_signature)."""
+    start = html.index(f'id="{anchor}"')
+    block = re.search(r'<div class="doc-signature.*?</div>|class="doc-signature.*?</code>', html[start:], re.S)
+    assert block, f"no signature under {anchor}"
+    return re.sub(r"<[^>]+>", "", block.group(0))
+
+
 @pytest.mark.parametrize("lang", LANGS)
 def test_api_reference_covers_every_module(site, lang):
-    html = page_path(site[0], lang, "reference").read_text(encoding="utf-8")
-    missing = [m for m in modules() if f'id="{m}"' not in html]
+    pages = reference_pages(site[0], lang)
+    assert len(pages) >= 5, f"the reference is not split into pages: {sorted(pages)}"
+    where = {m: [name for name, html in pages.items() if f'id="{m}"' in html] for m in modules()}
+    missing = [m for m, found in where.items() if not found]
     assert not missing, f"modules missing from the API reference: {missing}"
-    assert 'id="fsdp_mini.fsdp.FSDP"' in html and "sharding_strategy" in html
+    twice = {m: found for m, found in where.items() if len(found) > 1 and m != "fsdp_mini"}
+    assert not twice, f"modules on more than one reference page: {twice}"
+    # the library's pages come before the course's, in the navigation as in the index
+    library = [where[m][0] for m in modules() if m.count(".") == 1 and ".course" not in m]
+    course = [where[m][0] for m in modules() if m.startswith("fsdp_mini.course")]
+    assert max(library) < min(course), (library, course)
+    nav = re.findall(r'href="(?:\.\./)*(?:reference/)?([\w-]+)/"', pages[""].split("md-sidebar--secondary")[0])
+    order = list(dict.fromkeys(n for n in nav if n in pages))
+    assert order == sorted(order) and len(order) == len(pages) - 1, order
+
+
+@pytest.mark.parametrize("lang", LANGS)
+def test_api_reference_shows_constructors_and_lists(site, lang):
+    html = "\n".join(reference_pages(site[0], lang).values())
+    for anchor, parameters in [("fsdp_mini.fsdp.FSDP", ["module", "sharding_strategy", "wrap", "mixed_precision"]),
+                               ("fsdp_mini.ddp.DistributedDataParallel", ["module", "bucket_cap_mb"]),
+                               ("fsdp_mini.zero.ZeroRedundancyOptimizer", ["params", "optimizer_class"])]:
+        signature = signature_of(html, anchor)
+        assert all(p in signature for p in parameters), f"{anchor}: {signature}"
+    index = reference_pages(site[0], lang)[""]
+    package = index[index.index('id="fsdp_mini"'):]
+    assert re.search(r"<ol>\s*<li>\s*<p>one process|<ol>\s*<li>one process", package), \
+        "the package docstring's layers are not a list"
 
 
 # --- links --------------------------------------------------------------------------------------------

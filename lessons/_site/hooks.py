@@ -30,8 +30,11 @@
    head links are dropped: the header's language switch keeps its links to the twins, and the
    site's sitemap.xml lists each page's alternates for search engines. The 404 page, built by
    every language into the same file, is kept in English, its language switch to the home pages.
-7. The API reference covers every module: a page containing `<!-- fsdp_mini modules -->` gets one
-   mkdocstrings block per module of `fsdp_mini` found on disk, so a new module cannot be left out.
+7. The API reference covers every module, one page per group of modules: a page containing
+   `<!-- fsdp_mini modules: PATTERN ... -->` gets one mkdocstrings block per module of `fsdp_mini` found
+   on disk that its patterns name (exact names or globs). A module named by several pages goes to the
+   closest name (an exact name, then the longest glob), so a catch-all like `fsdp_mini.*` on one page
+   takes a new module until a page names it (and tests/test_site.py checks that every module is on a page).
 8. A notebook's link to another notebook lands on its page. A lesson links the next one as Jupyter and
    GitHub need it, `[lesson 09](09_flat_or_per_parameter.ipynb)`; MkDocs rewrites such links in
    Markdown pages only, mkdocs-jupyter leaves them as they are, so on the site they pointed at a file
@@ -40,6 +43,7 @@
 """
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import importlib.util
 import json
@@ -234,7 +238,7 @@ def on_post_template(output: str, template_name: str, config) -> str:
 
 
 # 7. the API reference covers every module ----------------------------------------------------------
-MODULES_MARKER = "<!-- fsdp_mini modules -->"
+MODULES_MARKER = re.compile(r"<!-- fsdp_mini modules: (.*?) -->", re.S)
 
 
 def _modules() -> list[str]:
@@ -247,7 +251,43 @@ def _modules() -> list[str]:
     return names
 
 
+def _specificity(pattern: str, module: str) -> tuple[int, int] | None:
+    """How closely `pattern` names `module`: an exact name beats any glob, a longer glob a shorter."""
+    if pattern == module:
+        return (2, len(pattern))
+    if "*" in pattern and fnmatch.fnmatchcase(module, pattern):
+        return (1, len(pattern.split("*")[0]))
+    return None
+
+
+def _reference_pages(page) -> dict[str, list[str]]:
+    """The marker patterns of every page in the folder of `page` (one language's reference)."""
+    found = {}
+    for path in sorted(Path(page.file.abs_src_path).parent.glob("*.md")):
+        marker = MODULES_MARKER.search(path.read_text(encoding="utf-8"))
+        if marker:
+            found[path.name] = marker.group(1).split()
+    return found
+
+
+def _modules_of(page) -> list[str]:
+    """The modules the page's marker claims: each module goes to the page whose pattern names it most
+    closely, in the order of the page's patterns (a glob's matches in the order of the files)."""
+    pages, mine = _reference_pages(page), Path(page.file.abs_src_path).name
+    best = {}
+    for module in _modules():
+        scored = [(score, name, i) for name, patterns in pages.items()
+                  for i, pattern in enumerate(patterns) if (score := _specificity(pattern, module))]
+        if scored:
+            _, name, i = max(scored, key=lambda x: x[0])
+            best[module] = (name, i)
+    return sorted((m for m, (name, _) in best.items() if name == mine), key=lambda m: best[m][1])
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:
-    if MODULES_MARKER not in markdown:
+    marker = MODULES_MARKER.search(markdown)
+    if marker is None:
         return markdown
-    return markdown.replace(MODULES_MARKER, "\n".join(f"::: {name}\n" for name in _modules()))
+    blocks = "\n".join(f"::: {name}\n" for name in _modules_of(page))
+    return markdown[:marker.start()] + blocks + markdown[marker.end():]
+
