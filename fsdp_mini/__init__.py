@@ -8,7 +8,8 @@ The library, bottom up (a module imports only from its own layer or the ones bef
   1. one process, no collective: runtime (init / finish / get_device, torchrun's environment), strategy
      (what each strategy implies), ring_model (bytes a ring sends), flat_param (flatten, pad, cut into
      shards), plan (which modules become units), nested (tensors in nested outputs), mixed_precision,
-     memory (estimates and the tracker of gathered bytes)
+     memory (estimates and the tracker of gathered bytes), flight_recorder (each rank's last
+     collectives, and the first one where ranks diverged)
   2. processes and messages: launch (start N ranks and fail fast, from the caller), comm_log (every
      collective, logged), collectives (ring by hand and torch's builtins), groups (shard and replica
      process groups)

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from fsdp_mini.comm_log import PendingRecord
+from fsdp_mini.flight_recorder import RECORDER
 from fsdp_mini.ring_model import ring_model_sent
 
 __all__ = ["ring_reduce_scatter", "ring_all_gather", "ring_all_reduce", "naive_all_reduce",
@@ -50,6 +51,7 @@ class _Group:
     rank: int
     size: int
     global_rank: int
+    ranks: tuple[int, ...]  # the group's global ranks (what the flight recorder keys on)
 
     @property
     def right(self) -> int:
@@ -60,9 +62,22 @@ class _Group:
         return (self.rank - 1) % self.size
 
 
+_group_ranks: dict[object, tuple[int, ...]] = {}
+
+
 def _group(group) -> _Group:
     pg = group if group is not None else dist.group.WORLD
-    return _Group(pg, dist.get_rank(pg), dist.get_world_size(pg), dist.get_rank())
+    ranks = _group_ranks.get(pg)
+    if ranks is None:
+        ranks = _group_ranks[pg] = tuple(dist.get_process_group_ranks(pg))
+    return _Group(pg, dist.get_rank(pg), dist.get_world_size(pg), dist.get_rank(), ranks)
+
+
+def _issue(op: str, impl: str, nbytes: int, g: _Group, tensors, sent: int = 0) -> PendingRecord:
+    """The CommLog record of a collective being issued, entered in the flight recorder too."""
+    pending = PendingRecord(op, impl, nbytes, g.size, g.global_rank, sent=sent)
+    pending.flight = RECORDER.issue(op, g.ranks, tensors, pending.label)
+    return pending
 
 
 def _check_op(op, allowed=(SUM, AVG)) -> None:
@@ -197,7 +212,7 @@ def ring_reduce_scatter(output: torch.Tensor, input: torch.Tensor, op=SUM, group
     g, inp, out = _group(group), _flat(input, "input"), _flat(output, "output")
     if inp.numel() != g.size * out.numel():
         raise ValueError(f"input has {inp.numel()} elements, expected group size {g.size} x output's {out.numel()}")
-    pending = PendingRecord("reduce_scatter", "ring", inp.numel() * inp.element_size(), g.size, g.global_rank)
+    pending = _issue("reduce_scatter", "ring", inp.numel() * inp.element_size(), g, (inp,))
     return _run(lambda: _rs(out, inp, op, g, pending), pending, async_op, g.size)
 
 
@@ -211,7 +226,7 @@ def ring_all_gather(output: torch.Tensor, input: torch.Tensor, group=None, async
     g, inp, out = _group(group), _flat(input, "input"), _flat(output, "output")
     if out.numel() != g.size * inp.numel():
         raise ValueError(f"output has {out.numel()} elements, expected group size {g.size} x input's {inp.numel()}")
-    pending = PendingRecord("all_gather", "ring", out.numel() * out.element_size(), g.size, g.global_rank)
+    pending = _issue("all_gather", "ring", out.numel() * out.element_size(), g, (inp,))
     return _run(lambda: _ag(out, inp, g, pending), pending, async_op, g.size)
 
 
@@ -228,7 +243,7 @@ def ring_all_reduce(tensor: torch.Tensor, op=SUM, group=None, async_op=False):
     flat = tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)
     numel, n = flat.numel(), g.size
     chunk = -(-numel // n)
-    pending = PendingRecord("all_reduce", "ring", numel * flat.element_size(), n, g.global_rank)
+    pending = _issue("all_reduce", "ring", numel * flat.element_size(), g, (flat,))
 
     def body():
         buf = flat
@@ -255,7 +270,7 @@ def naive_all_reduce(tensor: torch.Tensor, op=SUM, group=None) -> None:
     _check_op(op)
     g = _group(group)
     flat = _flat(tensor, "tensor")
-    pending = PendingRecord("all_reduce", "naive", flat.numel() * flat.element_size(), g.size, g.global_rank)
+    pending = _issue("all_reduce", "naive", flat.numel() * flat.element_size(), g, (flat,))
 
     def body():
         if g.rank == 0:
@@ -297,8 +312,8 @@ def all_reduce(tensor: torch.Tensor, op=SUM, group=None, async_op=False, impl="b
         return ring_all_reduce(tensor, op, group, async_op)
     _check_op(op, (SUM, AVG, MAX))
     g = _group(group)
-    pending = PendingRecord("all_reduce", "builtin", tensor.numel() * tensor.element_size(), g.size, g.global_rank,
-                       sent=ring_model_sent("all_reduce", tensor.numel(), tensor.element_size(), g.size))
+    pending = _issue("all_reduce", "builtin", tensor.numel() * tensor.element_size(), g, (tensor,),
+                     sent=ring_model_sent("all_reduce", tensor.numel(), tensor.element_size(), g.size))
     # gloo has no AVG for all_reduce: SUM, then divide (NCCL would do the same work internally).
     post = (lambda: tensor.div_(g.size)) if op == AVG else None
     wire_op = SUM if op == AVG else op
@@ -313,8 +328,8 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op=SUM, gro
         return ring_reduce_scatter(output, input, op, group, async_op)
     _check_op(op)
     g = _group(group)
-    pending = PendingRecord("reduce_scatter", "builtin", input.numel() * input.element_size(), g.size, g.global_rank,
-                       sent=ring_model_sent("reduce_scatter", input.numel(), input.element_size(), g.size))
+    pending = _issue("reduce_scatter", "builtin", input.numel() * input.element_size(), g, (input,),
+                     sent=ring_model_sent("reduce_scatter", input.numel(), input.element_size(), g.size))
     return _builtin(lambda: torch_reduce_scatter_tensor(output, input, op, group=g.pg, async_op=True), None,
                     pending, async_op)
 
@@ -326,7 +341,7 @@ def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor, group=None
     if impl == "ring":
         return ring_all_gather(output, input, group, async_op)
     g = _group(group)
-    pending = PendingRecord("all_gather", "builtin", output.numel() * output.element_size(), g.size, g.global_rank,
-                       sent=ring_model_sent("all_gather", output.numel(), output.element_size(), g.size))
+    pending = _issue("all_gather", "builtin", output.numel() * output.element_size(), g, (input,),
+                     sent=ring_model_sent("all_gather", output.numel(), output.element_size(), g.size))
     return _builtin(lambda: torch_all_gather_into_tensor(output, input, group=g.pg, async_op=True), None,
                     pending, async_op)

@@ -20,6 +20,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from fsdp_mini.flight_recorder import RECORDER
 from fsdp_mini.ring_model import ring_model_sent
 
 __all__ = ["CommLog", "CommRecord", "PendingRecord", "ring_model_sent", "scope"]
@@ -62,15 +63,18 @@ class PendingRecord:
     and the caller's `scope` are taken then), counted up in `sent` while a hand-written ring runs, and
     appended to every active CommLog as a `CommRecord` by `finish()` when the op is complete."""
 
-    __slots__ = ("op", "impl", "nbytes", "group_size", "rank", "start", "label", "sent")
+    __slots__ = ("op", "impl", "nbytes", "group_size", "rank", "start", "label", "sent", "flight")
 
     def __init__(self, op, impl, nbytes, group_size, rank, sent=0):
         self.op, self.impl, self.nbytes, self.group_size, self.rank = op, impl, nbytes, group_size, rank
         self.sent = sent
         self.start = time.time()
         self.label = getattr(_scope, "label", "")
+        self.flight = None  # the flight recorder's entry for this collective (set by fsdp_mini.collectives)
 
     def finish(self) -> None:
+        if self.flight is not None:
+            RECORDER.complete(self.flight)
         if not _active:
             return
         rec = CommRecord(self.op, self.impl, self.nbytes, self.sent, self.group_size, self.rank,

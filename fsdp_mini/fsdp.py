@@ -45,6 +45,7 @@ from fsdp_mini.comm_log import scope
 from fsdp_mini.data_parallel import (GradientSync, broadcast_from_rank0, check_same_everywhere,
                                      check_same_fingerprints, fingerprint)
 from fsdp_mini.flat_param import flatten
+from fsdp_mini.flight_recorder import RECORDER
 from fsdp_mini.flat_param_handle import FlatParamHandle
 from fsdp_mini.grad_buckets import GradBuckets, check_bucket_cap_mb
 from fsdp_mini.groups import make_groups
@@ -233,13 +234,17 @@ class FSDP(GradientSync, nn.Module):
             args, kwargs = cast_floating((args, kwargs), self.mixed_precision.param_dtype)
         root = self.units[0]
         self.forward_order.start_pass()
-        self._pre_forward(root, self.module, args)
-        self._running = True
+        RECORDER.in_forward(True)  # the collectives until the end of forward are labelled "forward"
         try:
-            out = self.module(*args, **kwargs)
+            self._pre_forward(root, self.module, args)
+            self._running = True
+            try:
+                out = self.module(*args, **kwargs)
+            finally:
+                self._running = False
+            self._post_forward(root, self.module, args, out)
         finally:
-            self._running = False
-        self._post_forward(root, self.module, args, out)
+            RECORDER.in_forward(False)
         if self.mixed_precision.output_dtype is not None:
             out = cast_floating(out, self.mixed_precision.output_dtype)
         return out

@@ -39,6 +39,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from fsdp_mini.flight_recorder import RECORDER, find_divergence, load_records, record_path
 from fsdp_mini.runtime import check_backend
 
 __all__ = ["launch", "LaunchError", "LaunchTimeout"]
@@ -90,6 +91,9 @@ def _child(fn, args, rank, world_size, local_world_size, backend, timeout, folde
     sys.stderr = open(2, "w", buffering=1, closefd=False)
     # Dump every thread's Python stack on SIGUSR1: the parent asks before killing a hung rank.
     faulthandler.register(signal.SIGUSR1, file=2, all_threads=True)
+    # The collectives this rank issues, mirrored into a file the parent reads if ranks diverge.
+    RECORDER.reset()
+    RECORDER.attach(record_path(folder, rank))
     os.environ.update(
         RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank % local_world_size),
         LOCAL_WORLD_SIZE=str(local_world_size), GROUP_RANK=str(rank // local_world_size),
@@ -303,10 +307,25 @@ def _collect(procs, conns, timeout, folder, capture) -> list[Any]:
         msg = _failure_message(rank, headline, remote_tb, folder, capture)
         if others:
             msg += f"\n(ranks {others} failed after it; ranks still running were killed)"
-        raise LaunchError(msg, rank=rank, remote_traceback=remote_tb)
+        verdict = _divergence(folder, len(procs))
+        raise LaunchError((f"{verdict}\n" if verdict else "") + msg, rank=rank, remote_traceback=remote_tb)
     if pending:
-        raise _timeout_error(procs, sorted(pending.values()), sorted(results), timeout, folder, capture)
+        verdict = _divergence(folder, len(procs))
+        error = _timeout_error(procs, sorted(pending.values()), sorted(results), timeout, folder, capture)
+        if verdict:
+            error = LaunchTimeout(f"{verdict}\n{error}", rank=error.rank)
+        raise error
     return [results[r] for r in range(world_size)]
+
+
+def _divergence(folder: str, world_size: int) -> str:
+    """The first collective where the ranks differ, from the flight records every rank mirrors into
+    `folder` (readable even for a rank that aborted or hangs): the first line of a failure's message."""
+    try:
+        verdict = find_divergence(load_records(folder), world=world_size)
+    except (OSError, ValueError, KeyError, TypeError):  # no verdict: the rest of the message stands
+        return ""
+    return f"ranks diverged: {verdict}" if verdict else ""
 
 
 def _stack_of_fn(dump: str) -> str:

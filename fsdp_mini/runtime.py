@@ -22,6 +22,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from fsdp_mini.flight_recorder import FLIGHT_DIR_ENV, RECORDER, record_path
+
 __all__ = ["init", "finish", "get_device", "under_torchrun", "local_world_size", "default_backend",
            "check_backend", "BACKENDS"]
 
@@ -70,7 +72,8 @@ def init(backend: str | None = None, timeout: float = 600.0) -> tuple[int, int]:
 
     Inside `launch` (already initialised) this only returns the rank. Under `torchrun` it reads RANK,
     WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT (the `env://` convention). Run as a plain script
-    (none of them set) it forms a world of one process, so the same script works everywhere.
+    (none of them set) it forms a world of one process, so the same script works everywhere. With
+    FSDP_MINI_FLIGHT_DIR set, each rank's flight record is mirrored there (`fsdp_mini.flight_recorder`).
     """
     if not dist.is_initialized():
         backend = check_backend(backend)
@@ -84,6 +87,10 @@ def init(backend: str | None = None, timeout: float = 600.0) -> tuple[int, int]:
         if backend == "nccl":
             torch.cuda.set_device(local_rank())
         dist.init_process_group(backend, **kwargs)
+        folder = os.environ.get(FLIGHT_DIR_ENV)
+        if folder:  # mirror this rank's collectives there, for `python -m fsdp_mini diagnose DIR`
+            os.makedirs(folder, exist_ok=True)
+            RECORDER.attach(record_path(folder, dist.get_rank()))
     return dist.get_rank(), dist.get_world_size()
 
 

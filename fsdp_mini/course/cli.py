@@ -1,4 +1,4 @@
-"""The command line, `python -m fsdp_mini` (or `fsdp-mini`): the demo and the benchmarks.
+"""The command line, `python -m fsdp_mini` (or `fsdp-mini`): the demo, the benchmarks, and `diagnose`.
 
 Each subcommand starts its ranks with `launch` or, when run under `torchrun` (RANK is set), runs the
 same worker in this process after `init()`; rank 0 prints.
@@ -17,6 +17,7 @@ from fsdp_mini.course import bench_collectives, cost, simulate
 from fsdp_mini.course.bench import command as bench_command
 from fsdp_mini.collectives import naive_all_reduce, ring_all_reduce
 from fsdp_mini.comm_log import CommLog
+from fsdp_mini.flight_recorder import diagnose
 from fsdp_mini.launch import launch
 from fsdp_mini.runtime import finish, init, under_torchrun
 
@@ -94,6 +95,15 @@ def bench_collectives_cmd(args) -> int:
     return 0
 
 
+def diagnose_cmd(args) -> int:
+    """Print the verdict of `fsdp_mini.flight_recorder.diagnose` (exit code 1 when there is no record)."""
+    if not os.path.isdir(args.folder):
+        raise ValueError(f"{args.folder} is not a folder")
+    verdict = diagnose(args.folder)
+    print(verdict)
+    return 1 if verdict.startswith("no flight records") else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fsdp_mini", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -114,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     b.add_argument("--timeout", type=float, default=600)
     b.set_defaults(func=bench_collectives_cmd)
+    g = sub.add_parser("diagnose", help="where the ranks of a hung or failed job diverged, from their flight records")
+    g.add_argument("folder", help="the FSDP_MINI_FLIGHT_DIR the ranks wrote to (files rank<r>.flight)")
+    g.set_defaults(func=diagnose_cmd)
     bench_command.add_subcommand(sub)
     simulate.add_subcommand(sub)
     args = parser.parse_args(argv)

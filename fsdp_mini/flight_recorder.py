@@ -1,0 +1,256 @@
+"""Each rank's last collectives, so that a hang can say *where* the ranks went different ways.
+
+The usual distributed failure is not an exception but a hang: one rank skips a collective (a block
+skipped by data-dependent control flow, one batch fewer, `state_dict()` on rank 0 only), and every rank
+then waits in a different one until a timeout. The stacks show where each rank waits, but not why. So
+every rank records the collectives it issues in a short ring buffer (as PyTorch's NCCL flight recorder
+does): per process group a sequence number, the op, the group's ranks, the tensors' shapes and dtype, and
+the caller's CommLog scope (the FSDP unit) and phase. Put side by side, the ranks' records name the first
+collective where they differ:
+
+    rank 1 waits in AllGather #17 (blocks.2, forward) while ranks 0, 2, 3 wait in ReduceScatter #17
+    (blocks.3, backward)
+
+`fsdp_mini.collectives` records into `RECORDER` (one per process; a few microseconds per collective, so
+it is always on), which mirrors itself into a memory-mapped file: under `fsdp_mini.launch` in the
+launch's folder, whose records the caller reads when a rank fails or the ranks time out (the verdict is
+the first line of its error); under torchrun in `$FSDP_MINI_FLIGHT_DIR` when it is set
+(`fsdp_mini.init()` attaches it), and `python -m fsdp_mini diagnose DIR` prints the same verdict from the
+files, also for ranks that were killed or hang.
+"""
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import threading
+from collections import deque
+from dataclasses import asdict, dataclass, replace
+
+import torch
+
+__all__ = ["Entry", "FlightRecorder", "RECORDER", "find_divergence", "diagnose", "load_records", "record_path",
+           "FLIGHT_DIR_ENV", "CAPACITY"]
+
+CAPACITY = 64  # collectives kept per rank: a few steps of a small model; divergence shows up at once
+FLIGHT_DIR_ENV = "FSDP_MINI_FLIGHT_DIR"
+_OP_NAMES = {"all_reduce": "AllReduce", "reduce_scatter": "ReduceScatter", "all_gather": "AllGather",
+             "broadcast": "Broadcast"}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One collective as this rank issued it."""
+
+    seq: int  # this rank's n-th collective in `group` (1-based): ranks of a group must agree on each
+    op: str
+    group: tuple[int, ...]  # the global ranks of the process group
+    shapes: tuple[tuple[int, ...], ...]
+    dtype: str
+    label: str  # the caller's CommLog scope, e.g. an FSDP unit
+    phase: str  # "forward", "backward" or ""
+    done: bool = False
+
+    def signature(self) -> tuple:
+        """What ranks of a group must agree on at the same sequence number."""
+        return (self.op, self.shapes, self.dtype, self.label, self.phase)
+
+    def describe(self, with_shapes: bool = False) -> str:
+        where = ", ".join(x for x in (self.label, self.phase) if x)
+        text = f"{_OP_NAMES.get(self.op, self.op)} #{self.seq}" + (f" ({where})" if where else "")
+        if with_shapes:
+            text += f" of {', '.join(str(tuple(s)) for s in self.shapes)} {self.dtype}"
+        return text
+
+
+class FlightRecorder:
+    """The last `capacity` collectives of this process, in issue order.
+
+    Kept in memory, and, once `attach`ed to a file, also in that file through a memory map: each entry
+    is written into its slot of a fixed-size ring as it is issued and again when it completes. A memory
+    write costs no system call, and the file outlives the process: the record of a rank that aborted
+    inside a collective (gloo aborts on mismatched shapes) or was killed can still be read."""
+
+    def __init__(self, capacity: int = CAPACITY):
+        self.capacity = capacity
+        self._entries: deque[_Token] = deque(maxlen=capacity)
+        self._seq: dict[tuple[int, ...], int] = {}
+        self._issued = 0
+        self._lock = threading.Lock()
+        self._in_forward = False
+        self._map: mmap.mmap | None = None
+        self.enabled = True  # False only to measure what recording costs (the bench's `:norecord` cases)
+
+    def attach(self, path: str) -> None:
+        """Mirror the record into `path` (created, `capacity` slots of `_SLOT` bytes)."""
+        with open(path, "wb") as f:
+            f.truncate(self.capacity * _SLOT)
+        with open(path, "r+b") as f:
+            self._map = mmap.mmap(f.fileno(), self.capacity * _SLOT)
+
+    def issue(self, op: str, group: tuple[int, ...], tensors, label: str) -> "_Token | None":
+        """Record a collective at issue time; returns the token that `complete` takes."""
+        if not self.enabled:
+            return None
+        # autograd knows when it runs a backward; a forward is announced by the engines (`in_forward`)
+        phase = "backward" if torch._C._current_graph_task_id() != -1 else ("forward" if self._in_forward else "")
+        with self._lock:
+            seq = self._seq[group] = self._seq.get(group, 0) + 1
+            entry = Entry(seq, op, group, tuple(tuple(t.shape) for t in tensors),
+                          str(tensors[0].dtype).replace("torch.", ""), label, phase)
+            token = _Token(entry, self._issued % self.capacity, self._issued)
+            self._issued += 1
+            self._entries.append(token)
+            self._write(token)
+        return token
+
+    def complete(self, token: "_Token | None") -> None:
+        if token is None:
+            return
+        token.entry = replace(token.entry, done=True)
+        if self._issued - token.number <= self.capacity:  # its slot has not been reused by a newer one
+            self._write(token)
+
+    def _write(self, token: "_Token") -> None:
+        if self._map is None:
+            return
+        data = json.dumps({"n": token.number, **asdict(token.entry)}).encode()
+        if len(data) < _SLOT:  # an entry too long to fit is left out of the file, not the memory
+            start = token.slot * _SLOT
+            self._map[start:start + _SLOT] = data.ljust(_SLOT, b" ")
+
+    def in_forward(self, running: bool) -> None:
+        """The engines say when a model's (root) forward starts and ends, so that the collectives in
+        between are labelled "forward"."""
+        self._in_forward = running
+
+    def entries(self) -> list[Entry]:
+        with self._lock:
+            return [t.entry for t in self._entries]
+
+    def reset(self) -> None:
+        """Forget everything and detach (a forked rank starts from an empty record, not its parent's)."""
+        with self._lock:
+            self._entries.clear()
+            self._seq.clear()
+            self._issued = 0
+            self._in_forward = False
+            self._map = None
+
+    def dump(self, path: str) -> None:
+        """Write this rank's record as a file that `load_records` reads (atomically)."""
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            for i, e in enumerate(self.entries()):
+                f.write(json.dumps({"n": i, **asdict(e)}).ljust(_SLOT - 1) + "\n")
+        os.replace(tmp, path)
+
+
+@dataclass
+class _Token:
+    """An entry in flight: its (replaceable) entry, its slot in the file, its issue number."""
+
+    entry: Entry
+    slot: int
+    number: int
+
+
+_SLOT = 512  # bytes per entry in the file
+
+
+RECORDER = FlightRecorder()
+
+
+def record_path(folder: str, rank: int) -> str:
+    return os.path.join(folder, f"rank{rank}.flight")
+
+
+def load_records(folder: str) -> dict[int, list[Entry]]:
+    """Every rank's record in `folder` (files `rank<r>.flight`), each in issue order. A slot that does
+    not parse (never written, or being written as the process died) is skipped."""
+    out = {}
+    for name in sorted(os.listdir(folder)):
+        if not (name.startswith("rank") and name.endswith(".flight")):
+            continue
+        with open(os.path.join(folder, name), "rb") as f:
+            data = f.read()
+        rows = []
+        for start in range(0, len(data), _SLOT):
+            try:
+                row = json.loads(data[start:start + _SLOT])
+            except ValueError:
+                continue
+            rows.append(row)
+        rows.sort(key=lambda row: row.pop("n"))
+        out[int(name[4:-7])] = [Entry(**{**row, "group": tuple(row["group"]),
+                                         "shapes": tuple(tuple(x) for x in row["shapes"])}) for row in rows]
+    return out
+
+
+def _ranks(ranks) -> str:
+    ranks = sorted(ranks)
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+
+
+def find_divergence(records: dict[int, list[Entry]], world: int | None = None) -> str | None:
+    """The first collective where the ranks of a group differ, as one sentence; None if they agree.
+
+    Within each process group, the members' entries are compared sequence number by sequence number
+    (entries that fell out of a ring buffer are skipped). A member with no entry at that number issued
+    fewer collectives in the group: it waits elsewhere, finished, or died. Of all groups, the divergence
+    with the lowest sequence number is reported (ties: the larger group). `world`: the number of ranks
+    (default: the ranks with a record), to tell the whole world's group from a subgroup."""
+    world = len(records) if world is None else world
+    found: list[tuple[int, int, str]] = []
+    groups = {e.group for entries in records.values() for e in entries}
+    for group in groups:
+        members = [r for r in group if r in records]
+        by_rank = {r: {e.seq: e for e in records[r] if e.group == group} for r in members}
+        oldest = max((min(s) for s in by_rank.values() if s), default=1)  # older ones may have been dropped
+        newest = max((max(s) for s in by_rank.values() if s), default=0)
+        for seq in range(oldest, newest + 1):
+            at = {r: by_rank[r].get(seq) for r in members}
+            signatures = {e.signature() if e else None for e in at.values()}
+            if len(signatures) > 1:
+                found.append((seq, -len(group), _describe(seq, at, by_rank, world)))
+                break
+    return min(found)[2] if found else None
+
+
+def _describe(seq: int, at: dict[int, Entry | None], by_rank: dict[int, dict[int, Entry]], world: int) -> str:
+    kinds: dict[tuple | None, list[int]] = {}
+    for rank, entry in at.items():
+        kinds.setdefault(entry.signature() if entry else None, []).append(rank)
+    present = [at[ranks[0]] for sig, ranks in kinds.items() if sig is not None]
+    shapes_differ = len({e.op for e in present}) == 1 and len({(e.shapes, e.dtype) for e in present}) > 1
+    parts = []
+    # the odd one out first (the smallest set of ranks that agree), ranks that issued something before
+    # ranks that issued nothing
+    for sig, ranks in sorted(kinds.items(), key=lambda kv: (len(kv[1]), kv[0] is None, kv[1])):
+        if sig is None:
+            last = [max(by_rank[r].values(), key=lambda e: e.seq) for r in ranks if by_rank[r]]
+            after = f" (its last: {last[0].describe()})" if len(ranks) == 1 and last else ""
+            parts.append(f"{_ranks(ranks)} issued no collective #{seq}{after}")
+        else:
+            entry = at[ranks[0]]
+            verb = "issued" if entry.done else ("waits in" if len(ranks) == 1 else "wait in")
+            parts.append(f"{_ranks(ranks)} {verb} {entry.describe(with_shapes=shapes_differ)}")
+    group = next(e.group for e in present)
+    where = "" if group == tuple(range(world)) else f" (in the group of ranks {list(group)})"
+    return parts[0] + " while " + " and ".join(parts[1:]) + where
+
+
+def diagnose(folder: str) -> str:
+    """The verdict from the ranks' record files in `folder` (what `python -m fsdp_mini diagnose` prints)."""
+    records = load_records(folder)
+    if not records:
+        return f"no flight records (rank<r>.flight) in {folder}"
+    verdict = find_divergence(records, world=max(records) + 1)
+    if verdict:
+        return verdict
+    waiting = {r: next((e for e in reversed(es) if not e.done), None) for r, es in records.items()}
+    stuck = {r: e for r, e in waiting.items() if e is not None}
+    if not stuck:
+        return f"ranks {sorted(records)} agree on every recorded collective, and none is waiting in one"
+    return ("the ranks agree on every recorded collective; waiting: "
+            + "; ".join(f"rank {r} in {e.describe()}" for r, e in sorted(stuck.items())))
