@@ -192,9 +192,10 @@ class FSDPParamGroup:
             by_dtype.setdefault(self.reduce_dtype or p.compute_dtype, []).append(p)
         n, group = self.mesh_info.shard_size, self.mesh_info.shard_group
         for dtype, params in by_dtype.items():
-            chunks = [p.padded_grad(dtype).view(n, -1) for p in params]
-            full = (chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=1)).reshape(-1)
-            output = torch.empty(full.numel() // n, dtype=dtype, device=full.device)
+            grads = [p.take_unsharded_grad() for p in params]
+            rows = torch.empty((n, sum(p.shard_numel for p in params)), dtype=dtype, device=grads[0].device)
+            chunk_cat(grads, params, rows)  # row r: rank r's padded chunk of every gradient, in order
+            full, output = rows.view(-1), torch.empty(rows.shape[1], dtype=dtype, device=rows.device)
             work = None
             if group is None:
                 output.copy_(full)
@@ -240,6 +241,19 @@ class FSDPParamGroup:
 
     def __repr__(self) -> str:
         return f"FSDPParamGroup({self.label}, {len(self.params)} params, {self.state.name})"
+
+
+def chunk_cat(grads: list[torch.Tensor], params: list[FSDPParam], out: torch.Tensor) -> None:
+    """Write each gradient padded to n chunks of its rows into `out` (n, sum of chunk lengths): row r is
+    rank r's chunk of every gradient, in order. One kernel for the whole unit (`torch._chunk_cat`, what
+    FSDP2 uses; it zero-fills the padding and casts to `out`'s dtype) instead of a padded copy and a
+    concatenation per parameter. It wants one input dtype and no empty tensors (which hold no bytes here)."""
+    kept = [g for g, p in zip(grads, params) if p.shard_numel]
+    if not kept:
+        return
+    if len({g.dtype for g in kept}) > 1:
+        kept = [g.to(out.dtype) for g in kept]
+    torch._chunk_cat(kept, dim=0, num_chunks=out.shape[0], out=out)
 
 
 def post_forward_shards(mesh_info: MeshInfo, k: int) -> PostForwardShards:
