@@ -86,11 +86,12 @@ def test_bad_arguments_are_clear_usage_errors():
 def test_cases_parse_and_name_their_twin():
     assert [bench.parse_case(k).name for k in bench.CASES] == [
         "fsdp_mini NO_SHARD", "fsdp_mini SHARD_GRAD_OP", "fsdp_mini FULL_SHARD", "fsdp_mini FULL_SHARD, no prefetch",
-        "fsdp_mini HYBRID_SHARD", "fsdp_mini fully_shard reshard=True", "FSDP2 reshard=True", "FSDP2 reshard=False",
+        "fsdp_mini FULL_SHARD, no flight recorder", "fsdp_mini HYBRID_SHARD", "fsdp_mini fully_shard reshard=True", "FSDP2 reshard=True", "FSDP2 reshard=False",
         "PyTorch DDP", "compute only"]
     assert bench.parse_case("fully_shard:reshard").twin == "fsdp2:reshard"
     assert bench.parse_case("fully_shard:noreshard").twin == "fsdp2:noreshard"
     assert bench.parse_case("mini:full_shard:ring").impl == "ring"
+    assert not bench.parse_case("mini:FULL_SHARD:norecord").record and bench.parse_case("mini:FULL_SHARD").record
     assert bench.parse_case("mini:NO_SHARD").twin == "ddp"
     assert bench.parse_case("mini:SHARD_GRAD_OP").twin == "fsdp2:noreshard"
     assert bench.parse_case("mini:HYBRID_SHARD").twin == "fsdp2:reshard"
@@ -107,10 +108,12 @@ def _fake_results(full_state=100, full_peak=30, full_s=0.8, fsdp2_s=1.0, off_s=0
         "mini:FULL_SHARD": {"model_state": full_state, "unsharded_peak": full_peak, "units": [5, 12, 12],
                             "records": [["all_gather", "builtin", 1000, 2, 500]]},
         "mini:FULL_SHARD:noprefetch": {"model_state": full_state, "records": [], "units": [5, 12, 12]},
+        "mini:FULL_SHARD:norecord": {"model_state": full_state, "records": [], "units": [5, 12, 12]},
         "fsdp2:reshard": {}, "ddp": {}, "compute": {},
     }
     res = {"world_size": 2, "size": "tiny", "times": {"mini:NO_SHARD": times(0.5), "mini:FULL_SHARD": times(full_s),
                                                        "mini:FULL_SHARD:noprefetch": times(off_s),
+                                                       "mini:FULL_SHARD:norecord": times(full_s / 1.01),
                                                        "fsdp2:reshard": times(fsdp2_s), "ddp": times(0.5),
                                                        "compute": times(0.4)},
            "memory": memory, "collectives": []}
@@ -127,6 +130,8 @@ def test_targets_say_met_or_missed_with_the_value():
     assert got["FULL_SHARD gathered peak <= two largest units"]["value"] == pytest.approx(30 / 24)
     assert not got["FULL_SHARD gathered peak <= two largest units"]["met"]
     assert got["prefetch on faster than off"]["met"]
+    assert got["flight recorder costs <= 3% of a FULL_SHARD step"]["value"] == pytest.approx(1.01)
+    assert got["flight recorder costs <= 3% of a FULL_SHARD step"]["met"]
     assert got["prefetch on faster than off"]["comm_share"] == pytest.approx(1 - 0.4 / 0.9)
     missed = bench.targets(bench.summarize(_fake_results(full_s=0.95, full_state=102)), _fake_results())
     assert [t["met"] for t in missed if "FSDP2" in t["target"] or "state" in t["target"]] == [False, False]
@@ -188,7 +193,8 @@ def test_predict_adds_compute_and_priced_collectives():
     assert full.overlapped_s == pytest.approx(max(0.8, comm) + 0.8)
     assert full.measured_s == 0.8 and full.error == pytest.approx(full.serial_s / 0.8 - 1)
     assert full.hidden == pytest.approx(1 - (0.8 - full.compute_s) / comm)
-    assert {p.case for p in preds} == {"mini:NO_SHARD", "mini:FULL_SHARD", "mini:FULL_SHARD:noprefetch"}
+    assert {p.case for p in preds} == {"mini:NO_SHARD", "mini:FULL_SHARD", "mini:FULL_SHARD:noprefetch",
+                                       "mini:FULL_SHARD:norecord"}
     assert notes == []
     text = simulate.report(report)
     assert "prediction vs measurement" in text and "7B-parameter model, 32 units" in text

@@ -1,8 +1,8 @@
 """The contestants of `python -m fsdp_mini bench`: which model sizes, which engines and strategies, and
 how one of them is built and stepped on a rank.
 
-A case key names an engine and a strategy: `mini:FULL_SHARD[:noprefetch][:ring]` (fsdp_mini's FSDP, the
-flat design), `fully_shard:reshard` / `fully_shard:noreshard` (fsdp_mini's per-parameter design),
+A case key names an engine and a strategy: `mini:FULL_SHARD[:noprefetch][:ring][:norecord]` (fsdp_mini's
+FSDP, the flat design; `norecord` turns the flight recorder off, to measure what it costs), `fully_shard:reshard` / `fully_shard:noreshard` (fsdp_mini's per-parameter design),
 `fsdp2:reshard` / `fsdp2:noreshard` (PyTorch's `fully_shard`), `ddp` (PyTorch's DDP) or `compute` (the
 plain model on this rank's rows, no communication: the compute the simulator adds to the collectives).
 """
@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from fsdp_mini.course.models import GPT, Block, GPTConfig, make_batch
 from fsdp_mini.course.train import hybrid_shard_size, local_rows
+from fsdp_mini.flight_recorder import RECORDER
 from fsdp_mini.strategy import as_strategy
 
 __all__ = ["SIZES", "CASES", "Case", "parse_case", "parse_cases", "parse_sizes", "model_numel",
@@ -39,11 +40,13 @@ class Case:
     strategy: str = ""
     prefetch: bool = True
     impl: str = "builtin"
+    record: bool = True  # the flight recorder (fsdp_mini.flight_recorder) on, as it is by default
 
     @property
     def name(self) -> str:
         if self.engine == "fsdp_mini":
-            extra = ("" if self.prefetch else ", no prefetch") + ("" if self.impl == "builtin" else f", {self.impl}")
+            extra = ("" if self.prefetch else ", no prefetch") + ("" if self.impl == "builtin" else f", {self.impl}") \
+                + ("" if self.record else ", no flight recorder")
             return f"fsdp_mini {self.strategy}{extra}"
         return {"fsdp2": f"FSDP2 reshard={self.strategy == 'FULL_SHARD'}",
                 "fully_shard": f"fsdp_mini fully_shard reshard={self.strategy == 'FULL_SHARD'}", "ddp": "PyTorch DDP",
@@ -65,21 +68,21 @@ def parse_case(key: str) -> Case:
     `ddp` or `compute`."""
     parts = key.strip().split(":")
     if parts[0] == "mini" and len(parts) >= 2:
-        flags = set(parts[2:])
-        if not flags <= {"noprefetch", "ring"}:
-            raise ValueError(f"unknown flags {sorted(flags - {'noprefetch', 'ring'})} in case {key!r}")
+        flags, known = set(parts[2:]), {"noprefetch", "ring", "norecord"}
+        if not flags <= known:
+            raise ValueError(f"unknown flags {sorted(flags - known)} in case {key!r}")
         strategy = as_strategy(parts[1]).name
         return Case(key.strip(), "fsdp_mini", strategy, prefetch="noprefetch" not in flags,
-                    impl="ring" if "ring" in flags else "builtin")
+                    impl="ring" if "ring" in flags else "builtin", record="norecord" not in flags)
     if parts[0] in ("fsdp2", "fully_shard") and len(parts) == 2 and parts[1] in ("reshard", "noreshard"):
         return Case(key.strip(), parts[0], "FULL_SHARD" if parts[1] == "reshard" else "SHARD_GRAD_OP")
     if key.strip() in ("ddp", "compute"):
         return Case(key.strip(), key.strip())
-    raise ValueError(f"unknown case {key!r}: use mini:STRATEGY[:noprefetch][:ring], fully_shard:reshard, "
+    raise ValueError(f"unknown case {key!r}: use mini:STRATEGY[:noprefetch][:ring][:norecord], fully_shard:reshard, "
                      f"fully_shard:noreshard, fsdp2:reshard, fsdp2:noreshard, ddp or compute")
 
 
-CASES = ("mini:NO_SHARD", "mini:SHARD_GRAD_OP", "mini:FULL_SHARD", "mini:FULL_SHARD:noprefetch",
+CASES = ("mini:NO_SHARD", "mini:SHARD_GRAD_OP", "mini:FULL_SHARD", "mini:FULL_SHARD:noprefetch", "mini:FULL_SHARD:norecord",
          "mini:HYBRID_SHARD", "fully_shard:reshard", "fsdp2:reshard", "fsdp2:noreshard", "ddp", "compute")
 
 
@@ -118,6 +121,7 @@ def build(case: Case, cfg: GPTConfig):
     from fsdp_mini.fsdp import FSDP
 
     world = dist.get_world_size()
+    RECORDER.enabled = case.record
     if case.engine == "fsdp_mini":
         hybrid = "HYBRID" in case.strategy
         model = FSDP(GPT(cfg), case.strategy, wrap=(Block,), prefetch=case.prefetch, impl=case.impl,
