@@ -52,7 +52,7 @@ def site(tmp_path_factory):
 
 
 def page_path(site_dir: Path, lang: str, name: str) -> Path:
-    """The built file of a page: name is a notebook's stem, 'reference' or '' (the home page)."""
+    """The built file of a page: name is a notebook's stem, a page's name ('reference') or '' (home)."""
     return site_dir / PREFIX[lang] / name / "index.html" if name else site_dir / PREFIX[lang] / "index.html"
 
 
@@ -87,13 +87,42 @@ def test_lessons_are_rendered_with_their_stored_outputs(site, lang, name):
 
 
 @pytest.mark.parametrize("lang,readme", [("en", "README.md"), ("ru", "README.ru.md")])
-def test_home_pages_are_the_readmes(site, lang, readme):
-    html = page_path(site[0], lang, "").read_text(encoding="utf-8")
+def test_developer_pages_are_the_readmes(site, lang, readme):
+    html = page_path(site[0], lang, "develop").read_text(encoding="utf-8")
     text = (ROOT / readme).read_text(encoding="utf-8")
     for heading in re.findall(r"^## (.+)$", re.sub(r"```.*?```", "", text, flags=re.S), re.M):
         plain = re.sub(r"`([^`]*)`", r"\1", heading)
-        assert plain in re.sub(r"<[^>]+>", "", html), f"{readme}: section {heading!r} is not on the home page"
+        assert plain in re.sub(r"<[^>]+>", "", html), f"{readme}: section {heading!r} is not on the page"
     assert 'href="README' not in html, "the README's own language link belongs to GitHub, not the site"
+
+
+@pytest.mark.parametrize("lang", LANGS)
+def test_home_pages_are_written_for_learners(site, lang):
+    """Outcomes, prerequisites, a map of every lesson with a time, how to run them, a start link."""
+    site_dir = site[0]
+    home = page_path(site_dir, lang, "")
+    html = home.read_text(encoding="utf-8")
+    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", html))
+    sections = {"en": ["What you will be able to do", "What you need", "The lessons", "Run the notebooks yourself"],
+                "ru": ["Что вы будете уметь", "Что нужно заранее", "Уроки", "Как запустить ноутбуки у себя"]}[lang]
+    for heading in sections:
+        assert re.search(rf"<h2[^>]*>{re.escape(heading)}", html), f"no section {heading!r}"
+    table = html[html.index("<table>"):html.index("</table>")]
+    rows = re.findall(r"<tr>(.*?)</tr>", table, re.S)[1:]  # the heading row aside
+    linked = {resolve(site_dir, home, href)[0] for href in re.findall(r'href="([^"]+)"', table)}
+    assert linked == {page_path(site_dir, lang, name) for name in NOTEBOOKS}, "the map misses a lesson"
+    minutes = [re.search(r"≈ (\d+) (min|мин)", row) for row in rows[:len(NOTEBOOKS)]]
+    assert all(m and 5 <= int(m.group(1)) <= 120 for m in minutes), rows
+    assert "make setup" in text and "jupyter lab" in text
+    start = re.search(r'<a (?=[^>]*md-button--primary)[^>]*href="([^"]+)"', html)
+    assert start and resolve(site_dir, home, start.group(1))[0] == page_path(site_dir, lang, NOTEBOOKS[0])
+    assert "develop/" in html, "no link to the developers' page"
+    if lang == "ru":
+        article = re.search(r"<article\b[^>]*>(.*?)</article>", html, re.S).group(1)
+        prose = re.sub(r"<(pre|code|table)\b.*?</\1>", " ", article, flags=re.S)
+        words = re.findall(r"[A-Za-zА-Яа-яЁё]{4,}", re.sub(r"<[^>]+>", " ", prose))
+        latin = [w for w in words if not CYRILLIC.search(w)]
+        assert len(latin) < len(words) / 4, f"the Russian home page is mostly not Russian: {latin[:30]}"
 
 
 def modules() -> list[str]:
@@ -230,7 +259,7 @@ def test_nothing_is_loaded_from_outside_the_site(site):
     assert not outside, "\n".join(outside)
 
 
-@pytest.mark.parametrize("name", ["", "reference", *NOTEBOOKS])
+@pytest.mark.parametrize("name", ["", "develop", "calculator", "reference", *NOTEBOOKS])
 def test_language_switch_points_to_the_twin(site, name):
     site_dir = site[0]
     for lang, other in (("en", "ru"), ("ru", "en")):

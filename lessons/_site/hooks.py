@@ -285,9 +285,66 @@ def _modules_of(page) -> list[str]:
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:
+    if LESSON_MAP in markdown:
+        folder = Path(page.file.abs_src_path).parent
+        markdown = markdown.replace(LESSON_MAP, _lesson_map(folder, folder.name))
     marker = MODULES_MARKER.search(markdown)
     if marker is None:
         return markdown
     blocks = "\n".join(f"::: {name}\n" for name in _modules_of(page))
     return markdown[:marker.start()] + blocks + markdown[marker.end():]
 
+
+
+# 9. the lesson map of the home pages ---------------------------------------------------------------
+LESSON_MAP = "<!-- lesson map -->"
+WORDS_PER_MINUTE = 150    # careful reading of technical prose
+MINUTES_PER_CODE_CELL = 0.5  # reading a cell, running it, looking at its output
+RUN_MINUTES = 1           # every notebook runs in under a minute on two CPU cores (nbval checks them)
+_MAP_TEXT = {
+    "en": {"head": "| | lesson | you will learn | time |", "min": "min", "h": "h", "total": "the whole course"},
+    "ru": {"head": "| | урок | что вы узнаете | время |", "min": "мин", "h": "ч", "total": "весь курс"},
+}
+# "**You will learn:** a; b." or "You will learn:" and a list: the first item is the lesson's headline
+_LEARN = re.compile(r"(?:You will learn|Что вы узнаете|Вы узнаете):(?:\*\*)?\s*(?:[-*]\s+)?(.+?)(?:\n\s*[-*]\s|\n\n|$)",
+                    re.S)
+
+
+def _cells(path: Path) -> list[dict]:
+    return json.loads(path.read_text(encoding="utf-8"))["cells"]
+
+
+def _source(cell: dict) -> str:
+    return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+
+
+def lesson_minutes(path: Path) -> int:
+    """Reading and running time of one notebook, rounded up to 5 minutes: its prose at
+    WORDS_PER_MINUTE, MINUTES_PER_CODE_CELL per code cell, RUN_MINUTES for the whole run."""
+    cells = _cells(path)
+    words = sum(len(re.findall(r"\w+", _source(c))) for c in cells if c["cell_type"] == "markdown")
+    code = sum(c["cell_type"] == "code" for c in cells)
+    minutes = words / WORDS_PER_MINUTE + code * MINUTES_PER_CODE_CELL + RUN_MINUTES
+    return 5 * -(-int(minutes + 0.999) // 5)
+
+
+def _lesson_map(folder: Path, lang: str) -> str:
+    text = _MAP_TEXT.get(lang, _MAP_TEXT["en"])
+    rows, total = [text["head"], "|---|---|---|---|"], 0
+    for path in sorted(folder.glob("*.ipynb")):
+        cells = _cells(path)
+        first = _source(cells[0]) if cells else ""
+        heading = re.search(r"^# (.+)$", first, re.M)
+        number, _, title = (heading.group(1) if heading else path.stem).partition(" · ")
+        if not title:
+            number, title = path.stem.split("_")[0], heading.group(1) if heading else path.stem
+        learn = _LEARN.search("\n\n".join(_source(c) for c in cells[:3] if c["cell_type"] == "markdown"))
+        clause = re.split(r";|\.\s", learn.group(1))[0].strip().rstrip(".") if learn else ""
+        clause = " ".join(clause.split()).replace("|", "\\|")
+        english = ROOT / "lessons" / "en" / path.name  # one estimate per lesson, whatever the language
+        minutes = lesson_minutes(english if english.is_file() else path)
+        total += minutes
+        rows.append(f"| {number} | [{title}]({path.name}) | {clause} | ≈ {minutes} {text['min']} |")
+    hours, minutes = divmod(total, 60)
+    rows.append(f"| | **{text['total']}** | | **≈ {hours} {text['h']} {minutes} {text['min']}** |")
+    return "\n".join(rows) + "\n"
