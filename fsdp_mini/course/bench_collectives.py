@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from fsdp_mini import collectives as C
 from fsdp_mini.course.cost import algbw, busbw
+from fsdp_mini.course.language import num, tr
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather")
 _UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30}
@@ -90,12 +91,13 @@ def worker(sizes: list[int], iters: int, warmup: int, ops=OPS, impls=C.IMPLS, pr
 
 def table(rows: list[dict]) -> str:
     """The nccl-tests-like table, plus ring/builtin busbw ratios for each op and size."""
-    lines = [f"{'size':>8} {'op':<15}{'impl':<9}{'time (ms)':>10}{'algbw GB/s':>12}{'busbw GB/s':>12}"]
+    lines = [f"{tr('size', 'размер'):>8} {'op':<15}{'impl':<9}{tr('time (ms)', 'время (мс)'):>11}"
+             f"{tr('algbw GB/s', 'algbw ГБ/с'):>12}{tr('busbw GB/s', 'busbw ГБ/с'):>12}"]
     for r in rows:
-        lines.append(f"{format_size(r['size']):>8} {r['op']:<15}{r['impl']:<9}{r['seconds'] * 1e3:>10.3f}"
-                     f"{r['algbw'] / 1e9:>12.3f}{r['busbw'] / 1e9:>12.3f}")
+        lines.append(f"{format_size(r['size']):>8} {r['op']:<15}{r['impl']:<9}{num(r['seconds'] * 1e3, 3):>11}"
+                     f"{num(r['algbw'] / 1e9, 3):>12}{num(r['busbw'] / 1e9, 3):>12}")
     by_key = {(r["size"], r["op"], r["impl"]): r for r in rows}
-    ratios = [f"{format_size(s)} {op}: ring/builtin busbw = {by_key[s, op, 'ring']['busbw'] / b['busbw']:.2f}x"
+    ratios = [f"{format_size(s)} {op}: ring/builtin busbw = {num(by_key[s, op, 'ring']['busbw'] / b['busbw'], 2)}x"
               for (s, op, impl), b in by_key.items() if impl == "builtin" and (s, op, "ring") in by_key
               and b["busbw"] > 0]
     return "\n".join(lines + ([""] + ratios if ratios else []))

@@ -6,7 +6,7 @@ come out in the lesson's language through `tr(en, ru)`.
 """
 from __future__ import annotations
 
-__all__ = ["LANGUAGES", "set_language", "get_language", "tr"]
+__all__ = ["LANGUAGES", "set_language", "get_language", "tr", "num", "size"]
 
 LANGUAGES = ("en", "ru")
 _current = "en"
@@ -39,3 +39,16 @@ def num(value: float, digits: int | None = None) -> str:
     if _current == "ru":
         text = text.replace(",", "\u202f").replace(".", ",")
     return text
+
+
+def size(nbytes: float) -> str:
+    """A decimal size as the lesson's language writes it (1 kB = 1000 B, as `fsdp_mini.format_bytes`):
+    "512 B", "4.0 kB", "31.4 GB" in English; "512 Б", "4,0 кБ", "31,4 ГБ" in Russian."""
+    units = (tr("B", "Б"), tr("kB", "кБ"), tr("MB", "МБ"), tr("GB", "ГБ"), tr("TB", "ТБ"))
+    if nbytes < 1000:
+        return f"{num(nbytes, 0 if float(nbytes).is_integer() else 1)} {units[0]}"
+    value, unit = float(nbytes), 0
+    while unit < len(units) - 1 and round(value, 1) >= 1000:
+        value, unit = value / 1000, unit + 1
+    return f"{num(value, 1)} {units[unit]}"
+

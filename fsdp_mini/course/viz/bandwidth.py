@@ -22,7 +22,7 @@ def size_label(nbytes: float) -> str:
     units = ((2**30, tr("GiB", "ГиБ")), (2**20, tr("MiB", "МиБ")), (2**10, tr("KiB", "КиБ")))
     for scale, name in units:
         if nbytes >= scale:
-            return f"{nbytes / scale:g} {name}"
+            return f"{nbytes / scale:g}".replace(".", tr(".", ",")) + f" {name}"
     return f"{nbytes:g} " + tr("B", "Б")
 
 
