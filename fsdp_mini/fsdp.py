@@ -13,7 +13,10 @@ of a unit under FULL_SHARD (ZeRO-3):
                    unit's ReduceScatter is done: free its unsharded gradient, start its replica AllReduce
     end of backward  wait for the ReduceScatters (and the replica AllReduces), so `opt.step()` sees them
 
-SHARD_GRAD_OP (ZeRO-2) skips the free after forward and so the second AllGather. HYBRID_SHARD does
+SHARD_GRAD_OP (ZeRO-2) skips the free after forward and so the second AllGather. Activation checkpointing
+(`torch.utils.checkpoint` around a unit) runs the unit's forward again inside its backward: the hooks see
+the unit in PRE_BACKWARD and leave it alone, so the recomputation uses the parameters pre-backward gathered
+(as PyTorch's FSDP does) instead of freeing them under autograd's feet. HYBRID_SHARD does
 FULL_SHARD inside each shard group and then AllReduces each gradient shard across the replica group.
 NO_SHARD (DDP) is the same machinery with shard groups of one rank: nothing to gather, and the units'
 flat gradients AllReduced across all ranks in buckets of `bucket_cap_mb`, as DDP does (`GradBuckets`).
@@ -259,6 +262,8 @@ class FSDP(GradientSync, nn.Module):
                                f"`with model.summon_full_params():`")
 
     def _pre_forward(self, unit: FSDPUnit, module, args) -> None:
+        if unit.state is TrainingState.PRE_BACKWARD:  # activation checkpointing recomputes the unit inside
+            return                                     # its backward: pre-backward has gathered it already
         unit.unshard(async_op=True)
         self._prefetch_after(unit, self.forward_order)
         unit.wait()
@@ -270,6 +275,8 @@ class FSDP(GradientSync, nn.Module):
             following.unshard(async_op=True)
 
     def _post_forward(self, unit: FSDPUnit, module, args, out) -> None:
+        if unit.state is TrainingState.PRE_BACKWARD:  # a recomputation: its backward needs the parameters
+            return
         needs_grad = [t for t in tensors_in(out) if t.requires_grad]
         for t in needs_grad:
             t.register_hook(partial(self._pre_backward, unit))

@@ -16,6 +16,8 @@ parameters are gathered with one AllGather and their gradients reduced with one 
     pre-backward   AllGather again if freed; prefetch the unit that backward reaches next
     post-backward  ReduceScatter the gradients (async); the previous unit's is done: replica AllReduce
     end of backward  wait for every reduction, so that `opt.step()` sees the sharded gradients
+    recomputation    activation checkpointing runs a unit's forward again inside its backward: the hooks
+                     leave a unit in PRE_BACKWARD alone (FSDP2 does the same), so no extra AllGather
 
 `mesh`: a DeviceMesh, 1-D (shard over it) or 2-D (replicate over dim 0, shard over dim 1: HSDP); by
 default the whole world. The outermost `fully_shard`ed module to run forward is the root: it keeps its
@@ -224,6 +226,8 @@ class FSDPState:
     # --- forward -----------------------------------------------------------------------------------
 
     def pre_forward(self, module, args, kwargs):
+        if self.group is not None and self.group.training_state is TrainingState.PRE_BACKWARD:
+            return args, kwargs  # activation checkpointing's recomputation: pre-backward gathered the unit
         if self.is_root is None:
             self._lazy_init()
         root = self.root
@@ -238,7 +242,9 @@ class FSDPState:
                 if other.group is not None:
                     other.group.unshard(async_op=True)
             self.group.wait_for_unshard()
-            if torch.is_grad_enabled():
+            # a recomputation during backward (a checkpointed span of several units) builds a graph that
+            # autograd discards: hooking its inputs would leave a call that backward never finishes
+            if torch.is_grad_enabled() and not root.backward_queued:
                 args, kwargs = self._hook_inputs(args, kwargs)
         return args, kwargs
 
@@ -263,6 +269,8 @@ class FSDPState:
             self._post_backward(group)
 
     def post_forward(self, module, args, out):
+        if self.group is not None and self.group.training_state is TrainingState.PRE_BACKWARD:
+            return out  # a recomputation inside the unit's backward: keep the parameters it is about to use
         root = self.root
         grad_outputs = [t for t in tensors_in(out) if t.requires_grad]
         for t in grad_outputs:

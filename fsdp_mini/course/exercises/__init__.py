@@ -15,6 +15,8 @@
   port_to_fsdp2   lesson 08: fully_shard bottom-up on a 1-D or 2-D mesh, a full state dict on every rank
   p2p_collectives lessons 01, 02: broadcast and the obvious AllReduce, the ring's ReduceScatter and AllGather,
                   from send/recv
+  activations     lesson 11: which blocks to checkpoint under a memory budget, the tokens per GPU that hide
+                  an AllGather
 """
 from __future__ import annotations
 
@@ -30,10 +32,12 @@ def all_exercises() -> list[CodeExercise]:
     from fsdp_mini.course.exercises import hybrid, port_to_fsdp2
     from fsdp_mini.course.exercises import ddp_buckets, zero1
     from fsdp_mini.course.exercises import p2p_collectives
+    from fsdp_mini.course.exercises import activations
     return [flat_param.UNSHARD_FLAT, flat_param.REDUCE_GRADIENT, prefetch.BACKWARD_ORDER, mixed_precision.CAST_POLICY,
             per_parameter.DIM0_SHARD, per_parameter.UNSHARD, per_parameter.REDUCE_GRADS,
             ddp_buckets.BUCKET_HOOK, ddp_buckets.FINISH_BACKWARD, ddp_buckets.ACCUMULATE,
             zero1.ZERO1_SHARD, zero1.ZERO1_STEP,
             hybrid.GROUPS_FOR, hybrid.HYBRID_REDUCE, port_to_fsdp2.WRAP_FSDP2, port_to_fsdp2.GATHER_FULL_STATE,
             p2p_collectives.BROADCAST, p2p_collectives.OBVIOUS_ALL_REDUCE,
-            p2p_collectives.REDUCE_SCATTER, p2p_collectives.ALL_GATHER]
+            p2p_collectives.REDUCE_SCATTER, p2p_collectives.ALL_GATHER,
+            activations.CHOOSE_CHECKPOINTED, activations.TOKENS_TO_HIDE]
