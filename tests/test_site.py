@@ -635,3 +635,17 @@ def test_search_results_stay_in_the_page_language(browser, server, lang):
         assert not tab.inspect()["problems"]
     finally:
         tab.close()
+
+
+def test_russian_pages_have_russian_theme_strings(site):
+    """The copy button, search and footer speak Russian on the Russian pages (material's `ru`), and the
+    strings material has no translation for are translated by the site's hooks."""
+    site_dir = site[0]
+    for name in ["", "calculator", "reference", NOTEBOOKS[0]]:
+        html = page_path(site_dir, "ru", name).read_text(encoding="utf-8")
+        config = json.loads(re.search(r'<script id="__config" type="application/json">(.*?)</script>', html, re.S).group(1))
+        assert config["translations"]["clipboard.copy"] == "Копировать в буфер", config["translations"]
+        assert CYRILLIC.search(config["translations"]["search.result.none"])
+        assert "Permanent link" not in html and "Made with" not in html, name
+        footer = re.search(r'<footer class="md-footer">.*?</footer>', html, re.S).group(0)
+        assert CYRILLIC.search(re.sub(r"<[^>]+>", "", footer)), name

@@ -217,7 +217,22 @@ def _drop_head_alternates(output: str) -> str:
 
 
 def on_post_page(output: str, page, config) -> str:
-    return _drop_head_alternates(output)
+    return _translate_theme(_drop_head_alternates(output), config)
+
+
+# 10. the theme's last English strings on the Russian pages -----------------------------------------
+# mkdocs-static-i18n gives each language material's own translations (search, copy button, footer
+# links); two strings have none: the headings' permalink title, which comes from the `toc` extension's
+# one setting for all languages, and the footer's "Made with", which material's template hard-codes.
+_THEME_STRINGS = {"ru": [('title="Permanent link"', 'title="Постоянная ссылка"'),
+                         ("\n    Made with\n", "\n    Сделано на\n")]}
+
+
+def _translate_theme(output: str, config) -> str:
+    i18n = config.plugins.get("i18n")
+    for old, new in _THEME_STRINGS.get(i18n.current_language if i18n else "", []):
+        output = output.replace(old, new)
+    return output
 
 
 # ... and one 404 page, in English, whose language switch leads to each language's home page. -------
