@@ -76,3 +76,40 @@ def test_shard_size_sweep_shows_memory_and_stacked_time_per_size(russian_then_en
     assert "один узел" in [t.get_text() for t in left.texts]
     assert len(right.patches) == 2 * len(sizes)
     assert [t.get_text() for t in right.get_xticklabels()] == [str(s) for s in sizes]
+
+
+def test_who_holds_what_follows_the_strategy_facts():
+    from fsdp_mini.course.viz.groups import who_holds_what
+
+    table = who_holds_what(4, 2)
+    assert list(table) == ["DDP", "ZeRO-1", "ZeRO-2", "FSDP", "HSDP"]
+    assert [table[k]["group"] for k in table] == [1, 4, 4, 4, 2]
+    parts = {k: tuple(round(e - s, 6) for s, e in (v["held"][3][st] for st in ("params", "grads", "optimizer")))
+             for k, v in table.items()}
+    assert parts == {"DDP": (1, 1, 1), "ZeRO-1": (1, 1, 0.25), "ZeRO-2": (1, 0.25, 0.25),
+                     "FSDP": (0.25, 0.25, 0.25), "HSDP": (0.5, 0.5, 0.5)}
+    assert table["HSDP"]["held"][0]["params"] == table["HSDP"]["held"][2]["params"] == (0.0, 0.5)  # replicas
+    assert {table["FSDP"]["held"][r]["params"] for r in range(4)} == {(r / 4, (r + 1) / 4) for r in range(4)}
+    assert table["DDP"]["travels"] == [("all_reduce", "grads", 1, "replica", 1.0)]
+    assert ("all_gather", "params", 2, "shard", 1.0) in table["FSDP"]["travels"]
+    assert ("all_gather", "params", 1, "shard", 1.0) in table["ZeRO-2"]["travels"]
+    assert table["HSDP"]["travels"][-1] == ("all_reduce", "grads", 1, "replica", 0.5)
+
+
+def test_plot_who_holds_what_fills_each_ranks_share(russian_then_english):
+    from fsdp_mini.course.viz.groups import plot_who_holds_what, who_holds_what
+
+    table = who_holds_what(4, 2)
+    fig = plot_who_holds_what(4, 2)
+    assert [ax.get_title() for ax in fig.axes] == ["DDP", "ZeRO-1", "ZeRO-2", "FSDP", "HSDP (2×2)"]
+    for ax, entry in zip(fig.axes, table.values()):
+        filled = [p for p in ax.patches if matplotlib.colors.to_hex(p.get_facecolor()) != "#f2f2f2"]
+        assert len(filled) == 4 * 3
+        expected = sorted(round(e - s, 6) for rank in entry["held"].values() for s, e in rank.values())
+        assert sorted(round(p.get_width(), 6) for p in filled) == expected
+    assert [t.get_text() for t in fig.axes[3].texts[:3]] == ["1/4", "1/4", "1/4"]
+    assert "2× AllGather" in fig.axes[3].texts[-1].get_text()
+    set_language("ru")
+    fig = plot_who_holds_what(4, 2)
+    assert "между репликами" in fig.axes[4].texts[-1].get_text()
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["параметры", "градиенты", "состояние оптимизатора"]

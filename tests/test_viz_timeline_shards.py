@@ -75,7 +75,7 @@ def test_timelines_stack_panels_and_follow_the_language():
     set_language("ru")
     fig = plot_timelines({"a": (RECORDS, SPANS), "b": (RECORDS[:2], [])})
     assert len(fig.axes) == 2 and [ax.get_title(loc="left") for ax in fig.axes] == ["a", "b"]
-    assert "ранг 0: связь" in [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert "ранг 0: обмен данными" in [t.get_text() for t in fig.axes[0].get_yticklabels()]
     assert "мс" in fig.axes[-1].get_xlabel()
     legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert "прямой проход" in legend and "AllGather" in legend
@@ -149,3 +149,52 @@ def test_unit_layouts_are_the_engines_layouts(no_orphans):
     for engine in launch(_engine_layouts, 3, timeout=60):
         assert engine == planned
     assert list(planned) == ["root", "blocks.0", "blocks.0 (frozen)", "blocks.1"]
+
+
+# --- the idealised step -------------------------------------------------------------------------------
+
+
+def _lane(events, lane):
+    return sorted((e for e in events if e.lane == lane), key=lambda e: e.start)
+
+
+def test_ideal_step_is_the_recipe_on_two_lanes_and_prefetch_shortens_it():
+    from fsdp_mini.course.viz.timeline import ideal_step
+
+    off, on = ideal_step(False), ideal_step(True)
+    for events in (off, on):
+        for lane in ("comm", "compute"):  # one thing at a time on each lane
+            bars = _lane(events, lane)
+            assert all(a.end <= b.start for a, b in zip(bars, bars[1:]))
+        comm = [(e.what, e.unit) for e in _lane(events, "comm")]
+        assert sorted(comm) == sorted([("all_gather", 0), ("all_gather", 1)] * 2 + [("reduce_scatter", 0), ("reduce_scatter", 1)])
+        assert [(e.what, e.unit) for e in _lane(events, "compute")] == [("forward", 0), ("forward", 1), ("backward", 1), ("backward", 0)]
+        for c in _lane(events, "compute"):  # a unit computes only after an AllGather of it has arrived
+            assert any(g.what == "all_gather" and g.unit == c.unit and g.end <= c.start for g in events)
+    assert max(e.end for e in off) == 12.0 and max(e.end for e in on) == 9.0
+    # without prefetch the backward AllGather of unit 0 queues behind unit 1's ReduceScatter
+    assert [(e.what, e.unit) for e in _lane(off, "comm")][3:5] == [("reduce_scatter", 1), ("all_gather", 0)]
+    assert ideal_step(True, units=3, gather=0.5) == ideal_step(True, units=3, gather=0.5)  # deterministic
+
+
+def test_plot_ideal_step_draws_every_event_and_the_waits():
+    from fsdp_mini.course.viz.timeline import ideal_step, plot_ideal_step
+
+    fig = plot_ideal_step((False, True))
+    assert len(fig.axes) == 2
+    for ax, prefetch in zip(fig.axes, (False, True)):
+        events = ideal_step(prefetch)
+        solid = [b for b in _bars(ax) if not b.get_hatch()]
+        assert sorted((round(b.get_x(), 6), round(b.get_width(), 6)) for b in solid) == \
+            sorted((e.start, e.end - e.start) for e in events)
+        colours = sorted(matplotlib.colors.to_hex(b.get_facecolor()) for b in solid)
+        assert colours == sorted((OP_COLORS[e.what] if e.lane == "comm" else KIND_COLORS[e.what]).lower() for e in events)
+        waits = sum(b.get_width() for b in _bars(ax) if b.get_hatch())
+        compute = _lane(events, "compute")
+        assert waits == compute[-1].end - sum(e.end - e.start for e in compute)  # idle time of the compute lane
+        assert ax.get_title(loc="left").endswith(str(int(max(e.end for e in events))))
+    set_language("ru")
+    fig = plot_ideal_step()
+    assert fig.axes[0].get_title(loc="left") == "без предвыборки: шаг длится 12"
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["обмен данными", "вычисления"]
+    assert "вычисления ждут" in [t.get_text() for t in fig.axes[0].get_legend().get_texts()]

@@ -40,7 +40,7 @@ from fsdp_mini.memory import MemoryChange
 from fsdp_mini.nested import tensors_in
 from fsdp_mini.plan import unit_of_label
 
-__all__ = ["Span", "MemoryEvent", "Trace", "compute_modules", "issue_order", "sequence", "by_unit"]
+__all__ = ["Span", "MemoryEvent", "Trace", "compute_modules", "issue_order", "sequence", "by_unit", "event_name"]
 
 
 @dataclass(frozen=True)
@@ -251,3 +251,13 @@ def by_unit(seq) -> list[tuple[str, list[str]]]:
         else:
             out.append((label, [what]))
     return out
+
+
+def event_name(what: str) -> str:
+    """A `sequence` event as a lesson prints it: collectives by their op name, compute and "free" in the
+    lesson's language ("forward" is "прямой проход" in Russian, as in the timeline plots' legend)."""
+    from fsdp_mini.course.language import tr
+
+    names = {"forward": tr("forward", "прямой проход"), "backward": tr("backward", "обратный проход"),
+             "free": tr("free", "освобождение")}
+    return names.get(what, what)

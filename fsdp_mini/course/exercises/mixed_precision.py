@@ -170,7 +170,7 @@ def _judge(fn) -> Verdict:
                         f"требуют {num(theirs[key])} Б: данные шли не в том типе"))
             if abs(res["loss"] - want["loss"]) > 1e-6 * abs(want["loss"]):
                 return Verdict.wrong(tr(f"{where}: the loss {res['loss']:.6g} differs from the library's {want['loss']:.6g}",
-                                        f"{where}: потеря {res['loss']:.6g} отличается от библиотечной {want['loss']:.6g}"))
+                                        f"{where}: лосс {res['loss']:.6g} отличается от библиотечного {want['loss']:.6g}"))
     for param_dtype, reduce_dtype in _GRID_POLICIES:
         policy = MixedPrecision(param_dtype, reduce_dtype)
         for dtype in _GRID_DTYPES:

@@ -194,7 +194,7 @@ def _judge_wrap(fn) -> Verdict:
             return Verdict.wrong(where + tr(
                 f"{_STEPS} SGD steps differ from one process (max |loss diff| {loss_diff:.2e}, max |weight diff| "
                 f"{weight_diff:.2e})",
-                f"{_STEPS} шага SGD расходятся с одним процессом (max |разница потерь| {loss_diff:.2e}, "
+                f"{_STEPS} шага SGD расходятся с одним процессом (max |разница лоссов| {loss_diff:.2e}, "
                 f"max |разница весов| {weight_diff:.2e})"))
     return Verdict.right(tr(
         f"{1 + blocks} FSDP2 units, DTensors on the given mesh, and the same training as one process "

@@ -14,7 +14,8 @@ from fsdp_mini.groups import grid
 from fsdp_mini.course.language import tr
 from fsdp_mini.course.viz import figure, rank_color
 
-__all__ = ["LINK_COLORS", "plot_grid", "shard_segments", "plot_shard_layouts", "plot_step_comm", "plot_shard_size_sweep"]
+__all__ = ["LINK_COLORS", "plot_grid", "shard_segments", "plot_shard_layouts", "plot_step_comm", "plot_shard_size_sweep",
+           "who_holds_what", "plot_who_holds_what"]
 
 LINK_COLORS = {"intra": "#4C72B0", "inter": "#C44E52"}
 _PAD_COLOR = "#D9D9D9"
@@ -116,7 +117,7 @@ def plot_shard_layouts(params: Sequence[tuple[str, Sequence[int]]], n: int, titl
     flat = shard_segments(shapes, n, "flat")
     padded = flat[-1][1]
     fig, ax = figure(width=9.0, height=2.9)
-    rows = [(1.25, flat, tr("fsdp_mini: one flat buffer,\nn equal pieces", "fsdp_mini: один плоский буфер,\nn равных кусков")),
+    rows = [(1.25, flat, tr("fsdp_mini: one flat buffer,\nn equal pieces", "fsdp_mini: один плоский буфер,\nn равных чанков")),
             (0.0, shard_segments(shapes, n, "dim0"),
              tr("FSDP2: every parameter\ncut on dim 0", "FSDP2: каждый параметр\nрезан по dim 0"))]
     for y, segments, label in rows:
@@ -161,7 +162,7 @@ def plot_step_comm(steps: Mapping[str, object], unit: float = 1e9, title: str | 
     fig, axes = figure(width=max(8.0, 2.2 * len(labels) + 3.5), height=3.5, ncols=2)
     panels = ((axes[0], "sent_intra", "sent_inter", unit, tr("GB sent per rank per step", "ГБ на ранг за шаг"), "{:.3g}"),
               (axes[1], "intra_seconds", "inter_seconds", 1.0,
-               tr("predicted communication, s per step", "предсказанное время связи, с за шаг"), "{:.3g}"))
+               tr("predicted communication, s per step", "предсказанное время обмена данными, с за шаг"), "{:.3g}"))
     for ax, intra_attr, inter_attr, scale, ylabel, fmt in panels:
         intra = [getattr(steps[k], intra_attr) / scale for k in labels]
         inter = [getattr(steps[k], inter_attr) / scale for k in labels]
@@ -201,7 +202,7 @@ def plot_shard_size_sweep(sizes: Sequence[int], memory: Sequence[float], steps: 
     right.bar(sizes, intra, width=width, color=LINK_COLORS["intra"], label=tr("inside a node", "внутри узла"))
     right.bar(sizes, inter, width=width, bottom=intra, color=LINK_COLORS["inter"],
               label=tr("across nodes", "между узлами"))
-    right.set_ylabel(tr("predicted communication, s per step", "предсказанное время связи, с за шаг"), fontsize=9)
+    right.set_ylabel(tr("predicted communication, s per step", "предсказанное время обмена данными, с за шаг"), fontsize=9)
     right.set_ylim(0, max(a + b for a, b in zip(intra, inter)) * 1.2)
     right.legend(fontsize=8, frameon=False, loc="upper left")
     for ax in (left, right):
@@ -214,4 +215,99 @@ def plot_shard_size_sweep(sizes: Sequence[int], memory: Sequence[float], steps: 
         for side in ("top", "right"):
             ax.spines[side].set_visible(False)
     fig.tight_layout()
+    return fig
+
+
+# --- who holds what: the course's strategies side by side ---------------------------------------------
+
+_STATE_COLORS = {"params": "#4C72B0", "grads": "#DD8452", "optimizer": "#55A868"}  # as in viz.memory
+_STATES = ("params", "grads", "optimizer")
+
+
+def who_holds_what(world_size: int = 4, shard_size: int = 2) -> dict[str, dict]:
+    """DDP, ZeRO-1, ZeRO-2, FSDP and HSDP (shard groups of `shard_size`) on `world_size` ranks, from
+    `fsdp_mini.strategy.facts`: for each, the shard group size `group`, `held[rank][state]` = the part
+    (start, end) of the whole state that the rank holds, as fractions, and `travels`: the collectives of one
+    step as (op, state, times, group kind, fraction of the state per call)."""
+    from fsdp_mini.strategy import ZERO1, ShardingStrategy, facts, shard_group_size
+
+    strategies = {"DDP": (ShardingStrategy.NO_SHARD, None), "ZeRO-1": (ZERO1, None),
+                  "ZeRO-2": (ShardingStrategy.SHARD_GRAD_OP, None), "FSDP": (ShardingStrategy.FULL_SHARD, None),
+                  "HSDP": (ShardingStrategy.HYBRID_SHARD, shard_size)}
+    out = {}
+    for name, (strategy, size) in strategies.items():
+        f = facts(strategy)
+        group = shard_group_size(strategy, world_size, size)
+        held = {rank: {state: ((rank % group) / group, (rank % group + 1) / group) if state in f.sharded else (0.0, 1.0)
+                       for state in _STATES} for rank in range(world_size)}
+        if group == 1:
+            travels = [("all_reduce", "grads", 1, "replica", 1.0)]
+        else:
+            travels = [("reduce_scatter", "grads", 1, "shard", 1.0),
+                       ("all_gather", "params", f.all_gathers_per_step, "shard", 1.0)]
+            if f.hybrid and group < world_size:
+                travels.append(("all_reduce", "grads", 1, "replica", 1 / group))
+        out[name] = {"strategy": strategy, "group": group, "held": held, "travels": travels}
+    return out
+
+
+def _fraction(part: float) -> str:
+    return "1" if part == 1 else f"1/{round(1 / part)}"
+
+
+def plot_who_holds_what(world_size: int = 4, shard_size: int = 2, title: str | None = None):
+    """One panel per strategy of `who_holds_what`: a row per rank, a bar per model state (parameters,
+    gradients, optimizer state) whose filled part is what that rank holds (1, 1/n or 1/shard_size, at its
+    shard's place), and under the panel what one step sends and over which group. Deterministic."""
+    from matplotlib.patches import Patch, Rectangle
+
+    table = who_holds_what(world_size, shard_size)
+    names = list(table)
+    fig, axes = figure(width=2.05 * len(names) + 0.6, height=0.42 * world_size + 2.3, ncols=len(names))
+    state_names = {"params": tr("parameters", "параметры"), "grads": tr("gradients", "градиенты"),
+                   "optimizer": tr("optimizer state", "состояние оптимизатора")}
+    op_names = {"all_gather": "AllGather", "reduce_scatter": "ReduceScatter", "all_reduce": "AllReduce"}
+    what = {"params": tr("params", "параметров"), "grads": tr("grads", "градиентов")}
+    for ax, name in zip(axes, names):
+        entry = table[name]
+        for rank in range(world_size):
+            y = world_size - 1 - rank
+            for j, state in enumerate(_STATES):
+                x0 = j * 1.2
+                ax.add_patch(Rectangle((x0, y - 0.3), 1.0, 0.6, facecolor="#F2F2F2", edgecolor="#BBBBBB",
+                                       linewidth=0.6))
+                start, end = entry["held"][rank][state]
+                ax.add_patch(Rectangle((x0 + start, y - 0.3), end - start, 0.6, facecolor=_STATE_COLORS[state],
+                                       edgecolor="none"))
+                if rank == 0:
+                    ax.text(x0 + 0.5, world_size - 0.55, _fraction(end - start), ha="center", va="bottom", fontsize=8)
+        if 1 < entry["group"] < world_size:  # shard groups: a line between them
+            for k in range(1, world_size // entry["group"]):
+                y = world_size - k * entry["group"] - 0.5
+                ax.plot([-0.1, 3.5], [y, y], color="black", linestyle="--", linewidth=0.9)
+        lines = []
+        for op, state, times, kind, part in entry["travels"]:
+            where = (tr("in a shard group", "в группе шардирования") if kind == "shard"
+                     else tr("across replicas", "между репликами"))
+            count = f"{times}× " if times > 1 else ""
+            amount = "" if part == 1 else f" ({_fraction(part)})"
+            lines.append(f"{count}{op_names[op]} {what[state]}{amount}\n  {where}")
+        ax.text(-0.1, -0.75, "\n".join(lines), ha="left", va="top", fontsize=7)
+        group = entry["group"]
+        suffix = f" ({world_size // group}×{group})" if 1 < group < world_size else ""
+        ax.set_title(f"{name}{suffix}", fontsize=9.5)
+        ax.set_xlim(-0.15, 3.55)
+        ax.set_ylim(-3.0, world_size + 0.1)
+        ax.set_yticks([world_size - 1 - r for r in range(world_size)],
+                      [tr(f"rank {r}", f"ранг {r}") for r in range(world_size)] if ax is axes[0] else [], fontsize=8)
+        ax.set_xticks([])
+        for side in ("top", "right", "bottom", "left"):
+            ax.spines[side].set_visible(False)
+        ax.tick_params(axis="y", length=0)
+    handles = [Patch(color=_STATE_COLORS[s], label=state_names[s]) for s in _STATES]
+    fig.legend(handles=handles, fontsize=8, frameon=False, ncol=3, loc="upper center", bbox_to_anchor=(0.5, 0.93))
+    fig.suptitle(title or tr(f"{world_size} ranks: what each rank holds (filled) and what one step sends",
+                             f"{world_size} ранга: что хранит каждый ранг (закрашено) и что передаёт шаг"),
+                 fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.86))
     return fig

@@ -5,16 +5,19 @@ A collective's bar runs from its issue to the moment the engine waited for it (`
 `.end`): for an async op that is "in flight, or done and not yet waited for", which is what decides
 whether a unit has to stall. Collectives in flight at the same time are drawn on separate lanes.
 Timeline plots show measured times, so a lesson's cell that draws one starts with `# NBVAL_IGNORE_OUTPUT`;
-`plot_gathered_memory` and `plot_tradeoff` use no times and are deterministic.
+`plot_gathered_memory` and `plot_tradeoff` use no times and are deterministic, and so is `plot_ideal_step`:
+an idealised schedule computed from durations, to read the measured timelines against.
 """
 from __future__ import annotations
 
-from fsdp_mini.course.language import tr
+from dataclasses import dataclass
+
+from fsdp_mini.course.language import get_language, tr
 from fsdp_mini.plan import unit_of_label
 from fsdp_mini.course.viz import figure
 
 __all__ = ["OP_COLORS", "KIND_COLORS", "short_label", "comm_lanes", "plot_timeline", "plot_timelines",
-           "plot_gathered_memory", "plot_tradeoff"]
+           "plot_gathered_memory", "plot_tradeoff", "IdealEvent", "ideal_step", "plot_ideal_step"]
 
 OP_COLORS = {"all_gather": "#4C72B0", "reduce_scatter": "#DD8452", "all_reduce": "#8172B3"}
 KIND_COLORS = {"forward": "#55A868", "backward": "#C44E52"}
@@ -27,6 +30,12 @@ def _op_name(op: str) -> str:
 
 def _kind_name(kind: str) -> str:
     return {"forward": tr("forward", "прямой проход"), "backward": tr("backward", "обратный проход")}.get(kind, kind)
+
+
+def _g(x: float, digits: int = 6) -> str:
+    """`x` with `digits` significant digits, a decimal comma in Russian."""
+    text = f"{x:.{digits}g}"
+    return text.replace(".", ",") if get_language() == "ru" else text
 
 
 def short_label(label: str) -> str:
@@ -69,7 +78,7 @@ def _draw(ax, records, spans, t0: float, text_min: float) -> list[tuple[float, s
             if w >= text_min:
                 ax.text(x0 + w / 2, yy, short_label(r.label), ha="center", va="center", fontsize=6, color="white")
         if n_lanes:
-            ticks.append((y + (n_lanes - 1) * 0.25, tr(f"rank {rank}: comm", f"ранг {rank}: связь")))
+            ticks.append((y + (n_lanes - 1) * 0.25, tr(f"rank {rank}: comm", f"ранг {rank}: обмен данными")))
         y += max(n_lanes, 1) * 0.5 + 0.2
         for s in (s for s in spans if s.rank == rank):
             x0, w = (s.start - t0) * 1e3, max((s.end - s.start) * 1e3, 1e-3)
@@ -77,7 +86,7 @@ def _draw(ax, records, spans, t0: float, text_min: float) -> list[tuple[float, s
                     linewidth=0.5)
             if w >= text_min:
                 ax.text(x0 + w / 2, y, short_label(s.label), ha="center", va="center", fontsize=6, color="white")
-        ticks.append((y, tr(f"rank {rank}: compute", f"ранг {rank}: счёт")))
+        ticks.append((y, tr(f"rank {rank}: compute", f"ранг {rank}: вычисления")))
         y += 1.0
     return ticks
 
@@ -128,13 +137,14 @@ def plot_timeline(records, spans=(), title: str | None = None, width: float = 9.
     return plot_timelines({title or "": (list(records), list(spans))}, width=width)
 
 
-def plot_gathered_memory(series: dict, unit: float = 1e3, unit_name: str = "kB", title: str | None = None,
+def plot_gathered_memory(series: dict, unit: float = 1e3, unit_name: str | None = None, title: str | None = None,
                          marks: dict[str, float] | None = None):
     """`series[name]` = one rank's `Trace.memory` events: gathered-parameter bytes after each alloc and
     free, against the event's number (not its time, so the picture is the same in every run).
     `marks[text] = bytes` draws horizontal reference lines (e.g. "root + 1 block")."""
     from matplotlib.ticker import MaxNLocator
 
+    unit_name = unit_name or tr("kB", "кБ")
     fig, ax = figure(width=7.5, height=3.4)
     top, longest = 0.0, 1
     for i, (name, events) in enumerate(series.items()):
@@ -142,7 +152,7 @@ def plot_gathered_memory(series: dict, unit: float = 1e3, unit_name: str = "kB",
         ys = [0.0] + [e.current / unit for e in events]
         ax.step(range(len(ys)), ys, where="post", color=color, label=name, linewidth=1.6)
         peak = max(ys)
-        ax.annotate(f"{peak:.4g}", (ys.index(peak), peak), textcoords="offset points", xytext=(-3, 3),
+        ax.annotate(_g(peak, 4), (ys.index(peak), peak), textcoords="offset points", xytext=(-3, 3),
                     ha="right", fontsize=8, color=color)
         top, longest = max(top, peak), max(longest, len(ys) - 1)
     for text, value in (marks or {}).items():
@@ -161,9 +171,10 @@ def plot_gathered_memory(series: dict, unit: float = 1e3, unit_name: str = "kB",
 
 
 def plot_tradeoff(memory: dict[str, float], comm: dict[str, float], calls: dict[str, int] | None = None,
-                  unit: float = 1e3, unit_name: str = "kB", title: str | None = None):
+                  unit: float = 1e3, unit_name: str | None = None, title: str | None = None):
     """Two bar groups side by side, one bar per setup in each: peak gathered-parameter bytes (`memory`)
     and bytes of all-gathers per step (`comm`); `calls[setup]` is written under its comm bar's value."""
+    unit_name = unit_name or tr("kB", "кБ")
     fig, (left, right) = figure(width=8.0, height=3.4, ncols=2)
     names = list(memory)
     colors = [_SERIES_COLORS[i % len(_SERIES_COLORS)] for i in range(len(names))]
@@ -171,11 +182,11 @@ def plot_tradeoff(memory: dict[str, float], comm: dict[str, float], calls: dict[
             (left, memory, tr(f"{unit_name} per rank", f"{unit_name} на ранг"),
              tr("memory: peak of gathered parameters", "память: пик собранных параметров")),
             (right, comm, tr(f"{unit_name} per step", f"{unit_name} за шаг"),
-             tr("communication: AllGather bytes per step", "связь: байты AllGather за шаг"))):
+             tr("communication: AllGather bytes per step", "обмен данными: байты AllGather за шаг"))):
         heights = [values[n] / unit for n in names]
         ax.bar(names, heights, color=colors, width=0.6)
         for x, (n, h) in enumerate(zip(names, heights)):
-            text = f"{h:.4g}"
+            text = _g(h, 4)
             if ax is right and calls is not None:
                 text += "\n" + tr(f"{calls[n]} calls", f"вызовов: {calls[n]}")
             ax.text(x, h, text, ha="center", va="bottom", fontsize=8)
@@ -183,6 +194,103 @@ def plot_tradeoff(memory: dict[str, float], comm: dict[str, float], calls: dict[
         ax.set_ylabel(ylabel)
         ax.set_title(heading, fontsize=9)
         ax.tick_params(axis="x", labelsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+# --- an idealised step: computed from durations, not measured ----------------------------------------
+
+
+@dataclass(frozen=True)
+class IdealEvent:
+    """One bar of `ideal_step`: `lane` "comm" or "compute", `what` an op ("all_gather", "reduce_scatter") or a
+    kind ("forward", "backward"), the unit's index, and start/end in time units."""
+
+    lane: str
+    what: str
+    unit: int
+    start: float
+    end: float
+
+
+def ideal_step(prefetch: bool, units: int = 2, gather: float = 1.0, forward: float = 1.0, backward: float = 2.0,
+               reduce: float = 1.0) -> list[IdealEvent]:
+    """The schedule of one FULL_SHARD step of `units` units on an idealised rank with two lanes that run at
+    the same time, one for collectives and one for compute, each doing one thing at a time (as a GPU's
+    communication and compute streams do). A unit's hook issues its own AllGather when the unit is reached
+    (after the previous unit's compute); with `prefetch` it also issues the next unit's. A unit computes
+    once its AllGather has arrived; after its backward its ReduceScatter is issued. Durations in the same
+    arbitrary unit; every unit is gathered in forward and again in backward."""
+    events: list[IdealEvent] = []
+    comm_free, clock = 0.0, 0.0
+
+    def collective(op, unit, issued, duration):
+        nonlocal comm_free
+        start = max(issued, comm_free)
+        comm_free = start + duration
+        events.append(IdealEvent("comm", op, unit, start, comm_free))
+        return comm_free
+
+    for kind, order, duration in (("forward", list(range(units)), forward),
+                                  ("backward", list(reversed(range(units))), backward)):
+        arrived: dict[int, float] = {}
+        for k, unit in enumerate(order):
+            if unit not in arrived:
+                arrived[unit] = collective("all_gather", unit, clock, gather)
+            if prefetch and k + 1 < len(order):
+                arrived[order[k + 1]] = collective("all_gather", order[k + 1], clock, gather)
+            start = max(clock, arrived[unit])
+            clock = start + duration
+            events.append(IdealEvent("compute", kind, unit, start, clock))
+            if kind == "backward":
+                collective("reduce_scatter", unit, clock, reduce)
+    return events
+
+
+def plot_ideal_step(prefetch_off_and_on=(False, True), units: int = 2, gather: float = 1.0, forward: float = 1.0,
+                    backward: float = 2.0, reduce: float = 1.0, title: str | None = None):
+    """One panel per value of `prefetch_off_and_on`: `ideal_step`'s schedule on two lanes (collectives
+    below, compute above), the compute lane's waits hatched, the step's end marked. Deterministic."""
+    from matplotlib.patches import Patch
+
+    schedules = [ideal_step(p, units, gather, forward, backward, reduce) for p in prefetch_off_and_on]
+    longest = max(e.end for events in schedules for e in events)
+    fig, axes = figure(width=9.0, height=1.25 * len(schedules) + 1.1, nrows=len(schedules), sharex=True)
+    axes = [axes] if len(schedules) == 1 else list(axes)
+    lanes = {"comm": 0.0, "compute": 1.0}
+    for ax, prefetch, events in zip(axes, prefetch_off_and_on, schedules):
+        for e in events:
+            color = OP_COLORS[e.what] if e.lane == "comm" else KIND_COLORS[e.what]
+            ax.barh(lanes[e.lane], e.end - e.start, left=e.start, height=0.6, color=color, edgecolor="white",
+                    linewidth=0.8)
+            ax.text((e.start + e.end) / 2, lanes[e.lane], tr(f"unit {e.unit}", f"юнит {e.unit}"), ha="center",
+                    va="center", fontsize=7, color="white")
+        compute = sorted((e for e in events if e.lane == "compute"), key=lambda e: e.start)
+        clock = 0.0
+        for e in compute:  # where compute waits for a collective
+            if e.start > clock:
+                ax.barh(lanes["compute"], e.start - clock, left=clock, height=0.6, facecolor="none",
+                        edgecolor="#8C8C8C", hatch="///", linewidth=0)
+            clock = e.end
+        end = max(e.end for e in events)
+        ax.axvline(end, color="black", linestyle=":", linewidth=1)
+        ax.set_yticks([lanes["comm"], lanes["compute"]],
+                      [tr("communication", "обмен данными"), tr("compute", "вычисления")], fontsize=8)
+        ax.set_ylim(-0.55, 1.55)
+        heading = tr("prefetch on" if prefetch else "no prefetch", "с предвыборкой" if prefetch else "без предвыборки")
+        ax.set_title(tr(f"{heading}: the step takes {_g(end)}", f"{heading}: шаг длится {_g(end)}"), fontsize=9,
+                     loc="left")
+        ax.grid(axis="x", alpha=0.3)
+        for side in ("top", "right"):
+            ax.spines[side].set_visible(False)
+    axes[-1].set_xlim(0, longest * 1.02)
+    axes[-1].set_xlabel(tr(f"time (one AllGather takes {_g(gather)})", f"время (один AllGather длится {_g(gather)})"))
+    handles = [Patch(color=KIND_COLORS[k], label=_kind_name(k)) for k in KIND_COLORS]
+    handles += [Patch(color=OP_COLORS[o], label=_op_name(o)) for o in ("all_gather", "reduce_scatter")]
+    handles.append(Patch(facecolor="none", edgecolor="#8C8C8C", hatch="///", label=tr("compute waits", "вычисления ждут")))
+    axes[0].legend(handles=handles, fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
