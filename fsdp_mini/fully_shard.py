@@ -21,9 +21,12 @@ parameters are gathered with one AllGather and their gradients reduced with one 
 
 `mesh`: a DeviceMesh, 1-D (shard over it) or 2-D (replicate over dim 0, shard over dim 1: HSDP); by
 default the whole world. The outermost `fully_shard`ed module to run forward is the root: it keeps its
-parameters from forward into backward and queues the end-of-backward work. Backward prefetches the unit
-that ran before in forward (as FSDP2 does by default); `set_modules_to_forward_prefetch` and
-`set_modules_to_backward_prefetch` set both orders by hand.
+parameters from forward into backward and queues the end-of-backward work. Forward prefetches the unit
+that runs next (from the second forward on, in the order the first one recorded) and backward the unit
+that ran before it in forward: on a GPU, FSDP2 gets the forward overlap for free, since the CPU runs
+ahead of the GPU and issues the next unit's AllGather while this one computes; gloo ranks do not run
+ahead, so fsdp_mini issues it explicitly, as its flat design does. `set_modules_to_forward_prefetch` and
+`set_modules_to_backward_prefetch` set both orders by hand (an empty list: no prefetch).
 
 The optimizer steps on DTensors: every op of its per-parameter loop dispatches through DTensor, so on a
 CPU (where PyTorch does not pick it by default) pass `foreach=True` to the optimizer, one dispatch for
@@ -42,6 +45,7 @@ from torch.distributed.tensor import DTensor
 
 from fsdp_mini import collectives as C
 from fsdp_mini.data_parallel import broadcast_from_rank0, check_same_everywhere, check_same_values
+from fsdp_mini.flight_recorder import RECORDER
 from fsdp_mini.fsdp_param import FSDPParam
 from fsdp_mini.fsdp_param_group import FSDPParamGroup, MeshInfo, post_forward_shards
 from fsdp_mini.memory import MemoryTracker, optimizer_state_bytes, tensor_bytes
@@ -144,7 +148,8 @@ class FSDPModule:
                 state.group.post_forward = None
 
     def set_modules_to_forward_prefetch(self, modules: list) -> None:
-        """In forward, right after this unit's AllGather is issued, issue these units' too."""
+        """In forward, right after this unit's AllGather is issued, issue these units' too (instead of the
+        default: the unit that runs next in forward; [] for none)."""
         state_of(self).forward_prefetch = [_checked_state(m) for m in modules]
 
     def set_modules_to_backward_prefetch(self, modules: list) -> None:
@@ -193,7 +198,7 @@ class FSDPState:
         self.module, self.group, self.mp = module, group, mp
         self.reshard_after_forward = reshard_after_forward
         self.requires_gradient_sync = True
-        self.forward_prefetch: list[FSDPState] = []
+        self.forward_prefetch: list[FSDPState] | None = None  # None: the next unit in the recorded order
         self.backward_prefetch: list[FSDPState] | None = None
         self.is_root: bool | None = None
         self.root: FSDPState | None = None
@@ -233,12 +238,14 @@ class FSDPState:
         root = self.root
         if self.mp.param_dtype is not None and self.mp.cast_forward_inputs:
             args, kwargs = cast_floating((args, kwargs), self.mp.param_dtype)
+        if self is root:  # the collectives until the root's post-forward belong to forward
+            RECORDER.in_forward(True)
         if self not in root.forward_order:  # first run of this unit (a unit skipped so far joins late)
             root.forward_order.append(self)
         if self.group is not None:
             self.group.training_state = TrainingState.FORWARD
             self.group.unshard(async_op=True)
-            for other in self.forward_prefetch:
+            for other in self._forward_prefetch_targets():
                 if other.group is not None:
                     other.group.unshard(async_op=True)
             self.group.wait_for_unshard()
@@ -247,6 +254,17 @@ class FSDPState:
             if torch.is_grad_enabled() and not root.backward_queued:
                 args, kwargs = self._hook_inputs(args, kwargs)
         return args, kwargs
+
+    def _forward_prefetch_targets(self) -> list["FSDPState"]:
+        """The units to gather ahead: those set by hand, or the next unit with parameters in the order the
+        first forward recorded (nothing during that first forward, whose order is still being learnt)."""
+        if self.forward_prefetch is not None:
+            return self.forward_prefetch
+        order = self.root.forward_order
+        if self.root.backward_queued or order[-1] is self:
+            return []
+        following = order[order.index(self) + 1:]
+        return next(([s] for s in following if s.group is not None), [])
 
     def _hook_inputs(self, args, kwargs):
         """Route the inputs that require grad through `_InputsGradReady`, to learn when backward is done."""
@@ -278,6 +296,7 @@ class FSDPState:
         if self.group is not None:
             self.group.training_state = TrainingState.IDLE
         if self.is_root:
+            RECORDER.in_forward(False)
             if not grad_outputs:  # inference: no backward will come to free anything
                 for state in root.forward_order:
                     if state.group is not None:
