@@ -20,8 +20,8 @@ def add_subcommand(sub) -> None:
     b.add_argument("--world-sizes", default="2,4", help="comma-separated, e.g. 2,4")
     b.add_argument("--sizes", default="small,medium", help=f"comma-separated GPT sizes: {', '.join(SIZES)}")
     b.add_argument("--cases", default=",".join(CASES),
-                   help="comma-separated: mini:STRATEGY[:noprefetch][:ring], fsdp2:reshard, fsdp2:noreshard, "
-                        "ddp, compute")
+                   help="comma-separated: mini:STRATEGY[:noprefetch][:ring][:norecord], fully_shard:reshard, "
+                        "fully_shard:noreshard, fsdp2:reshard, fsdp2:noreshard, ddp, compute")
     b.add_argument("--reps", type=int, default=5, help="interleaved rounds over the cases")
     b.add_argument("--steps", type=int, default=3, help="timed steps per case and round")
     b.add_argument("--warmup", type=int, default=2, help="untimed steps per case first")
