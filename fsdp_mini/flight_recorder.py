@@ -25,7 +25,7 @@ import mmap
 import os
 import threading
 from collections import deque
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -89,35 +89,39 @@ class FlightRecorder:
             self._map = mmap.mmap(f.fileno(), self.capacity * _SLOT)
 
     def issue(self, op: str, group: tuple[int, ...], tensors, label: str) -> "_Token | None":
-        """Record a collective at issue time; returns the token that `complete` takes."""
+        """Record a collective at issue time; returns the token that `complete` takes. On the hot path
+        of every collective, so it only stores plain values; `entries()` builds the `Entry` objects."""
         if not self.enabled:
             return None
         # autograd knows when it runs a backward; a forward is announced by the engines (`in_forward`)
         phase = "backward" if torch._C._current_graph_task_id() != -1 else ("forward" if self._in_forward else "")
         with self._lock:
             seq = self._seq[group] = self._seq.get(group, 0) + 1
-            entry = Entry(seq, op, group, tuple(tuple(t.shape) for t in tensors),
-                          str(tensors[0].dtype).replace("torch.", ""), label, phase)
-            token = _Token(entry, self._issued % self.capacity, self._issued)
+            token = _Token((seq, op, group, tuple(tuple(t.shape) for t in tensors),
+                            str(tensors[0].dtype)[6:], label, phase), self._issued % self.capacity, self._issued)
             self._issued += 1
             self._entries.append(token)
-            self._write(token)
+            if self._map is not None:
+                self._write(token)
         return token
 
     def complete(self, token: "_Token | None") -> None:
         if token is None:
             return
-        token.entry = replace(token.entry, done=True)
-        if self._issued - token.number <= self.capacity:  # its slot has not been reused by a newer one
-            self._write(token)
+        token.done = True
+        # in the file, flip the entry's `"done": false` in place, unless its slot went to a newer entry
+        if self._map is not None and token.done_at and self._issued - token.number <= self.capacity:
+            self._map[token.done_at:token.done_at + 5] = b"true "
 
     def _write(self, token: "_Token") -> None:
-        if self._map is None:
-            return
-        data = json.dumps({"n": token.number, **asdict(token.entry)}).encode()
+        seq, op, group, shapes, dtype, label, phase = token.fields
+        data = (f'{{"n": {token.number}, "seq": {seq}, "op": "{op}", "group": {list(group)}, '
+                f'"shapes": {[list(s) for s in shapes]}, "dtype": "{dtype}", "label": {json.dumps(label)}, '
+                f'"phase": "{phase}", "done": false}}').encode()
         if len(data) < _SLOT:  # an entry too long to fit is left out of the file, not the memory
             start = token.slot * _SLOT
             self._map[start:start + _SLOT] = data.ljust(_SLOT, b" ")
+            token.done_at = start + len(data) - len(b"false}")
 
     def in_forward(self, running: bool) -> None:
         """The engines say when a model's (root) forward starts and ends, so that the collectives in
@@ -126,7 +130,7 @@ class FlightRecorder:
 
     def entries(self) -> list[Entry]:
         with self._lock:
-            return [t.entry for t in self._entries]
+            return [Entry(*t.fields, done=t.done) for t in self._entries]
 
     def reset(self) -> None:
         """Forget everything and detach (a forked rank starts from an empty record, not its parent's)."""
@@ -137,22 +141,15 @@ class FlightRecorder:
             self._in_forward = False
             self._map = None
 
-    def dump(self, path: str) -> None:
-        """Write this rank's record as a file that `load_records` reads (atomically)."""
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w") as f:
-            for i, e in enumerate(self.entries()):
-                f.write(json.dumps({"n": i, **asdict(e)}).ljust(_SLOT - 1) + "\n")
-        os.replace(tmp, path)
 
-
-@dataclass
 class _Token:
-    """An entry in flight: its (replaceable) entry, its slot in the file, its issue number."""
+    """A collective in flight: its fields (Entry's, but `done`), its slot in the file and issue number,
+    and where its `done` flag sits in the file (0: not in the file)."""
 
-    entry: Entry
-    slot: int
-    number: int
+    __slots__ = ("fields", "slot", "number", "done", "done_at")
+
+    def __init__(self, fields: tuple, slot: int, number: int):
+        self.fields, self.slot, self.number, self.done, self.done_at = fields, slot, number, False, 0
 
 
 _SLOT = 512  # bytes per entry in the file
