@@ -15,6 +15,8 @@
   port_to_fsdp2   lesson 08: fully_shard bottom-up on a 1-D or 2-D mesh, a full state dict on every rank
   p2p_collectives lessons 01, 02: broadcast and the obvious AllReduce, the ring's ReduceScatter and AllGather,
                   from send/recv
+  diagnosis       lesson 10: the first divergence in the ranks' flight records, a forward with
+                  data-dependent control flow that issues the same collectives on every rank
   activations     lesson 11: which blocks to checkpoint under a memory budget, the tokens per GPU that hide
                   an AllGather
 """
@@ -33,6 +35,7 @@ def all_exercises() -> list[CodeExercise]:
     from fsdp_mini.course.exercises import ddp_buckets, zero1
     from fsdp_mini.course.exercises import p2p_collectives
     from fsdp_mini.course.exercises import activations
+    from fsdp_mini.course.exercises import diagnosis
     return [flat_param.UNSHARD_FLAT, flat_param.REDUCE_GRADIENT, prefetch.BACKWARD_ORDER, mixed_precision.CAST_POLICY,
             per_parameter.DIM0_SHARD, per_parameter.UNSHARD, per_parameter.REDUCE_GRADS,
             ddp_buckets.BUCKET_HOOK, ddp_buckets.FINISH_BACKWARD, ddp_buckets.ACCUMULATE,
@@ -40,4 +43,5 @@ def all_exercises() -> list[CodeExercise]:
             hybrid.GROUPS_FOR, hybrid.HYBRID_REDUCE, port_to_fsdp2.WRAP_FSDP2, port_to_fsdp2.GATHER_FULL_STATE,
             p2p_collectives.BROADCAST, p2p_collectives.OBVIOUS_ALL_REDUCE,
             p2p_collectives.REDUCE_SCATTER, p2p_collectives.ALL_GATHER,
+            diagnosis.FIRST_DIVERGENCE, diagnosis.SAME_COLLECTIVES,
             activations.CHOOSE_CHECKPOINTED, activations.TOKENS_TO_HIDE]
