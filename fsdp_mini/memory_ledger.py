@@ -32,7 +32,7 @@ import torch
 import torch.nn as nn
 
 from fsdp_mini.fsdp import FSDP
-from fsdp_mini.fully_shard import FSDPModule, gathered_memory
+from fsdp_mini.fully_shard import FSDPModule, gathered_memory, state_of
 from fsdp_mini.memory import MemoryChange, format_bytes, optimizer_state_bytes, tensor_bytes
 
 __all__ = ["MemoryLedger", "MemoryBudgetExceeded", "LedgerSnapshot", "KINDS", "PHASES"]
@@ -142,11 +142,22 @@ class MemoryLedger:
                 self._gathered.pop(change.label, None)
         self._note()
 
+    def _gathered_storages(self) -> set[int]:
+        """Addresses of the gathered (unsharded) parameter buffers right now."""
+        if isinstance(self.model, FSDP):
+            tensors = [h.padded for h in self.model.handles]
+        else:
+            tensors = [p.unsharded for m in self.model.modules() if isinstance(m, FSDPModule)
+                       and state_of(m).group is not None for p in state_of(m).group.params if p.unsharded is not None]
+        return {t.untyped_storage().data_ptr() for t in tensors}
+
     def _pack(self, t: torch.Tensor):
-        if isinstance(t, nn.Parameter) or (t.is_leaf and t.requires_grad):
-            # a (gathered) parameter saved for backward: a model state, counted under gathered
-            return _Saved(t, self, -1)
         key = t.untyped_storage().data_ptr()
+        if isinstance(t, nn.Parameter) or (t.is_leaf and t.requires_grad) or key in self._gathered_storages():
+            # a gathered parameter, or a view of one (a weight's transpose), saved for backward: a model
+            # state, counted under gathered. Its buffer is freed when the unit reshards, so counting it
+            # here would also make a later activation at the same address look already counted.
+            return _Saved(t, self, -1)
         live = self._live
         if key not in live.refs:
             live.refs[key], live.sizes[key] = 0, t.untyped_storage().nbytes()
