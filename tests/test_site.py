@@ -104,7 +104,7 @@ def test_home_pages_are_written_for_learners(site, lang):
     html = home.read_text(encoding="utf-8")
     text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", html))
     sections = {"en": ["What you will be able to do", "What you need", "The lessons", "Run the notebooks yourself"],
-                "ru": ["Что вы будете уметь", "Что нужно заранее", "Уроки", "Как запустить ноутбуки у себя"]}[lang]
+                "ru": ["Что вы будете уметь", "Что нужно заранее", "Уроки", "Как запустить блокноты у себя"]}[lang]
     for heading in sections:
         assert re.search(rf"<h2[^>]*>{re.escape(heading)}", html), f"no section {heading!r}"
     table = html[html.index("<table>"):html.index("</table>")]
