@@ -1,24 +1,25 @@
-"""The lessons' code exercises, one module per lesson topic; each exercise is a `CodeExercise`
-(`fsdp_mini.course.exercise`) with its judge, its reference solution and the mistakes it must catch.
+"""The lessons' code exercises, one module per topic, in lesson order; each exercise is a `CodeExercise`
+(`fsdp_mini.course.exercise`) with its judge, its reference solution and the mistakes it must catch, named
+"<lesson>.<function>".
 
-  per_parameter   lesson 09: a parameter's dim-0 shard, a unit's unshard (copy-in, AllGather, copy-out),
-                  its gradients' ReduceScatter
+  p2p_collectives lessons 01, 02: broadcast and the obvious AllReduce, the ring's ReduceScatter and AllGather,
+             from send/recv
+  ddp_buckets     lesson 03: DDP's gradient hook and end of backward (buckets, async AllReduce), accumulation
+             with no_sync
+  zero1           lesson 04: ZeRO-1's flat shard with its optimizer, and the step between ReduceScatter and
+             AllGather
   flat_param      lesson 05: a flat parameter's unshard (one AllGather, views of one buffer) and its
-                  gradient's ReduceScatter, against FSDP's own handle
+             gradient's ReduceScatter, against FSDP's own handle
   prefetch        lesson 06: the order backward reaches the units, replayed by FSDP's prefetch
   mixed_precision lesson 06: the cast policy (compute dtype for floating parameters only, reduce dtype)
-  ddp_buckets     lesson 03: DDP's gradient hook and end of backward (buckets, async AllReduce), accumulation
-                  with no_sync
-  zero1           lesson 04: ZeRO-1's flat shard with its optimizer, and the step between ReduceScatter and
-                  AllGather
   hybrid          lesson 07: the grid's shard and replica groups, HYBRID_SHARD's gradient sync
   port_to_fsdp2   lesson 08: fully_shard bottom-up on a 1-D or 2-D mesh, a full state dict on every rank
-  p2p_collectives lessons 01, 02: broadcast and the obvious AllReduce, the ring's ReduceScatter and AllGather,
-                  from send/recv
+  per_parameter   lesson 09: a parameter's dim-0 shard, a unit's unshard (copy-in, AllGather, copy-out),
+             its gradients' ReduceScatter
   diagnosis       lesson 10: the first divergence in the ranks' flight records, a forward with
-                  data-dependent control flow that issues the same collectives on every rank
+             data-dependent control flow that issues the same collectives on every rank
   activations     lesson 11: which blocks to checkpoint under a memory budget, the tokens per GPU that hide
-                  an AllGather
+             an AllGather
 """
 from __future__ import annotations
 
@@ -28,20 +29,16 @@ __all__ = ["all_exercises"]
 
 
 def all_exercises() -> list[CodeExercise]:
-    """Every code exercise of the course (what tests/test_exercises.py runs)."""
-    from fsdp_mini.course.exercises import per_parameter
-    from fsdp_mini.course.exercises import flat_param, mixed_precision, prefetch
-    from fsdp_mini.course.exercises import hybrid, port_to_fsdp2
-    from fsdp_mini.course.exercises import ddp_buckets, zero1
-    from fsdp_mini.course.exercises import p2p_collectives
-    from fsdp_mini.course.exercises import activations
-    from fsdp_mini.course.exercises import diagnosis
-    return [flat_param.UNSHARD_FLAT, flat_param.REDUCE_GRADIENT, prefetch.BACKWARD_ORDER, mixed_precision.CAST_POLICY,
-            per_parameter.DIM0_SHARD, per_parameter.UNSHARD, per_parameter.REDUCE_GRADS,
+    """Every code exercise of the course, in lesson order (what tests/test_exercise.py runs)."""
+    from fsdp_mini.course.exercises import (activations, ddp_buckets, diagnosis, flat_param, hybrid, mixed_precision,
+                                            p2p_collectives, per_parameter, port_to_fsdp2, prefetch, zero1)
+    return [p2p_collectives.BROADCAST, p2p_collectives.OBVIOUS_ALL_REDUCE,
+            p2p_collectives.REDUCE_SCATTER, p2p_collectives.ALL_GATHER,
             ddp_buckets.BUCKET_HOOK, ddp_buckets.FINISH_BACKWARD, ddp_buckets.ACCUMULATE,
             zero1.ZERO1_SHARD, zero1.ZERO1_STEP,
+            flat_param.UNSHARD_FLAT, flat_param.REDUCE_GRADIENT, prefetch.BACKWARD_ORDER,
+            mixed_precision.CAST_POLICY,
             hybrid.GROUPS_FOR, hybrid.HYBRID_REDUCE, port_to_fsdp2.WRAP_FSDP2, port_to_fsdp2.GATHER_FULL_STATE,
-            p2p_collectives.BROADCAST, p2p_collectives.OBVIOUS_ALL_REDUCE,
-            p2p_collectives.REDUCE_SCATTER, p2p_collectives.ALL_GATHER,
+            per_parameter.DIM0_SHARD, per_parameter.UNSHARD, per_parameter.REDUCE_GRADS,
             diagnosis.FIRST_DIVERGENCE, diagnosis.SAME_COLLECTIVES,
             activations.CHOOSE_CHECKPOINTED, activations.TOKENS_TO_HIDE]

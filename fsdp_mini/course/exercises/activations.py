@@ -235,7 +235,7 @@ def _judge_tokens(fn) -> Verdict:
                             f"{num(len(CLUSTER_CASES))} кластеров: каждый AllGather прячется, и не раньше."))
 
 
-CHOOSE_CHECKPOINTED = CodeExercise("choose_checkpointed", _judge_checkpointed, choose_checkpointed,
+CHOOSE_CHECKPOINTED = CodeExercise("11.choose_checkpointed", _judge_checkpointed, choose_checkpointed,
                                    (_in_order, _forgets_kept, _every_block))
-TOKENS_TO_HIDE = CodeExercise("tokens_to_hide", _judge_tokens, tokens_to_hide,
+TOKENS_TO_HIDE = CodeExercise("11.tokens_to_hide", _judge_tokens, tokens_to_hide,
                               (_no_alpha, _whole_unit_per_rank, _six_flops, _always_nvlink))

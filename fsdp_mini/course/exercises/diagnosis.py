@@ -267,7 +267,7 @@ def _judge_divergence(fn) -> Verdict:
                             f"({num(len(recorded_runs()))} записанных прогонов на {WORLD} рангах)"))
 
 
-FIRST_DIVERGENCE = CodeExercise("first divergence", _judge_divergence, first_divergence,
+FIRST_DIVERGENCE = CodeExercise("10.first_divergence", _judge_divergence, first_divergence,
                                 (_divergence_by_op_only, _divergence_by_list_index, _divergence_against_rank0))
 
 
@@ -398,5 +398,5 @@ def _judge_same_collectives(fn) -> Verdict:
                             "2, 3 и 4 ранга выдают одни и те же коллективные операции и совпадают с одним процессом"))
 
 
-SAME_COLLECTIVES = CodeExercise("same collectives on every rank", _judge_same_collectives, hidden,
+SAME_COLLECTIVES = CodeExercise("10.same_collectives", _judge_same_collectives, hidden,
                                 (_hidden_if_any, _hidden_no_mask, _hidden_mask_by_position))
