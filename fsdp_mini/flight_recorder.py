@@ -11,12 +11,12 @@ collective where they differ:
     rank 1 waits in AllGather #17 (blocks.2, forward) while ranks 0, 2, 3 wait in ReduceScatter #17
     (blocks.3, backward)
 
-`fsdp_mini.collectives` records into `RECORDER` (one per process; about 10 microseconds per collective,
-under 1% of a step, so it is always on), which mirrors itself into a memory-mapped file: under `fsdp_mini.launch` in the
-launch's folder, whose records the caller reads when a rank fails or the ranks time out (the verdict is
-the first line of its error); under torchrun in `$FSDP_MINI_FLIGHT_DIR` when it is set
-(`fsdp_mini.init()` attaches it), and `python -m fsdp_mini diagnose DIR` prints the same verdict from the
-files, also for ranks that were killed or hang.
+`fsdp_mini.collectives` records into `RECORDER` (one per process; about 10 microseconds per
+collective, under 1% of a step, so it is always on), which mirrors itself into a memory-mapped file:
+under `fsdp_mini.launch` in the launch's folder, whose records the caller reads when a rank fails or the
+ranks time out (the verdict is the first line of its error); under torchrun in `$FSDP_MINI_FLIGHT_DIR`
+when it is set (`fsdp_mini.init()` attaches it), and `python -m fsdp_mini diagnose DIR` prints the same
+verdict from the files, also for ranks that were killed or hang.
 """
 from __future__ import annotations
 
