@@ -2,6 +2,8 @@
 (`fsdp_mini.course.exercise`) with its judge, its reference solution and the mistakes it must catch, named
 "<lesson>.<function>".
 
+  model_states    lesson 00: the bytes of a model's parameters, gradients and optimizer state, and what each
+             rank keeps of them under DDP and the ZeRO stages
   p2p_collectives lessons 01, 02: broadcast and the obvious AllReduce, the ring's ReduceScatter and AllGather,
              from send/recv
   ddp_buckets     lesson 03: DDP's gradient hook and end of backward (buckets, async AllReduce), accumulation
@@ -31,8 +33,10 @@ __all__ = ["all_exercises"]
 def all_exercises() -> list[CodeExercise]:
     """Every code exercise of the course, in lesson order (what tests/test_exercise.py runs)."""
     from fsdp_mini.course.exercises import (activations, ddp_buckets, diagnosis, flat_param, hybrid, mixed_precision,
-                                            p2p_collectives, per_parameter, port_to_fsdp2, prefetch, zero1)
-    return [p2p_collectives.BROADCAST, p2p_collectives.OBVIOUS_ALL_REDUCE,
+                                            model_states, p2p_collectives, per_parameter, port_to_fsdp2, prefetch,
+                                            zero1)
+    return [model_states.MODEL_STATE_BYTES, model_states.BYTES_PER_RANK,
+            p2p_collectives.BROADCAST, p2p_collectives.OBVIOUS_ALL_REDUCE,
             p2p_collectives.REDUCE_SCATTER, p2p_collectives.ALL_GATHER,
             ddp_buckets.BUCKET_HOOK, ddp_buckets.FINISH_BACKWARD, ddp_buckets.ACCUMULATE,
             zero1.ZERO1_SHARD, zero1.ZERO1_STEP,
