@@ -106,6 +106,7 @@ class MemoryLedger:
         self.model, self.optimizer, self.budget = model, optimizer, budget
         self._params = [p for p in model.parameters()]
         self._gathered: dict[str, int] = {}  # label -> bytes, in gathering order
+        self._gathered_ptrs: set[int] | None = None  # addresses of the gathered buffers; None: to recompute
         self._live = _Live()
         self._in_step = False
         self.peak: LedgerSnapshot | None = None
@@ -114,7 +115,7 @@ class MemoryLedger:
     # --- events ---------------------------------------------------------------------------------------
 
     def __enter__(self) -> "MemoryLedger":
-        self._gathered = {}
+        self._gathered, self._gathered_ptrs = {}, None  # gathers while not listening went unseen
         self._listener = self.tracker.listen(self._on_gather)
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda saved: saved.tensor)
         self._hooks.__enter__()
@@ -132,6 +133,7 @@ class MemoryLedger:
             h.remove()
 
     def _on_gather(self, change: MemoryChange) -> None:
+        self._gathered_ptrs = None  # a buffer was filled or freed: its address may have changed
         if change.kind == "alloc":
             self._gathered[change.label] = self._gathered.get(change.label, 0) + change.nbytes
         else:
@@ -143,13 +145,17 @@ class MemoryLedger:
         self._note()
 
     def _gathered_storages(self) -> set[int]:
-        """Addresses of the gathered (unsharded) parameter buffers right now."""
+        """Addresses of the gathered (unsharded) parameter buffers right now. Asked for every saved tensor,
+        so kept until the tracker reports the next gather or free (the only times an address changes)."""
+        if self._gathered_ptrs is not None:
+            return self._gathered_ptrs
         if isinstance(self.model, FSDP):
             tensors = [h.padded for h in self.model.handles]
         else:
             tensors = [p.unsharded for m in self.model.modules() if isinstance(m, FSDPModule)
                        and state_of(m).group is not None for p in state_of(m).group.params if p.unsharded is not None]
-        return {t.untyped_storage().data_ptr() for t in tensors}
+        self._gathered_ptrs = {t.untyped_storage().data_ptr() for t in tensors}
+        return self._gathered_ptrs
 
     def _pack(self, t: torch.Tensor):
         key = t.untyped_storage().data_ptr()
