@@ -20,9 +20,10 @@ from typing import Callable
 
 import torch
 
-from fsdp_mini.course.language import tr
+from fsdp_mini.course.language import num, tr
 
-__all__ = ["check", "Checked", "CodeExercise", "Outcome", "Verdict", "NotYet"]
+__all__ = ["check", "Checked", "CodeExercise", "Outcome", "Verdict", "NotYet", "summed_not_averaged",
+           "one_collective_problem"]
 
 
 class Checked:
@@ -140,3 +141,31 @@ def _first_line(e: BaseException) -> str:
     """An exception as one line: its type and its message's first line (a rank's failure included)."""
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0] if text else ''}"
+
+
+# --- pieces of verdicts that several exercises share ----------------------------------------------------
+
+_OP_NAMES = {"all_gather": "AllGather", "reduce_scatter": "ReduceScatter", "all_reduce": "AllReduce"}
+
+
+def summed_not_averaged(got: torch.Tensor, want: torch.Tensor, n: int) -> bool:
+    """True when `got` is n times `want` (by norm): values summed over n ranks where their average was due,
+    the mistake that SGD shows at once and Adam hides. Verdicts add a hint when it is so."""
+    want_norm = want.norm().item()
+    return want_norm > 0 and math.isclose(got.norm().item() / want_norm, n, rel_tol=1e-3)
+
+
+def one_collective_problem(collectives, op: str, nbytes: int, world: int, rank: int, what: tuple[str, str]) -> str:
+    """"" when CommLog saw exactly one `op` (a unit's one AllGather or ReduceScatter) of `nbytes`, else
+    what it saw instead. `collectives`: (op, bytes) pairs; `what`: the expected bytes explained (en, ru)."""
+    name = _OP_NAMES[op]
+    seen = ", ".join(f"{o} ({num(b)} B)" for o, b in collectives) or tr("none", "ни одной")
+    if len(collectives) != 1 or collectives[0][0] != op:
+        return tr(f"world {world}, rank {rank}: a unit needs exactly one {name} (through fsdp_mini.collectives, "
+                  f"so that CommLog sees it); CommLog saw: {seen}",
+                  f"мир из {world}, ранг {rank}: юниту нужен ровно один {name} (через fsdp_mini.collectives, "
+                  f"чтобы его видел CommLog); CommLog увидел: {seen}")
+    if collectives[0][1] != nbytes:
+        return tr(f"world {world}: the {name} moved {num(collectives[0][1])} B, not {what[0]} {num(nbytes)} B",
+                  f"мир из {world}: {name} передал {num(collectives[0][1])} Б, а не {num(nbytes)} Б {what[1]}")
+    return ""

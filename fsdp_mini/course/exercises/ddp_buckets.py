@@ -14,7 +14,6 @@ The other exercise's half comes from the reference, so each judge tests one thin
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass, field
 
 import torch
@@ -23,7 +22,7 @@ import torch.nn as nn
 
 from fsdp_mini import collectives as C
 from fsdp_mini.comm_log import CommLog
-from fsdp_mini.course.exercise import CodeExercise, NotYet, Verdict
+from fsdp_mini.course.exercise import CodeExercise, NotYet, Verdict, summed_not_averaged
 from fsdp_mini.course.language import num, tr
 from fsdp_mini.course.models import GPT, GPTConfig, make_batch
 from fsdp_mini.course.train import local_rows, train
@@ -286,10 +285,9 @@ def _parity_problem(result: RankResult, world: int, rank: int) -> str:
     if result.first_grads is not None:
         for name, g in result.first_grads.items():
             if not torch.allclose(g, first[name], rtol=1e-5, atol=1e-6):
-                ratio = (g.norm() / first[name].norm()).item()
-                hint = (tr(f" ({num(ratio, 1)} times the average: the ranks' gradients were summed)",
-                           f" (в {num(ratio, 1)} раза больше среднего: градиенты рангов сложены)")
-                        if math.isclose(ratio, world, rel_tol=1e-3) else "")
+                hint = (tr(f" ({num(float(world), 1)} times the average: the ranks' gradients were summed)",
+                           f" (в {num(float(world), 1)} раза больше среднего: градиенты рангов сложены)")
+                        if summed_not_averaged(g, first[name], world) else "")
                 return tr(f"world {world}, rank {rank}: after the first backward, the gradient of {name} is not the "
                           f"whole batch's gradient{hint}",
                           f"мир из {world}, ранг {rank}: после первого backward градиент {name} не равен градиенту "

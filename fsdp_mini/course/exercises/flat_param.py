@@ -15,7 +15,6 @@ and shard boundaries fall inside parameters.
 """
 from __future__ import annotations
 
-import copy
 import functools
 from dataclasses import dataclass
 
@@ -25,7 +24,8 @@ import torch.nn as nn
 
 from fsdp_mini import collectives as C
 from fsdp_mini.comm_log import CommLog
-from fsdp_mini.course.exercise import CodeExercise, NotYet, Verdict
+from fsdp_mini.course.exercise import (CodeExercise, NotYet, Verdict, one_collective_problem,
+                                        summed_not_averaged)
 from fsdp_mini.course.language import num, tr
 from fsdp_mini.flat_param import FlatLayout
 from fsdp_mini.launch import launch
@@ -191,21 +191,11 @@ def trial_layout(world: int) -> FlatLayout:
 
 def _collectives_verdict(outcome: RankOutcome, op: str, world: int, rank: int) -> str:
     """"" when CommLog saw exactly one `op` of the unit's padded bytes, else what it saw instead."""
-    name = {"all_gather": "AllGather", "reduce_scatter": "ReduceScatter"}[op]
     layout = trial_layout(world)
-    padded = layout.padded_numel * 4
-    seen = ", ".join(f"{o} ({num(b)} B)" for o, b in outcome.collectives) or tr("none", "ни одной")
-    if len(outcome.collectives) != 1 or outcome.collectives[0][0] != op:
-        return tr(f"world {world}, rank {rank}: the unit needs exactly one {name} (through fsdp_mini.collectives, "
-                  f"so that CommLog sees it); CommLog saw: {seen}",
-                  f"мир из {world}, ранг {rank}: юниту нужен ровно один {name} (через fsdp_mini.collectives, "
-                  f"чтобы его видел CommLog); CommLog увидел: {seen}")
-    if outcome.collectives[0][1] != padded:
-        return tr(f"world {world}: the {name} moved {num(outcome.collectives[0][1])} B, not the padded flat "
-                  f"parameter's {num(padded)} B ({layout.numel} elements padded to {layout.padded_numel})",
-                  f"мир из {world}: {name} передал {num(outcome.collectives[0][1])} Б, а не {num(padded)} Б "
-                  f"плоского параметра с паддингом ({layout.numel} элементов, с паддингом {layout.padded_numel})")
-    return ""
+    return one_collective_problem(
+        outcome.collectives, op, layout.padded_numel * 4, world, rank,
+        (f"the padded flat parameter's ({layout.numel} elements padded to {layout.padded_numel})",
+         f"плоского параметра с паддингом ({layout.numel} элементов, с паддингом {layout.padded_numel})"))
 
 
 # --- exercise 1: unshard_flat ----------------------------------------------------------------------------
@@ -265,10 +255,9 @@ def _judge_reduce(fn) -> Verdict:
                     f"мир из {world}, ранг {rank}: шард градиента у FSDP — {want.numel()} элементов, у вас "
                     f"форма {tuple(got.shape)}"))
             if not torch.allclose(got, want, rtol=1e-5, atol=1e-6):
-                ratio = (got.norm() / want.norm()).item() if want.norm() > 0 else float("nan")
-                hint = (tr(f" ({num(ratio, 1)} times FSDP's: a ReduceScatter sums unless asked to average)",
-                           f" (в {num(ratio, 1)} раза больше, чем у FSDP: ReduceScatter суммирует, если не "
-                           f"попросить усреднить)") if abs(ratio - world) < 1e-3 * world else "")
+                hint = (tr(f" ({num(float(world), 1)} times FSDP's: a ReduceScatter sums unless asked to average)",
+                           f" (в {num(float(world), 1)} раза больше, чем у FSDP: ReduceScatter суммирует, если не "
+                           f"попросить усреднить)") if summed_not_averaged(got, want, world) else "")
                 return Verdict.wrong(tr(
                     f"world {world}, rank {rank}: your gradient shard is not the shard.grad FSDP produces for "
                     f"the same data{hint}",

@@ -13,14 +13,13 @@
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 import torch.distributed as dist
 
 from fsdp_mini import collectives as C
 from fsdp_mini.comm_log import CommLog
-from fsdp_mini.course.exercise import CodeExercise, NotYet, Verdict
+from fsdp_mini.course.exercise import CodeExercise, NotYet, Verdict, summed_not_averaged
 from fsdp_mini.course.language import num, tr
 from fsdp_mini.groups import grid, make_groups
 from fsdp_mini.launch import launch
@@ -302,13 +301,12 @@ def _judge_hybrid_reduce(fn) -> Verdict:
                     f"ранг {rank}: верните шард градиента этого ранга, {expected.numel()} элементов "
                     f"(1/{shard_size} градиента); получено {shape}"))
             if not torch.allclose(got, expected, rtol=1e-5, atol=1e-6):
-                ratio = (got.norm() / expected.norm()).item()
                 if torch.allclose(got, _node_average_shards(world, shard_size)[rank], rtol=1e-5, atol=1e-6):
                     why = tr(f" (it is the average over its own node's {shard_size} ranks only)",
                              f" (это среднее только по {shard_size} рангам его узла)")
-                elif math.isclose(ratio, world, rel_tol=1e-3):
-                    why = tr(f" ({num(ratio, 1)} times the average: a sum)", f" (в {num(ratio, 1)} раза больше "
-                                                                             f"среднего: это сумма)")
+                elif summed_not_averaged(got, expected, world):
+                    why = tr(f" ({num(float(world), 1)} times the average: a sum)",
+                             f" (в {num(float(world), 1)} раза больше среднего: это сумма)")
                 else:
                     why = ""
                 return Verdict.wrong(where + tr(

@@ -22,8 +22,9 @@ import torch.nn as nn
 
 from fsdp_mini import collectives as C
 from fsdp_mini.comm_log import CommLog
-from fsdp_mini.course.exercise import CodeExercise, NotYet, Verdict
-from fsdp_mini.course.language import tr
+from fsdp_mini.course.exercise import (CodeExercise, NotYet, Verdict, one_collective_problem,
+                                        summed_not_averaged)
+from fsdp_mini.course.language import num, tr
 from fsdp_mini.launch import launch
 
 __all__ = ["DIM0_SHARD", "UNSHARD", "REDUCE_GRADS", "dim0_shard", "unshard", "reduce_grads", "TRIAL_SHAPES", "WORLDS"]
@@ -230,19 +231,8 @@ def _padded_bytes(world: int) -> int:
 
 def _collectives_verdict(outcome: RankOutcome, op: str, world: int, rank: int) -> str:
     """"" when CommLog saw exactly one `op` of the unit's padded bytes, else what it saw instead."""
-    name = {"all_gather": "AllGather", "reduce_scatter": "ReduceScatter"}[op]
-    seen = ", ".join(f"{o} ({b:,} B)" for o, b in outcome.collectives) or tr("none", "ни одной")
-    if len(outcome.collectives) != 1 or outcome.collectives[0][0] != op:
-        return tr(f"world {world}, rank {rank}: a unit needs exactly one {name} (through fsdp_mini.collectives, "
-                  f"so that CommLog sees it); CommLog saw: {seen}",
-                  f"мир из {world}, ранг {rank}: юниту нужен ровно один {name} (через fsdp_mini.collectives, "
-                  f"чтобы его видел CommLog); CommLog увидел: {seen}")
-    if outcome.collectives[0][1] != _padded_bytes(world):
-        return tr(f"world {world}: the {name} moved {outcome.collectives[0][1]:,} B, not the unit's padded "
-                  f"{_padded_bytes(world):,} B",
-                  f"мир из {world}: {name} передал {outcome.collectives[0][1]:,} Б, а не {_padded_bytes(world):,} Б "
-                  f"юнита с паддингом")
-    return ""
+    return one_collective_problem(outcome.collectives, op, _padded_bytes(world), world, rank,
+                                  ("the unit's padded", "юнита с паддингом"))
 
 
 # --- exercise 1: dim0_shard, against what fully_shard holds ------------------------------------------
@@ -337,10 +327,10 @@ def _judge_reduce_grads(fn) -> Verdict:
                         f"мир из {world}, ранг {rank}: его чанк градиента {i} {tuple(avg.shape)} имеет форму "
                         f"{tuple(want.shape)} (строки, которые хранит ранг, без паддинга); у вас {tuple(got.shape)}"))
                 if not torch.allclose(got, want, rtol=1e-5, atol=1e-6):
-                    ratio = (got.norm() / want.norm()).item() if want.numel() and want.norm() > 0 else float("nan")
-                    hint = (tr(f" ({ratio:.1f} times the average: a ReduceScatter sums unless asked to average)",
-                               f" (в {ratio:.1f} раза больше среднего: ReduceScatter суммирует, если не попросить "
-                               f"усреднить)") if math.isclose(ratio, world, rel_tol=1e-3) else "")
+                    hint = (tr(f" ({num(float(world), 1)} times the average: a ReduceScatter sums unless asked to "
+                               f"average)",
+                               f" (в {num(float(world), 1)} раза больше среднего: ReduceScatter суммирует, если не "
+                               f"попросить усреднить)") if summed_not_averaged(got, want, world) else "")
                     return Verdict.wrong(tr(
                         f"world {world}, rank {rank}: its chunk of gradient {i} {tuple(avg.shape)} is not the "
                         f"average of every rank's rows{hint}",
