@@ -1,6 +1,15 @@
-"""Shared fixtures: every distributed test checks that no child process outlives it."""
+"""Shared fixtures: every distributed test checks that no child process outlives it, and the site's
+tests (tests/test_site*.py) share one build of the site per session."""
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import psutil
 import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -10,3 +19,18 @@ def no_orphans():
     children = [c for c in psutil.Process().children(recursive=True) if c.is_running()
                 and c.status() != psutil.STATUS_ZOMBIE]
     assert not children, f"processes left behind: {children}"
+
+
+@pytest.fixture(scope="session")
+def site(tmp_path_factory):
+    """Build the site once per session; return (its folder, everything mkdocs printed)."""
+    out = tmp_path_factory.mktemp("site")
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")  # mkdocs-material's end-of-life notice
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=170)
+    log = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        why = [line for line in log.splitlines() if re.match(r"\s*(WARNING|ERROR)\b", line)]
+        pytest.fail("mkdocs build --strict failed:\n" + "\n".join(why or log.splitlines()[-30:]),
+                    pytrace=False)
+    return out, log

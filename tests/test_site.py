@@ -10,10 +10,7 @@ from __future__ import annotations
 import functools
 import http.server
 import json
-import os
 import re
-import subprocess
-import sys
 import threading
 from html import escape
 from html.parser import HTMLParser
@@ -35,22 +32,7 @@ CYRILLIC = re.compile("[а-яё]", re.I)
 pytestmark = pytest.mark.timeout(900)
 
 
-# --- the build ---------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def site(tmp_path_factory):
-    """Build the site once; return (its folder, everything mkdocs printed)."""
-    out = tmp_path_factory.mktemp("site")
-    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")  # mkdocs-material's end-of-life notice
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=170)
-    log = proc.stdout + proc.stderr
-    if proc.returncode != 0:
-        why = [line for line in log.splitlines() if re.match(r"\s*(WARNING|ERROR)\b", line)]
-        pytest.fail("mkdocs build --strict failed:\n" + "\n".join(why or log.splitlines()[-30:]),
-                    pytrace=False)
-    return out, log
-
-
+# --- the build: the session's `site` fixture, in conftest.py (tests/test_site_links.py uses it too) ---
 def page_path(site_dir: Path, lang: str, name: str) -> Path:
     """The built file of a page: name is a notebook's stem, a page's name ('reference') or '' (home)."""
     return site_dir / PREFIX[lang] / name / "index.html" if name else site_dir / PREFIX[lang] / "index.html"
