@@ -94,3 +94,28 @@ def test_the_readmes_list_every_lesson_once(readme):
     text = (LESSONS.parent / readme).read_text(encoding="utf-8")
     listed = re.findall(r"^\| `(\d\d_[a-z0-9_]+)` \|", text, flags=re.M)
     assert listed == [n[:-len(".ipynb")] for n in NAMES]
+
+
+def _site_hooks():
+    """lessons/_site/hooks.py, where the lesson map's time estimate lives (one home for that figure)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("site_hooks", LESSONS / "_site" / "hooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+STATED_TIME = {"en": re.compile(r"About (\d+) minutes"), "ru": re.compile(r"(?:Примерно|Около)\s+(\d+)\s+минут")}
+
+
+@pytest.mark.parametrize("lang", ["en", "ru"])
+def test_each_lesson_states_the_time_the_lesson_map_gives(lang):
+    """A lesson's introduction says how long it takes, and that is the home pages' figure: reading,
+    running and the code exercises (hooks.lesson_minutes), not a guess written once and left behind."""
+    hooks = _site_hooks()
+    for name in NAMES:
+        intro = "\n".join(src(c) for c in load(lang, name)["cells"][:3] if c["cell_type"] == "markdown")
+        stated = STATED_TIME[lang].findall(intro)
+        assert len(stated) == 1, f"{lang}/{name}: one stated time in the introduction, found {stated}"
+        expected = hooks.lesson_minutes(LESSONS / "en" / name)
+        assert int(stated[0]) == expected, f"{lang}/{name} says {stated[0]} minutes; the lesson map says {expected}"

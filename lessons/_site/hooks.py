@@ -316,6 +316,8 @@ LESSON_MAP = "<!-- lesson map -->"
 WORDS_PER_MINUTE = 150    # careful reading of technical prose
 MINUTES_PER_CODE_CELL = 0.5  # reading a cell, running it, looking at its output
 RUN_MINUTES = 1           # every notebook runs in under a minute on two CPU cores (nbval checks them)
+EXERCISE_MINUTES = 8      # writing one code exercise's function body until its check passes
+_CODE_EXERCISE = re.compile(r"^[A-Z][A-Z0-9_]*\.check\(", re.M)  # a CodeExercise's check cell
 _MAP_TEXT = {
     "en": {"head": "| | lesson | you will learn | time |", "min": "min", "h": "h", "total": "the whole course"},
     "ru": {"head": "| | урок | что вы узнаете | время |", "min": "мин", "h": "ч", "total": "весь курс"},
@@ -334,12 +336,15 @@ def _source(cell: dict) -> str:
 
 
 def lesson_minutes(path: Path) -> int:
-    """Reading and running time of one notebook, rounded up to 5 minutes: its prose at
-    WORDS_PER_MINUTE, MINUTES_PER_CODE_CELL per code cell, RUN_MINUTES for the whole run."""
+    """Time to work through one notebook, rounded up to 5 minutes: its prose at WORDS_PER_MINUTE,
+    MINUTES_PER_CODE_CELL per code cell, RUN_MINUTES for the whole run and EXERCISE_MINUTES per code
+    exercise. Each lesson states this figure in its introduction (tests/test_lessons.py checks it)."""
     cells = _cells(path)
     words = sum(len(re.findall(r"\w+", _source(c))) for c in cells if c["cell_type"] == "markdown")
     code = sum(c["cell_type"] == "code" for c in cells)
-    minutes = words / WORDS_PER_MINUTE + code * MINUTES_PER_CODE_CELL + RUN_MINUTES
+    exercises = sum(len(_CODE_EXERCISE.findall(_source(c))) for c in cells if c["cell_type"] == "code")
+    minutes = (words / WORDS_PER_MINUTE + code * MINUTES_PER_CODE_CELL + RUN_MINUTES
+               + exercises * EXERCISE_MINUTES)
     return 5 * -(-int(minutes + 0.999) // 5)
 
 
