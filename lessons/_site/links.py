@@ -477,6 +477,11 @@ def _unescape(text: str) -> str:
 _ROW = re.compile(r"<tr>(\s*<td[^>]*>)(.*?)</td>", re.S)
 
 
+# a row a link lands on is marked, and clear of the sticky header (material does this for headings only)
+_GLOSSARY_STYLE = ("<style>.md-typeset tr[id]{scroll-margin-top:4rem}"
+                   ".md-typeset tr:target{background-color:var(--md-accent-fg-color--transparent)}</style>")
+
+
 def glossary_ids(html: str, lang: str) -> str:
     """Each row of the glossary's table gets the id of its term (`<tr id="shard-group">`)."""
     anchors = {SLUG(native, "-"): anchor for anchor, native in glossary(lang)}
@@ -486,7 +491,7 @@ def glossary_ids(html: str, lang: str) -> str:
         anchor = anchors.get(SLUG(_unescape(text), "-"))
         return f'<tr id="{anchor}">' + m.group(1) + m.group(2) + "</td>" if anchor else m.group(0)
 
-    return _ROW.sub(row, html)
+    return _GLOSSARY_STYLE + _ROW.sub(row, html)
 
 
 # --- the hook ------------------------------------------------------------------------------------------
