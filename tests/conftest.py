@@ -27,7 +27,7 @@ def site(tmp_path_factory):
     out = tmp_path_factory.mktemp("site")
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")  # mkdocs-material's end-of-life notice
     proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=170)
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=420)  # ~80 s here, more on a loaded CI machine
     log = proc.stdout + proc.stderr
     if proc.returncode != 0:
         why = [line for line in log.splitlines() if re.match(r"\s*(WARNING|ERROR)\b", line)]
