@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fsdp_mini.course.language import tr
 from fsdp_mini.course.viz import figure
+from fsdp_mini.course.viz.style import SMALL
 
 __all__ = ["plot_activation_agreement", "plot_checkpoint_tradeoff", "plot_hiding"]
 
@@ -22,11 +23,11 @@ def plot_activation_agreement(rows: list[dict]):
     for k, key in enumerate(("megatron", "formula", "measured")):
         xs = [i + (k - 1) * width for i in range(len(rows))]
         ax.bar(xs, [r[key] / 1e6 for r in rows], width=width, color=_COLORS[key], label=names[key])
-    ax.set_xticks(range(len(rows)), [r["label"] for r in rows], fontsize=8)
+    ax.set_xticks(range(len(rows)), [r["label"] for r in rows], fontsize=SMALL)
     ax.set_yscale("log")
     ax.set_ylabel(tr("MB per layer", "МБ на слой"))
     ax.set_title(tr("Activation memory of one transformer layer", "Память активаций одного слоя трансформера"))
-    ax.legend(fontsize=8, frameon=False)
+    ax.legend(fontsize=SMALL, frameon=False)
     fig.tight_layout()
     return fig
 
@@ -62,6 +63,6 @@ def plot_hiding(cases: list[dict]):
     ax.set_ylabel(tr("ms", "мс"))
     ax.set_title(tr("A unit's forward (solid) against the next unit's AllGather (dotted)",
                     "Forward юнита (сплошная) и AllGather следующего юнита (пунктир)"))
-    ax.legend(fontsize=7, frameon=False)
+    ax.legend(fontsize=SMALL, frameon=False)
     fig.tight_layout()
     return fig

@@ -10,6 +10,7 @@ from typing import Mapping, Sequence
 
 from fsdp_mini.course.language import tr
 from fsdp_mini.course.viz import figure
+from fsdp_mini.course.viz.style import SMALL, TITLE
 
 __all__ = ["IMPL_COLORS", "size_label", "impl_label", "plot_times", "plot_bandwidth"]
 
@@ -46,7 +47,7 @@ def _size_axis(ax, sizes: Sequence[float]) -> None:
     if len(ticks) > 8:  # keep the labels readable: every other size, always the last one
         ticks = ticks[::-1][::2][::-1]
     ax.set_xticks(ticks)
-    ax.set_xticklabels([size_label(s) for s in ticks], fontsize=8)
+    ax.set_xticklabels([size_label(s) for s in ticks], fontsize=SMALL)
     ax.minorticks_off()
     ax.set_xlabel(tr("message size S", "размер сообщения S"))
 
@@ -97,8 +98,8 @@ def plot_times(sizes: Sequence[float], lines: Mapping[str, Sequence[float]] | No
     ax.set_ylabel(tr(f"time, {unit_name}", f"время, {unit_name}"))
     ax.grid(True, which="major", alpha=0.3)
     if title:
-        ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8, frameon=False)
+        ax.set_title(title, fontsize=TITLE)
+    ax.legend(fontsize=SMALL, frameon=False)
     fig.tight_layout()
     return fig
 
@@ -120,12 +121,12 @@ def plot_bandwidth(rows: Sequence[Mapping], op: str = "all_reduce", title: str |
             ax.plot([s for s, _ in mine], [b / 1e9 for _, b in mine], "o-", markersize=4, linewidth=1.6,
                     color=IMPL_COLORS.get(impl, _CYCLE[i % len(_CYCLE)]), label=impl_label(impl))
         _size_axis(ax, [r["size"] for r in rows])
-        ax.set_title(name, fontsize=10)
+        ax.set_title(name, fontsize=TITLE)
         ax.grid(True, alpha=0.3)
     if log:  # after both panels are drawn: they share the y axis
         _log_y(axes[0])
     axes[0].set_ylabel(tr("GB/s", "ГБ/с"))
-    axes[0].legend(fontsize=8, frameon=False)
-    fig.suptitle(title or tr(f"{op}, {n} ranks", f"{op}, {n} {_ranks_ru(n)}"), fontsize=11)
+    axes[0].legend(fontsize=SMALL, frameon=False)
+    fig.suptitle(title or tr(f"{op}, {n} ranks", f"{op}, {n} {_ranks_ru(n)}"), fontsize=TITLE)
     fig.tight_layout()
     return fig

@@ -6,6 +6,7 @@ import re
 
 from fsdp_mini.course.language import tr
 from fsdp_mini.course.viz import figure
+from fsdp_mini.course.viz.style import SMALL
 
 __all__ = ["PART_COLORS", "part_of", "short_name", "plot_bucket_layout", "plot_bucket_timeline"]
 
@@ -52,14 +53,14 @@ def plot_bucket_layout(buckets, cap_mb: float | None = None, title: str | None =
             width = numel * size / unit
             ax.barh(b.index, width, left=left, height=0.7, color=parts[part], edgecolor="white", linewidth=0.8)
             if width > 0.09 * xmax:
-                ax.text(left + width / 2, b.index, short_name(name), ha="center", va="center", fontsize=7,
+                ax.text(left + width / 2, b.index, short_name(name), ha="center", va="center", fontsize=SMALL,
                         color="white")
             left += width
-        ax.text(left + 0.01 * xmax, b.index, f"{b.nbytes / unit:.3g} {unit_name}", va="center", fontsize=8)
+        ax.text(left + 0.01 * xmax, b.index, f"{b.nbytes / unit:.3g} {unit_name}", va="center", fontsize=SMALL)
     if cap is not None:
         ax.axvline(cap, color="black", linestyle="--", linewidth=1)
-        ax.text(cap, len(buckets) - 0.4, tr(" bucket cap", " предел бакета"), fontsize=8, va="bottom")
-    ax.legend(handles=[Patch(color=c, label=p) for p, c in parts.items()], fontsize=8, frameon=False,
+        ax.text(cap, len(buckets) - 0.4, tr(" bucket cap", " предел бакета"), fontsize=SMALL, va="bottom")
+    ax.legend(handles=[Patch(color=c, label=p) for p, c in parts.items()], fontsize=SMALL, frameon=False,
               loc="upper center", bbox_to_anchor=(0.5, -0.22 if len(buckets) < 4 else -0.12),
               ncol=min(len(parts), 5))
     ax.set_yticks([b.index for b in buckets])
@@ -97,7 +98,7 @@ backward had produced the last gradient. Timings vary run to run: a lesson cell 
     handles = [Patch(color="#E4E4E4", label=tr("loss.backward() running", "идёт loss.backward()")),
                Patch(color="#8172B3", label=tr("AllReduce: issued → waited for", "AllReduce: запущен → дождались")),
                Line2D([], [], color="#C44E52", linestyle=":", label=tr("last bucket ready", "последний бакет готов"))]
-    ax.legend(handles=handles, fontsize=8, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3)
+    ax.legend(handles=handles, fontsize=SMALL, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3)
     ax.set_yticks([int(r.label.split()[1]) for r in recs])
     ax.set_ylim(len(recs) - 0.4, -0.6)
     ax.set_xlim(left=min(0.0, min(ms(r.start) for r in recs)))

@@ -11,6 +11,7 @@ from typing import Mapping, Sequence
 
 from fsdp_mini.course.language import tr
 from fsdp_mini.course.viz import figure, rank_color
+from fsdp_mini.course.viz.style import SMALL, TEXT, TITLE
 
 __all__ = ["OPS", "ALGO_COLORS", "algorithm_label", "cell_sources", "plot_collective", "plot_bytes_sent",
            "plot_predicted_times"]
@@ -68,7 +69,7 @@ def _draw_rows(ax, rows, sources, chunk: int | None) -> None:
             if src is None or value is None:
                 ax.add_patch(Rectangle((j, y), 1, 1, facecolor="#F2F2F2", edgecolor="#BBBBBB", hatch="///",
                                        linewidth=0.8))
-                ax.text(j + 0.5, y + 0.5, "?", ha="center", va="center", fontsize=10, color="#888888")
+                ax.text(j + 0.5, y + 0.5, "?", ha="center", va="center", fontsize=TITLE, color="#888888")
                 continue
             ranks = src if isinstance(src, tuple) else (src,)
             for k, r in enumerate(ranks):  # stripes: a sum shows every rank that contributed
@@ -76,7 +77,7 @@ def _draw_rows(ax, rows, sources, chunk: int | None) -> None:
                                        edgecolor="none"))
             ax.add_patch(Rectangle((j, y), 1, 1, facecolor="none", edgecolor="white", linewidth=1.5))
             boxed = len(ranks) > 1
-            ax.text(j + 0.5, y + 0.5, _fmt(value), ha="center", va="center", fontsize=9,
+            ax.text(j + 0.5, y + 0.5, _fmt(value), ha="center", va="center", fontsize=TEXT,
                     color="black" if boxed else "white", fontweight="bold",
                     bbox=dict(boxstyle="round,pad=0.15", facecolor="white", edgecolor="none", alpha=0.85)
                     if boxed else None)
@@ -110,16 +111,16 @@ def plot_collective(before: Sequence[Sequence[float]], after: Sequence[Sequence[
     _draw_rows(axes[0], before, [[r] * len(b) for r, b in enumerate(before)], chunk)
     _draw_rows(axes[1], after, cell_sources(op, n, len_after, root), chunk)
     axes[1].set_yticklabels([])
-    axes[0].set_title(tr("before", "до"), fontsize=10)
-    axes[1].set_title(tr("after", "после"), fontsize=10)
-    fig.suptitle(title or _title(op, root), fontsize=11, fontfamily="monospace")
+    axes[0].set_title(tr("before", "до"), fontsize=TITLE)
+    axes[1].set_title(tr("after", "после"), fontsize=TITLE)
+    fig.suptitle(title or _title(op, root), fontsize=TITLE, fontfamily="monospace")
     notes = []
     if op in ("reduce", "all_reduce", "reduce_scatter"):
         notes.append(tr("stripes: a sum over those ranks", "полоски: сумма по этим рангам"))
     if op == "reduce" or any(a is None for a in after):
         notes.append(tr("?: not defined by the op", "?: операция не определяет"))
     if notes:
-        fig.text(0.5, 0.02, "   ·   ".join(notes), ha="center", fontsize=8, color="#555555")
+        fig.text(0.5, 0.02, "   ·   ".join(notes), ha="center", fontsize=SMALL, color="#555555")
     fig.tight_layout(rect=(0, 0.06, 1, 0.95))
     return fig
 
@@ -139,18 +140,18 @@ def plot_bytes_sent(sent: Mapping[str, Sequence[int]], nbytes: int | None = None
                label=algorithm_label(algo))
         for x, v in zip(xs, sent[algo]):
             text = f"{v / nbytes:.3g} S" if nbytes else f"{v:,}"
-            ax.text(x, v, text, ha="center", va="bottom", fontsize=8)
+            ax.text(x, v, text, ha="center", va="bottom", fontsize=SMALL)
     if nbytes:
         ax.axhline(nbytes, color="black", linestyle=":", linewidth=1)
-        ax.text(n - 0.45, nbytes, "S", va="bottom", ha="right", fontsize=9)
+        ax.text(n - 0.45, nbytes, "S", va="bottom", ha="right", fontsize=TEXT)
     ax.set_xticks(range(n))
     ax.set_xticklabels([tr(f"rank {r}", f"ранг {r}") for r in range(n)])
     ax.set_ylabel(tr("bytes sent by the rank", "байт отправил ранг"))
     top = max(max(v) for v in sent.values())
     ax.set_ylim(0, top * 1.18)
     ax.set_title(title or tr(f"one all-reduce at n = {n}: bytes sent per rank",
-                             f"один AllReduce при n = {n}: байты, отправленные каждым рангом"), fontsize=10)
-    ax.legend(fontsize=8, frameon=False, loc="upper right")
+                             f"один AllReduce при n = {n}: байты, отправленные каждым рангом"), fontsize=TITLE)
+    ax.legend(fontsize=SMALL, frameon=False, loc="upper right")
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
     fig.tight_layout()
@@ -173,8 +174,8 @@ def plot_predicted_times(ns: Sequence[int], panels: Mapping[str, Mapping[str, Se
         ax.set_xticklabels([str(t) for t in ticks])
         ax.set_xlabel(tr("ranks n", "число рангов n"))
         ax.set_ylabel(tr("predicted time, ms", "предсказанное время, мс"))
-        ax.set_title(panel, fontsize=10)
+        ax.set_title(panel, fontsize=TITLE)
         ax.grid(True, which="major", alpha=0.3)
-        ax.legend(fontsize=8, frameon=False)
+        ax.legend(fontsize=SMALL, frameon=False)
     fig.tight_layout()
     return fig

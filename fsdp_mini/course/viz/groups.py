@@ -13,6 +13,7 @@ from typing import Mapping, Sequence
 from fsdp_mini.groups import grid
 from fsdp_mini.course.language import tr
 from fsdp_mini.course.viz import figure, rank_color
+from fsdp_mini.course.viz.style import SMALL, TEXT, TITLE
 
 __all__ = ["LINK_COLORS", "plot_grid", "shard_segments", "plot_shard_layouts", "plot_step_comm", "plot_shard_size_sweep",
            "who_holds_what", "plot_who_holds_what"]
@@ -35,18 +36,18 @@ def plot_grid(world_size: int, shard_size: int, gpus_per_node: int | None = None
         ax.add_patch(FancyBboxPatch((-0.42, y - 0.40), ncols - 0.16, 0.80, boxstyle="round,pad=0.02,rounding_size=0.15",
                                     facecolor="#EEF1F6", edgecolor="#9AA7BD", linewidth=1.0, zorder=0))
         ax.text(-0.55, y, tr(f"shard group {i}\n{row}", f"группа шардирования {i}\n{row}"), ha="right",
-                va="center", fontsize=8.5)
+                va="center", fontsize=TEXT)
         for j, rank in enumerate(row):
             ax.add_patch(Rectangle((j - 0.32, y - 0.32), 0.64, 0.64, facecolor=rank_color(rank), edgecolor="white",
                                    linewidth=1.5, zorder=2))
-            ax.text(j, y + 0.07, tr(f"rank {rank}", f"ранг {rank}"), ha="center", va="center", fontsize=8.5,
+            ax.text(j, y + 0.07, tr(f"rank {rank}", f"ранг {rank}"), ha="center", va="center", fontsize=TEXT,
                     color="white", fontweight="bold", zorder=3)
-            ax.text(j, y - 0.16, tr(f"shard {j}", f"шард {j}"), ha="center", va="center", fontsize=7.5,
+            ax.text(j, y - 0.16, tr(f"shard {j}", f"шард {j}"), ha="center", va="center", fontsize=SMALL,
                     color="white", zorder=3)
     for j, col in enumerate(cols):
         if nrows > 1:
             ax.plot([j, j], [0, nrows - 1], color="#444444", linewidth=3.0, solid_capstyle="butt", zorder=1)
-        ax.text(j, -0.62, tr(f"replica group\n{col}", f"группа реплик\n{col}"), ha="center", va="top", fontsize=8)
+        ax.text(j, -0.62, tr(f"replica group\n{col}", f"группа реплик\n{col}"), ha="center", va="top", fontsize=SMALL)
     if gpus_per_node:
         for node in range(world_size // gpus_per_node):
             ranks = range(node * gpus_per_node, (node + 1) * gpus_per_node)
@@ -56,7 +57,7 @@ def plot_grid(world_size: int, shard_size: int, gpus_per_node: int | None = None
             ax.add_patch(Rectangle((x0 - 0.47, y0 - 0.45), x1 - x0 + 0.94, y1 - y0 + 0.90, facecolor="none",
                                    edgecolor="black", linewidth=1.1, linestyle="--", zorder=4))
             ax.text(x1 + 0.55, (y0 + y1) / 2, tr(f"node {node}", f"узел {node}"), ha="left", va="center",
-                    fontsize=8.5)
+                    fontsize=TEXT)
     ax.set_xlim(-2.8, ncols + (0.3 if gpus_per_node else -0.35))
     ax.set_ylim(-1.2, nrows - 0.45)
     ax.set_aspect("equal")
@@ -64,7 +65,7 @@ def plot_grid(world_size: int, shard_size: int, gpus_per_node: int | None = None
     ax.set_title(title or tr(f"world_size {world_size}, shard_size {shard_size}: rows gather and scatter, "
                              f"columns all-reduce",
                              f"world_size {world_size}, shard_size {shard_size}: строки — AllGather и "
-                             f"ReduceScatter, столбцы — AllReduce"), fontsize=9.5)
+                             f"ReduceScatter, столбцы — AllReduce"), fontsize=TEXT)
     fig.tight_layout()
     return fig
 
@@ -124,13 +125,13 @@ def plot_shard_layouts(params: Sequence[tuple[str, Sequence[int]]], n: int, titl
         for start, end, rank in segments:
             ax.add_patch(Rectangle((start, y), end - start, 0.8, facecolor=_PAD_COLOR if rank is None else rank_color(rank),
                                    edgecolor="none", hatch="///" if rank is None else None))
-        ax.text(-0.01 * padded, y + 0.4, label, ha="right", va="center", fontsize=8.5)
+        ax.text(-0.01 * padded, y + 0.4, label, ha="right", va="center", fontsize=TEXT)
     offset = 0
     for name, numel in zip(names, numels):
         for y in (1.25, 0.0):
             ax.plot([offset, offset], [y, y + 0.8], color="black", linewidth=0.7)
         if numel >= 0.05 * total:
-            ax.text(offset + numel / 2, -0.12, name, ha="center", va="top", fontsize=7.5, rotation=0)
+            ax.text(offset + numel / 2, -0.12, name, ha="center", va="top", fontsize=SMALL, rotation=0)
         offset += numel
     for y in (1.25, 0.0):
         ax.plot([total, total], [y, y + 0.8], color="black", linewidth=0.7)
@@ -139,17 +140,17 @@ def plot_shard_layouts(params: Sequence[tuple[str, Sequence[int]]], n: int, titl
     if padded > total:
         handles.append(Rectangle((0, 0), 1, 1, facecolor=_PAD_COLOR, hatch="///"))
         labels.append(tr("padding", "паддинг"))
-    ax.legend(handles, labels, fontsize=8, frameon=False, ncol=len(labels), loc="upper center",
+    ax.legend(handles, labels, fontsize=SMALL, frameon=False, ncol=len(labels), loc="upper center",
               bbox_to_anchor=(0.5, 1.16))
     ax.set_xlim(0, padded * 1.005)
     ax.set_ylim(-0.55, 2.2)
     ax.set_yticks([])
     ax.set_xlabel(tr(f"element of the unit ({total} parameters)", f"элемент юнита ({total} параметров)"),
-                  fontsize=9)
+                  fontsize=TEXT)
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
     if title:
-        ax.set_title(title, fontsize=10, pad=24)
+        ax.set_title(title, fontsize=TITLE, pad=24)
     fig.tight_layout()
     return fig
 
@@ -171,15 +172,15 @@ def plot_step_comm(steps: Mapping[str, object], unit: float = 1e9, title: str | 
                label=tr("across nodes", "между узлами"))
         tops = [a + b for a, b in zip(intra, inter)]
         for x, top in enumerate(tops):
-            ax.text(x, top, fmt.format(top), ha="center", va="bottom", fontsize=9)
+            ax.text(x, top, fmt.format(top), ha="center", va="bottom", fontsize=TEXT)
         ax.set_ylim(0, max(tops) * 1.18)
-        ax.set_ylabel(ylabel, fontsize=9)
+        ax.set_ylabel(ylabel, fontsize=TEXT)
         ax.tick_params(axis="x", labelsize=8.5)
         for side in ("top", "right"):
             ax.spines[side].set_visible(False)
-    axes[0].legend(fontsize=8, frameon=False, loc="upper left")
+    axes[0].legend(fontsize=SMALL, frameon=False, loc="upper left")
     if title:
-        fig.suptitle(title, fontsize=10)
+        fig.suptitle(title, fontsize=TITLE)
     fig.tight_layout()
     return fig
 
@@ -192,26 +193,26 @@ def plot_shard_size_sweep(sizes: Sequence[int], memory: Sequence[float], steps: 
     fig, (left, right) = figure(width=9.0, height=3.4, ncols=2)
     left.plot(sizes, [m / unit for m in memory], "o-", color="#55A868")
     for x, m in zip(sizes, memory):
-        left.text(x, m / unit * 1.15, f"{m / unit:.3g}", ha="center", va="bottom", fontsize=8)
+        left.text(x, m / unit * 1.15, f"{m / unit:.3g}", ha="center", va="bottom", fontsize=SMALL)
     left.set_yscale("log")
     left.set_ylim(min(memory) / unit / 1.6, max(memory) / unit * 2.5)
-    left.set_ylabel(tr("model states, GB per rank", "состояния модели, ГБ на ранг"), fontsize=9)
+    left.set_ylabel(tr("model states, GB per rank", "состояния модели, ГБ на ранг"), fontsize=TEXT)
     intra = [s.intra_seconds for s in steps]
     inter = [s.inter_seconds for s in steps]
     width = [0.55 * x for x in sizes]  # equal widths on a log axis
     right.bar(sizes, intra, width=width, color=LINK_COLORS["intra"], label=tr("inside a node", "внутри узла"))
     right.bar(sizes, inter, width=width, bottom=intra, color=LINK_COLORS["inter"],
               label=tr("across nodes", "между узлами"))
-    right.set_ylabel(tr("predicted communication, s per step", "предсказанное время обмена данными, с за шаг"), fontsize=9)
+    right.set_ylabel(tr("predicted communication, s per step", "предсказанное время обмена данными, с за шаг"), fontsize=TEXT)
     right.set_ylim(0, max(a + b for a, b in zip(intra, inter)) * 1.2)
-    right.legend(fontsize=8, frameon=False, loc="upper left")
+    right.legend(fontsize=SMALL, frameon=False, loc="upper left")
     for ax in (left, right):
         ax.set_xscale("log", base=2)
         ax.set_xticks(list(sizes))
         ax.set_xticklabels([str(x) for x in sizes])
-        ax.set_xlabel("shard_size", fontsize=9)
+        ax.set_xlabel("shard_size", fontsize=TEXT)
         ax.axvline(gpus_per_node, color="black", linestyle=":", linewidth=1)
-        ax.text(gpus_per_node * 1.08, ax.get_ylim()[1], tr("one node", "один узел"), fontsize=8, va="top")
+        ax.text(gpus_per_node * 1.08, ax.get_ylim()[1], tr("one node", "один узел"), fontsize=SMALL, va="top")
         for side in ("top", "right"):
             ax.spines[side].set_visible(False)
     fig.tight_layout()
@@ -280,7 +281,7 @@ def plot_who_holds_what(world_size: int = 4, shard_size: int = 2, title: str | N
                 ax.add_patch(Rectangle((x0 + start, y - 0.3), end - start, 0.6, facecolor=_STATE_COLORS[state],
                                        edgecolor="none"))
                 if rank == 0:
-                    ax.text(x0 + 0.5, world_size - 0.55, _fraction(end - start), ha="center", va="bottom", fontsize=8)
+                    ax.text(x0 + 0.5, world_size - 0.55, _fraction(end - start), ha="center", va="bottom", fontsize=SMALL)
         if 1 < entry["group"] < world_size:  # shard groups: a line between them
             for k in range(1, world_size // entry["group"]):
                 y = world_size - k * entry["group"] - 0.5
@@ -292,22 +293,22 @@ def plot_who_holds_what(world_size: int = 4, shard_size: int = 2, title: str | N
             count = f"{times}× " if times > 1 else ""
             amount = "" if part == 1 else f" ({_fraction(part)})"
             lines.append(f"{count}{op_names[op]} {what[state]}{amount}\n  {where}")
-        ax.text(-0.1, -0.75, "\n".join(lines), ha="left", va="top", fontsize=7)
+        ax.text(-0.1, -0.75, "\n".join(lines), ha="left", va="top", fontsize=SMALL)
         group = entry["group"]
         suffix = f" ({world_size // group}×{group})" if 1 < group < world_size else ""
-        ax.set_title(f"{name}{suffix}", fontsize=9.5)
+        ax.set_title(f"{name}{suffix}", fontsize=TEXT)
         ax.set_xlim(-0.15, 3.55)
         ax.set_ylim(-3.0, world_size + 0.1)
         ax.set_yticks([world_size - 1 - r for r in range(world_size)],
-                      [tr(f"rank {r}", f"ранг {r}") for r in range(world_size)] if ax is axes[0] else [], fontsize=8)
+                      [tr(f"rank {r}", f"ранг {r}") for r in range(world_size)] if ax is axes[0] else [], fontsize=SMALL)
         ax.set_xticks([])
         for side in ("top", "right", "bottom", "left"):
             ax.spines[side].set_visible(False)
         ax.tick_params(axis="y", length=0)
     handles = [Patch(color=_STATE_COLORS[s], label=state_names[s]) for s in _STATES]
-    fig.legend(handles=handles, fontsize=8, frameon=False, ncol=3, loc="upper center", bbox_to_anchor=(0.5, 0.93))
+    fig.legend(handles=handles, fontsize=SMALL, frameon=False, ncol=3, loc="upper center", bbox_to_anchor=(0.5, 0.93))
     fig.suptitle(title or tr(f"{world_size} ranks: what each rank holds (filled) and what one step sends",
                              f"{world_size} ранга: что хранит каждый ранг (закрашено) и что передаёт шаг"),
-                 fontsize=10)
+                 fontsize=TITLE)
     fig.tight_layout(rect=(0, 0, 1, 0.86))
     return fig

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from fsdp_mini.course.language import tr
 from fsdp_mini.course.viz import stacked_bars
+from fsdp_mini.course.viz.style import SMALL
 
 __all__ = ["STATE_COLORS", "LEDGER_COLORS", "plot_memory_bars", "plot_ledger_peaks"]
 
@@ -27,7 +28,7 @@ def plot_memory_bars(bars: dict[str, dict[str, float]], title: str | None = None
     ax.set_ylim(top=max(bottoms) * (3 if log else 1.15))
     if title:
         ax.set_title(title)
-    ax.legend(fontsize=8, frameon=False)
+    ax.legend(fontsize=SMALL, frameon=False)
     fig.tight_layout()
     return fig
 
@@ -65,6 +66,6 @@ def plot_ledger_peaks(peaks: dict, title: str | None = None, unit: float = 1e3, 
     ax.tick_params(axis="x", labelsize=8)
     if title:
         ax.set_title(title)
-    ax.legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.legend(fontsize=SMALL, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     return fig

@@ -13,6 +13,7 @@ from typing import Sequence
 from fsdp_mini.course.language import tr
 from fsdp_mini.course.ring_schedule import RingStep, format_contributors
 from fsdp_mini.course.viz import figure, rank_color
+from fsdp_mini.course.viz.style import TEXT, TITLE
 
 __all__ = ["plot_ring_steps", "step_title", "DONE_COLOR"]
 
@@ -51,7 +52,7 @@ def _panel(ax, step: RingStep, n: int, fade_incomplete: bool, first: bool) -> No
             ax.add_patch(Rectangle((x, y), 1, 1, facecolor=face, edgecolor=edge, linewidth=lw, zorder=2))
             alpha = 0.3 if faded else 1.0
             ax.text(x + 0.5, y + 0.42, format_contributors(ranks, n), ha="center", va="center",
-                    fontsize=11 if done else (9 if len(ranks) < 3 else 7.5), alpha=alpha, zorder=3,
+                    fontsize=TITLE if done else (9 if len(ranks) < 3 else 7.5), alpha=alpha, zorder=3,
                     fontweight="bold" if done else "normal")
             if ranks:
                 w = 0.8 / n
@@ -68,11 +69,11 @@ def _panel(ax, step: RingStep, n: int, fade_incomplete: bool, first: bool) -> No
             ax.add_patch(FancyArrowPatch((_x(m.dst) - _GAP, y), (_x(m.dst) - 0.02, y), **style))
     for rank in range(n):
         ax.text(_x(rank) + 0.5, -0.12, tr(f"rank {rank}", f"ранг {rank}"), ha="center", va="bottom",
-                fontsize=8.5, color=rank_color(rank), fontweight="bold")
+                fontsize=TEXT, color=rank_color(rank), fontweight="bold")
     if first:
         for chunk in range(n):
             ax.text(-_GAP - 0.05, chunk + 0.5, tr(f"chunk {chunk}", f"чанк {chunk}"), ha="right", va="center",
-                    fontsize=8.5, clip_on=False)
+                    fontsize=TEXT, clip_on=False)
     ax.set_xlim(-_GAP - 0.05, _x(n - 1) + 1 + _GAP + 0.05)
     ax.set_ylim(n + 0.05, -0.55)
     ax.set_aspect("equal")
@@ -104,8 +105,8 @@ def plot_ring_steps(steps: Sequence[RingStep], title: str | None = None, fade_in
             ax.axis("off")
             continue
         _panel(ax, steps[i], n, fade_incomplete, first=i % ncols == 0)
-        ax.set_title(titles[i] if titles else step_title(steps[i], n), fontsize=10)
+        ax.set_title(titles[i] if titles else step_title(steps[i], n), fontsize=TITLE)
     if title:
-        fig.suptitle(title, fontsize=11)
+        fig.suptitle(title, fontsize=TITLE)
     fig.tight_layout()
     return fig

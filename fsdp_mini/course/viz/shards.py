@@ -10,6 +10,7 @@ from fsdp_mini.flat_param import FlatLayout
 from fsdp_mini.plan import plan_units
 from fsdp_mini.course.language import get_language, tr
 from fsdp_mini.course.viz import figure
+from fsdp_mini.course.viz.style import SMALL, TEXT, TITLE
 
 __all__ = ["PARAM_COLORS", "unit_layouts", "describe_pieces", "plot_flat_layout", "plot_gather_buffer"]
 
@@ -73,20 +74,20 @@ def plot_flat_layout(layouts, titles=None, names=None, width: float = 9.0):
             label = labels[i]
             legend.setdefault(label, color)
             if p.numel >= layout.padded_numel / 10:
-                ax.text(p.offset + p.numel / 2, 0, label, ha="center", va="center", fontsize=7, color="white")
+                ax.text(p.offset + p.numel / 2, 0, label, ha="center", va="center", fontsize=SMALL, color="white")
         if layout.padding:
             ax.barh(0, layout.padding, left=layout.numel, height=0.8, facecolor="white", edgecolor=PAD_COLOR,
                     hatch="////", linewidth=0.8)
             ax.annotate(tr(f"padding: {layout.padding}", f"паддинг: {layout.padding}"),
                         (layout.padded_numel, -0.4), xytext=(0, -13), textcoords="offset points", ha="right",
-                        va="top", fontsize=7, color=PAD_COLOR,
+                        va="top", fontsize=SMALL, color=PAD_COLOR,
                         arrowprops={"arrowstyle": "->", "color": PAD_COLOR, "linewidth": 0.8})
         for r in range(layout.n):
             lo, hi = layout.shard_range(r)
             if r:
                 ax.axvline(lo, color="black", linestyle="--", linewidth=1)
             ax.text((lo + hi) / 2, 0.55, tr(f"rank {r}: [{_num(lo)}, {_num(hi)})", f"ранг {r}: [{_num(lo)}; {_num(hi)})"),
-                    ha="center", va="bottom", fontsize=7)
+                    ha="center", va="bottom", fontsize=SMALL)
         ax.set_xlim(0, layout.padded_numel)
         ax.set_ylim(-0.6, 1.0)
         ax.set_yticks([])
@@ -95,12 +96,12 @@ def plot_flat_layout(layouts, titles=None, names=None, width: float = 9.0):
         ax.set_title(title if title is not None else
                      tr(f"{_num(layout.numel)} elements over {layout.n} shards of {_num(layout.shard_numel)}",
                         f"элементов: {_num(layout.numel)}; шардов: {layout.n}, по {_num(layout.shard_numel)} в каждом"),
-                     fontsize=9, loc="left")
+                     fontsize=TEXT, loc="left")
         ax.tick_params(axis="x", labelsize=7)
     axes[-1].set_xlabel(tr("element of the flat buffer", "элемент плоского буфера"))
     handles = [Patch(color=c, label=n) for n, c in legend.items()]
     handles.append(Patch(facecolor="white", edgecolor=PAD_COLOR, hatch="////", label=tr("padding", "паддинг")))
-    axes[0].legend(handles=handles, fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.15))
+    axes[0].legend(handles=handles, fontsize=SMALL, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.15))
     fig.tight_layout()
     return fig
 
@@ -129,21 +130,21 @@ def plot_gather_buffer(params, n: int, title: str | None = None):
             if filled < width:
                 ax.add_patch(Rectangle((offset + filled, y), width - filled, 0.8, facecolor="white",
                                        edgecolor=color, hatch="///", linewidth=0.5))
-        ax.text(offset + width / 2, n + 0.05, f"{name}\n{tuple(shape)}", ha="center", va="bottom", fontsize=8)
+        ax.text(offset + width / 2, n + 0.05, f"{name}\n{tuple(shape)}", ha="center", va="bottom", fontsize=SMALL)
         offset += width
     for rank in range(n):
         ax.text(-0.01 * offset, n - 1 - rank + 0.4, tr(f"rank {rank}", f"ранг {rank}"), ha="right", va="center",
-                fontsize=9)
+                fontsize=TEXT)
     ax.set_xlim(0, offset)
     ax.set_ylim(-0.3, n + 1.0)
     ax.set_yticks([])
     ax.set_xticks([])
     ax.set_xlabel(tr("a rank's row: its padded chunks, parameter after parameter (small ones drawn wider)",
                      "строка ранга: его чанки с паддингом, параметр за параметром (малые нарисованы шире)"),
-                  fontsize=9)
+                  fontsize=TEXT)
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
     if title:
-        ax.set_title(title, fontsize=10)
+        ax.set_title(title, fontsize=TITLE)
     fig.tight_layout()
     return fig

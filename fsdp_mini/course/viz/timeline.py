@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from fsdp_mini.course.language import get_language, tr
 from fsdp_mini.plan import unit_of_label
 from fsdp_mini.course.viz import figure
+from fsdp_mini.course.viz.style import SMALL, TEXT, TITLE
 
 __all__ = ["OP_COLORS", "KIND_COLORS", "short_label", "comm_lanes", "plot_timeline", "plot_timelines",
            "plot_gathered_memory", "plot_tradeoff", "IdealEvent", "ideal_step", "plot_ideal_step"]
@@ -76,7 +77,7 @@ def _draw(ax, records, spans, t0: float, text_min: float) -> list[tuple[float, s
             ax.barh(yy, w, left=x0, height=0.42, color=OP_COLORS.get(r.op, "#8C8C8C"), edgecolor="white",
                     linewidth=0.5)
             if w >= text_min:
-                ax.text(x0 + w / 2, yy, short_label(r.label), ha="center", va="center", fontsize=6, color="white")
+                ax.text(x0 + w / 2, yy, short_label(r.label), ha="center", va="center", fontsize=SMALL, color="white")
         if n_lanes:
             ticks.append((y + (n_lanes - 1) * 0.25, tr(f"rank {rank}: comm", f"ранг {rank}: обмен данными")))
         y += max(n_lanes, 1) * 0.5 + 0.2
@@ -85,7 +86,7 @@ def _draw(ax, records, spans, t0: float, text_min: float) -> list[tuple[float, s
             ax.barh(y, w, left=x0, height=0.6, color=KIND_COLORS.get(s.kind, "#8C8C8C"), edgecolor="white",
                     linewidth=0.5)
             if w >= text_min:
-                ax.text(x0 + w / 2, y, short_label(s.label), ha="center", va="center", fontsize=6, color="white")
+                ax.text(x0 + w / 2, y, short_label(s.label), ha="center", va="center", fontsize=SMALL, color="white")
         ticks.append((y, tr(f"rank {rank}: compute", f"ранг {rank}: вычисления")))
         y += 1.0
     return ticks
@@ -96,7 +97,7 @@ def _legend(ax, ops, kinds) -> None:
 
     handles = [Patch(color=KIND_COLORS[k], label=_kind_name(k)) for k in KIND_COLORS if k in kinds]
     handles += [Patch(color=OP_COLORS[o], label=_op_name(o)) for o in OP_COLORS if o in ops]
-    ax.legend(handles=handles, fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.legend(handles=handles, fontsize=SMALL, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
 
 
 def plot_timelines(panels: dict, title: str | None = None, width: float = 9.0):
@@ -120,13 +121,13 @@ def plot_timelines(panels: dict, title: str | None = None, width: float = 9.0):
         kinds |= {s.kind for s in spans}
         starts = [r.start for r in records] + [s.start for s in spans]
         ticks = _draw(ax, records, spans, min(starts) if starts else 0.0, text_min=longest / 40)
-        ax.set_yticks([p for p, _ in ticks], [t for _, t in ticks], fontsize=7)
-        ax.set_title(name, fontsize=9, loc="left")
+        ax.set_yticks([p for p, _ in ticks], [t for _, t in ticks], fontsize=SMALL)
+        ax.set_title(name, fontsize=TEXT, loc="left")
         ax.grid(axis="x", alpha=0.3)
     axes[-1].set_xlabel(tr("time since the step's first event, ms", "время от первого события шага, мс"))
     _legend(axes[0], ops, kinds)
     if title:
-        fig.suptitle(title, fontsize=10)
+        fig.suptitle(title, fontsize=TITLE)
     fig.tight_layout()
     return fig
 
@@ -153,19 +154,19 @@ def plot_gathered_memory(series: dict, unit: float = 1e3, unit_name: str | None 
         ax.step(range(len(ys)), ys, where="post", color=color, label=name, linewidth=1.6)
         peak = max(ys)
         ax.annotate(_g(peak, 4), (ys.index(peak), peak), textcoords="offset points", xytext=(-3, 3),
-                    ha="right", fontsize=8, color=color)
+                    ha="right", fontsize=SMALL, color=color)
         top, longest = max(top, peak), max(longest, len(ys) - 1)
     for text, value in (marks or {}).items():
         ax.axhline(value / unit, color="#8C8C8C", linestyle=":", linewidth=1)
-        ax.text(longest, value / unit, text, fontsize=7, color="#555555", va="bottom", ha="right")
+        ax.text(longest, value / unit, text, fontsize=SMALL, color="#555555", va="bottom", ha="right")
         top = max(top, value / unit)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel(tr("event number (each gather and each free)", "номер события (каждый сбор и каждое освобождение)"))
     ax.set_ylabel(tr(f"gathered parameters, {unit_name}", f"собранные параметры, {unit_name}"))
     ax.set_ylim(0, top * 1.35)
     if title:
-        ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8, frameon=False, loc="upper left", ncol=min(3, len(series)))
+        ax.set_title(title, fontsize=TITLE)
+    ax.legend(fontsize=SMALL, frameon=False, loc="upper left", ncol=min(3, len(series)))
     fig.tight_layout()
     return fig
 
@@ -189,13 +190,13 @@ def plot_tradeoff(memory: dict[str, float], comm: dict[str, float], calls: dict[
             text = _g(h, 4)
             if ax is right and calls is not None:
                 text += "\n" + tr(f"{calls[n]} calls", f"вызовов: {calls[n]}")
-            ax.text(x, h, text, ha="center", va="bottom", fontsize=8)
+            ax.text(x, h, text, ha="center", va="bottom", fontsize=SMALL)
         ax.set_ylim(top=max(heights) * 1.3)
         ax.set_ylabel(ylabel)
-        ax.set_title(heading, fontsize=9)
+        ax.set_title(heading, fontsize=TEXT)
         ax.tick_params(axis="x", labelsize=8)
     if title:
-        fig.suptitle(title, fontsize=10)
+        fig.suptitle(title, fontsize=TITLE)
     fig.tight_layout()
     return fig
 
@@ -266,7 +267,7 @@ def plot_ideal_step(prefetch_off_and_on=(False, True), units: int = 2, gather: f
             ax.barh(lanes[e.lane], e.end - e.start, left=e.start, height=0.6, color=color, edgecolor="white",
                     linewidth=0.8)
             ax.text((e.start + e.end) / 2, lanes[e.lane], tr(f"unit {e.unit}", f"юнит {e.unit}"), ha="center",
-                    va="center", fontsize=7, color="white")
+                    va="center", fontsize=SMALL, color="white")
         compute = sorted((e for e in events if e.lane == "compute"), key=lambda e: e.start)
         clock = 0.0
         for e in compute:  # where compute waits for a collective
@@ -277,10 +278,10 @@ def plot_ideal_step(prefetch_off_and_on=(False, True), units: int = 2, gather: f
         end = max(e.end for e in events)
         ax.axvline(end, color="black", linestyle=":", linewidth=1)
         ax.set_yticks([lanes["comm"], lanes["compute"]],
-                      [tr("communication", "обмен данными"), tr("compute", "вычисления")], fontsize=8)
+                      [tr("communication", "обмен данными"), tr("compute", "вычисления")], fontsize=SMALL)
         ax.set_ylim(-0.55, 1.55)
         heading = tr("prefetch on" if prefetch else "no prefetch", "с предвыборкой" if prefetch else "без предвыборки")
-        ax.set_title(tr(f"{heading}: the step takes {_g(end)}", f"{heading}: шаг длится {_g(end)}"), fontsize=9,
+        ax.set_title(tr(f"{heading}: the step takes {_g(end)}", f"{heading}: шаг длится {_g(end)}"), fontsize=TEXT,
                      loc="left")
         ax.grid(axis="x", alpha=0.3)
         for side in ("top", "right"):
@@ -290,8 +291,8 @@ def plot_ideal_step(prefetch_off_and_on=(False, True), units: int = 2, gather: f
     handles = [Patch(color=KIND_COLORS[k], label=_kind_name(k)) for k in KIND_COLORS]
     handles += [Patch(color=OP_COLORS[o], label=_op_name(o)) for o in ("all_gather", "reduce_scatter")]
     handles.append(Patch(facecolor="none", edgecolor="#8C8C8C", hatch="///", label=tr("compute waits", "вычисления ждут")))
-    axes[0].legend(handles=handles, fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    axes[0].legend(handles=handles, fontsize=SMALL, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     if title:
-        fig.suptitle(title, fontsize=10)
+        fig.suptitle(title, fontsize=TITLE)
     fig.tight_layout()
     return fig

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from fsdp_mini.course.language import tr
 from fsdp_mini.course.viz import stacked_bars
+from fsdp_mini.course.viz.style import SMALL
 
 __all__ = ["OP_COLORS", "plot_step_bytes", "sent_by_op"]
 
@@ -34,6 +35,6 @@ def plot_step_bytes(bars: dict[str, dict[str, int]], title: str | None = None, u
     ax.set_ylim(top=max(bottoms + [1e-12]) * 1.18)
     if title:
         ax.set_title(title)
-    ax.legend(fontsize=8, frameon=False, loc="upper center", ncol=len(ax.get_legend_handles_labels()[1]))
+    ax.legend(fontsize=SMALL, frameon=False, loc="upper center", ncol=len(ax.get_legend_handles_labels()[1]))
     fig.tight_layout()
     return fig
