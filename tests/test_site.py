@@ -60,7 +60,10 @@ def test_there_are_lessons_to_render():
 def test_lessons_are_rendered_with_their_stored_outputs(site, lang, name):
     html = page_path(site[0], lang, name).read_text(encoding="utf-8")
     assert "jp-Notebook" in html and '"cell_type"' not in html, "the notebook came out as raw JSON"
-    assert html.count('src="data:image/png') >= stored_pngs(lang, name), "a stored plot is missing"
+    figures = re.findall(r'<img\b[^>]*\bsrc="(figures/[0-9a-f]{16}\.png)"', html)  # lesson_files.py
+    assert len(figures) >= stored_pngs(lang, name), "a stored plot is missing"
+    assert all((page_path(site[0], lang, name).parent / f).is_file() for f in figures)
+    assert 'src="data:image/png' not in html, "a plot is still inlined: the lightbox would store it twice"
     assert "jp-OutputArea-output" in html, "no stored outputs rendered"
     nb = json.loads((LESSONS / lang / f"{name}.ipynb").read_text(encoding="utf-8"))
     title = re.search(r"^# (.+)$", "".join(nb["cells"][0]["source"]), re.M)
@@ -631,3 +634,207 @@ def test_russian_pages_have_russian_theme_strings(site):
         assert "Permanent link" not in html and "Made with" not in html, name
         footer = re.search(r'<footer class="md-footer">.*?</footer>', html, re.S).group(0)
         assert CYRILLIC.search(re.sub(r"<[^>]+>", "", footer)), name
+
+
+
+# --- lesson pages: layout, plumbing, figures, running them (issue 14) ------------------------------------
+# lessons/assets/layout/lessons.css widens the column; lessons/_site/lesson_view.py hides the plumbing;
+# lessons/_site/lesson_files.py writes figures as files and adds the download / Colab buttons;
+# fsdp_mini/course/viz/display.py stores figures at 2x with their title as alt text.
+CODE_LINE_LIMIT = 100  # characters of a code line that fit the code column at 1440 px (~110 measured)
+# Lessons still being rewritten: not yet reformatted to CODE_LINE_LIMIT (build/rewrap_notebooks.py does it)
+# nor re-executed since figures carry their title as alt text (lessons/execute.py). Exempt from the line
+# limit, from "no code cell scrolls at 1440 px" and from the alt-text check. Empty it as they are done.
+PENDING_LESSONS = {"01_collectives", "02_ring_allreduce", "03_ddp", "04_zero", "05_fsdp",
+                      "06_prefetch_and_mixed_precision"}
+FENCED_PYTHON = re.compile(r"^[ \t]*```(?:python|py)[ \t]*\n(.*?)\n[ \t]*```", re.M | re.S)
+WIDTHS = (1440, 390)
+
+
+def notebook_cells(lang: str, name: str) -> list[dict]:
+    return json.loads((LESSONS / lang / f"{name}.ipynb").read_text(encoding="utf-8"))["cells"]
+
+
+def cell_source(cell: dict) -> str:
+    return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+
+
+def test_pending_line_limit_names_real_lessons():
+    assert PENDING_LESSONS <= set(NOTEBOOKS), PENDING_LESSONS - set(NOTEBOOKS)
+
+
+@pytest.mark.parametrize("lang", LANGS)
+@pytest.mark.parametrize("name", [n for n in NOTEBOOKS if n not in PENDING_LESSONS])
+def test_code_lines_fit_the_code_column(lang, name):
+    """Code cells, and the Python blocks of the prose, keep to CODE_LINE_LIMIT characters a line."""
+    long = []
+    for i, cell in enumerate(notebook_cells(lang, name)):
+        code = cell_source(cell) if cell["cell_type"] == "code" else "\n".join(
+            FENCED_PYTHON.findall(cell_source(cell)) if cell["cell_type"] == "markdown" else [])
+        long += [f"cell {i}: {len(line)} chars: {line.strip()[:60]}" for line in code.split("\n")
+                 if len(line) > CODE_LINE_LIMIT]
+    assert not long, f"{lang}/{name}: over {CODE_LINE_LIMIT} characters (build/rewrap_notebooks.py " \
+                     f"rewraps them):\n" + "\n".join(long)
+
+
+@pytest.mark.parametrize("lang", LANGS)
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_lesson_pages_hide_the_plumbing(site, lang, name):
+    """No language cell, no assert-only cell, no nbval marker; the imports and every source listing folded,
+    a listing's code shown once per page (lessons/_site/lesson_view.py)."""
+    html = page_path(site[0], lang, name).read_text(encoding="utf-8")
+    assert "celltag_language" not in html and "set_language" not in html, "the language cell is shown"
+    assert "NBVAL_" not in html, "an nbval marker is shown"
+    for cell in notebook_cells(lang, name):
+        code = cell_source(cell)
+        if cell["cell_type"] == "code" and not cell["outputs"] and code.strip() and all(
+                line.lstrip().startswith(("assert ", "#")) or not line.strip() or line.startswith(" ")
+                for line in code.splitlines()) and code.lstrip().startswith("assert "):
+            first = escape(code.strip().splitlines()[0][:40], quote=False)
+            assert first not in re.sub(r"<[^>]+>", "", html), f"an assert-only cell is shown: {first}"
+    imports = re.findall(r'<details class="lesson-imports"><summary>([^<]+)</summary>', html)
+    assert len(imports) == 1, "the import block is not folded"
+    assert (CYRILLIC.search(imports[0]) is not None) == (lang == "ru"), imports
+    stored = sum(bool(re.match(r"\s*```python\n", "".join(o.get("data", {}).get("text/markdown", ""))))
+                 for c in notebook_cells(lang, name) if c["cell_type"] == "code" for o in c["outputs"])
+    listings = re.findall(r'<details class="source-listing" id="([^"]+)"><summary>(.*?)</summary>\s*'
+                          r'<div class="language-python highlight"><pre><span></span><code>(.*?)</code></pre>',
+                          html, re.S)
+    shown_again = re.findall(r'<p class="source-shown"><a href="#([^"]+)"', html)
+    assert len(listings) + len(shown_again) == stored, "a source listing is not folded"
+    codes = [code for _, _, code in listings]
+    assert len(codes) == len(set(codes)), "the same source is listed twice on the page"
+    assert set(shown_again) <= {anchor for anchor, _, _ in listings}
+    for _, summary, _ in listings:
+        assert re.search(r"<code>[^<]+</code> · \d+ (lines?|строк[аи]?)$", summary), summary
+
+
+@pytest.mark.parametrize("lang", LANGS)
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_each_lesson_can_be_downloaded(site, lang, name):
+    """A download button for the notebook itself; with no REPO_URL (as here) no Colab button, no repository
+    link, and the notebook unchanged (lesson_files.py adds the install cell only for a known repository)."""
+    page = page_path(site[0], lang, name)
+    html = page.read_text(encoding="utf-8")
+    link = re.search(r'<a class="md-button lesson-download" href="([^"]+)" download', html)
+    assert link, "no download button"
+    target, _ = resolve(site[0], page, link.group(1))
+    assert target.read_bytes() == (LESSONS / lang / f"{name}.ipynb").read_bytes()
+    assert "lesson-colab" not in html and "md-source" not in html, "a repository link with no REPO_URL"
+
+
+def test_repository_and_colab_from_repo_url(monkeypatch, tmp_path):
+    """With REPO_URL set (the Pages workflow), the Colab address and the downloaded notebook's first cell."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("lesson_files", LESSONS / "_site" / "lesson_files.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setenv("REPO_URL", "https://github.com/someone/fsdp-from-scratch.git")
+    monkeypatch.delenv("REPO_BRANCH", raising=False)
+    repo, branch = module.repository()
+    assert (repo, branch) == ("https://github.com/someone/fsdp-from-scratch", "main")
+    assert module.colab_url(repo, branch, "lessons/ru/00_why_shard.ipynb") == (
+        "https://colab.research.google.com/github/someone/fsdp-from-scratch/blob/main/lessons/ru/00_why_shard.ipynb")
+    nb = json.loads(module.notebook_copy(LESSONS / "en" / f"{NOTEBOOKS[0]}.ipynb", repo))
+    first = cell_source(nb["cells"][0])
+    assert 'find_spec("fsdp_mini") is None' in first and f"git+{repo}" in first
+    assert nb["cells"][1:] == notebook_cells("en", NOTEBOOKS[0])
+    monkeypatch.delenv("REPO_URL")
+    assert module.repository() is None
+
+
+LAYOUT_JS = r"""() => {
+  const article = document.querySelector('article');
+  const visible = e => e.checkVisibility();  // not inside a closed <details>
+  const code = [...article.querySelectorAll('.jp-InputArea-editor pre, .jp-RenderedMarkdown pre, .highlight pre')]
+    .filter((e, i, all) => all.indexOf(e) === i && visible(e) && !e.closest('.jp-OutputArea'));
+  const outputs = [...article.querySelectorAll('.jp-RenderedText pre')].filter(visible);
+  const lang = document.documentElement.lang;
+  return {
+    sideways: document.documentElement.scrollWidth - document.documentElement.clientWidth,
+    code: code.length,
+    code_scrolling: code.filter(e => e.scrollWidth > e.clientWidth + 1)
+                        .map(e => e.textContent.split('\n').reduce((a, b) => b.length > a.length ? b : a, '').slice(0, 70)),
+    outputs: outputs.length,
+    outputs_wrapped: outputs.filter(e => {
+      const style = getComputedStyle(e);
+      const lines = e.textContent.replace(/\n$/, '').split('\n').length;
+      return style.whiteSpace !== 'pre' || e.getBoundingClientRect().height > (lines + 0.5) * parseFloat(style.lineHeight);
+    }).length,
+    images: [...article.querySelectorAll('img')].map(i => i.alt),
+    zoomable: [...article.querySelectorAll('.jp-RenderedImage img')].filter(i => i.closest('a.glightbox')).length,
+    column: Math.round(article.getBoundingClientRect().width),
+    lang,
+  };
+}"""
+
+
+@pytest.fixture(scope="module")
+def layout(site, server, browser):
+    """Every lesson, the home pages and the calculator at 1440 and 390 px, both languages: what LAYOUT_JS
+    measures, {(width, lang, name): found}; screenshots of the home page, the first lesson and the
+    calculator at each width go to test-artifacts/site/ (NAME-LANG-WIDTH.png)."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    found = {}
+    for width in WIDTHS:
+        context = browser.new_context(viewport={"width": width, "height": 900})
+        page = context.new_page()
+        try:
+            for lang in LANGS:
+                for name in ["", "calculator", *NOTEBOOKS]:
+                    page.goto(server + url(lang, name), wait_until="load")
+                    page.evaluate("() => window.MathJax?.startup?.promise ?? null")
+                    found[(width, lang, name)] = page.evaluate(LAYOUT_JS)
+                    shot = {"": "home", "calculator": "calculator", NOTEBOOKS[0]: "lesson"}.get(name)
+                    if shot:
+                        page.screenshot(path=str(ARTIFACTS / f"{shot}-{lang}-{width}.png"))
+        finally:
+            context.close()
+    return found
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("lang", LANGS)
+def test_no_page_scrolls_sideways(layout, width, lang):
+    wide = {name: f["sideways"] for (w, l, name), f in layout.items() if (w, l) == (width, lang) and f["sideways"] > 0}
+    assert not wide, f"pages wider than the window at {width} px: {wide}"
+
+
+@pytest.mark.parametrize("lang", LANGS)
+def test_code_fits_the_column_at_1440(layout, lang):
+    found = {name: f for (w, l, name), f in layout.items() if (w, l) == (1440, lang)}
+    assert all(f["column"] >= 880 for f in found.values()), {n: f["column"] for n, f in found.items()}
+    scrolling = {name: f["code_scrolling"] for name, f in found.items()
+                 if f["code_scrolling"] and name not in PENDING_LESSONS}
+    assert not scrolling, f"code that scrolls sideways at 1440 px: {scrolling}"
+    assert sum(f["code"] for f in found.values()) > 100
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("lang", LANGS)
+def test_outputs_keep_their_columns(layout, width, lang):
+    """Text outputs are never wrapped (inside a word or a number): a wide one scrolls as a whole."""
+    found = {name: f for (w, l, name), f in layout.items() if (w, l) == (width, lang)}
+    assert sum(f["outputs"] for f in found.values()) > 50
+    wrapped = {name: f["outputs_wrapped"] for name, f in found.items() if f["outputs_wrapped"]}
+    assert not wrapped, f"wrapped outputs at {width} px: {wrapped}"
+
+
+@pytest.mark.parametrize("lang", LANGS)
+def test_every_image_has_alt_text_in_the_page_language(layout, lang):
+    found = {name: f for (w, l, name), f in layout.items() if (w, l) == (1440, lang)}
+    images = [(name, alt) for name, f in found.items() if name not in PENDING_LESSONS for alt in f["images"]]
+    assert len(images) >= 10
+    bad = [(name, alt) for name, alt in images if len(alt) < 12 or "No description" in alt
+           or (lang == "ru") != bool(CYRILLIC.search(alt))]
+    assert not bad, f"images without real alt text in {lang}: {bad[:10]}"
+    for name in NOTEBOOKS:  # every plot of a lesson opens in the lightbox
+        assert found[name]["zoomable"] == stored_pngs(lang, name), name
+
+
+def test_layout_screenshots_are_saved(layout):
+    for shot in ("home", "lesson", "calculator"):
+        for lang in LANGS:
+            for width in WIDTHS:
+                assert (ARTIFACTS / f"{shot}-{lang}-{width}.png").stat().st_size > 10_000, (shot, lang, width)

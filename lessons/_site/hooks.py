@@ -23,7 +23,8 @@
    build/mkdocs-jupyter) and, after a build, deletes what that build did not use; mkdocs-static-i18n
    builds once per language, so each language deleted the other's and nothing was ever reused. Now
    only the last language's build evicts, keeping what any language used; and a cache entry's key
-   also covers this file and the converter's versions, so a change to either converts again.
+   also covers the files of lessons/_site (these hooks, lesson_view.py) and the converter's versions,
+   so a change to either converts again.
 6. No sitemap requests from every page. mkdocs-material's script fetches `sitemap.xml` next to each
    `<link rel="alternate" hreflang>` of a page's head, expecting language roots; with the switch
    landing on the twin page (what i18n puts there) that is a 404 for every page and language. The
@@ -115,7 +116,9 @@ def _patch_notebook_headings() -> None:
     # the cache of converted notebooks must not outlive a change of these hooks or of the toolchain
     original_key = getattr(plugin, "_original_cache_key", plugin._compute_cache_key)
     plugin._original_cache_key = original_key
-    salt = hashlib.sha256(Path(__file__).read_bytes())
+    salt = hashlib.sha256()
+    for source in sorted(Path(__file__).parent.glob("*.py")):  # these hooks and lesson_view.py
+        salt.update(source.read_bytes())
     for package in ("mkdocs-jupyter", "nbconvert", "mistune"):
         salt.update(f"{package}={metadata.version(package)}".encode())
 
