@@ -211,6 +211,17 @@ def test_bandwidth_panels_from_benchmark_rows(english):
         plot_bandwidth(rows, op="all_gather")
 
 
+def test_bandwidth_at_bus_factor_one_is_one_panel(english):
+    """At 2 ranks busbw equals algbw: one panel that says so, not two identical ones."""
+    rows = [{"size": s, "op": "all_reduce", "impl": "ring", "world_size": 2, "seconds": 1e-3,
+             "algbw": s / 1e-3, "busbw": s / 1e-3} for s in (4096, 65536)]
+    fig = plot_bandwidth(rows)
+    assert len(fig.axes) == 1 and "algbw = busbw" in fig.axes[0].get_title()
+    assert list(fig.axes[0].lines[0].get_ydata()) == [4096 / 1e-3 / 1e9, 65536 / 1e-3 / 1e9]
+    rows[0]["busbw"] *= 1.5  # any difference: both panels again
+    assert len(plot_bandwidth(rows).axes) == 2
+
+
 def test_size_labels_and_russian_plurals(english):
     assert [size_label(s) for s in (512, 4096, 3 * 2 ** 19, 2 ** 30)] == ["512 B", "4 KiB", "1.5 MiB", "1 GiB"]
     assert [f"{n} {_ranks_ru(n)}" for n in (1, 2, 4, 5, 11, 12, 21, 22, 25, 111)] == [

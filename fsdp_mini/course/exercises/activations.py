@@ -36,7 +36,8 @@ __all__ = ["CHOOSE_CHECKPOINTED", "TOKENS_TO_HIDE", "choose_checkpointed", "toke
 def choose_checkpointed(saved: list[int], kept: list[int], budget: int) -> list[int]:
     total = sum(saved)
     chosen = []
-    # checkpointing block i saves saved[i] - kept[i]: take the largest savings first, stop once it fits
+    # checkpointing block i saves saved[i] - kept[i]: take the largest savings first, stop once it
+    # fits
     for i in sorted(range(len(saved)), key=lambda i: saved[i] - kept[i], reverse=True):
         if total <= budget:
             break
@@ -45,11 +46,14 @@ def choose_checkpointed(saved: list[int], kept: list[int], budget: int) -> list[
     return sorted(chosen)
 
 
-def tokens_to_hide(unit_params: float, param_bytes: int, cluster: Cluster, flops_per_s: float) -> int:
+def tokens_to_hide(
+    unit_params: float, param_bytes: int, cluster: Cluster, flops_per_s: float
+) -> int:
     n = cluster.world_size
     alpha, bandwidth = cluster.link(cluster.nodes > 1)  # FULL_SHARD's ring spans every node
     gather = (n - 1) * alpha + (n - 1) / n * unit_params * param_bytes / bandwidth  # seconds
-    return math.ceil(gather * flops_per_s / (2 * unit_params))  # forward: 2 FLOPs per parameter per token
+    # forward: 2 FLOPs per parameter per token
+    return math.ceil(gather * flops_per_s / (2 * unit_params))
 
 
 # --- plausible mistakes, which the judges must catch (tests/test_exercise.py) ----------------------------

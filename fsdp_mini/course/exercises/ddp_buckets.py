@@ -70,9 +70,11 @@ class Buckets:
 def on_grad_ready(b: Buckets, param: nn.Parameter) -> None:
     i = b.bucket_of(param)
     b.arrived[i] += 1
-    if b.arrived[i] == len(b.params[i]):  # the bucket's last gradient: send the whole bucket at once
+    # the bucket's last gradient: send the whole bucket at once
+    if b.arrived[i] == len(b.params[i]):
         flat = torch.cat([p.grad.reshape(-1) for p in b.params[i]])
-        work = C.all_reduce(flat, C.AVG, group=b.group, async_op=True)  # returns at once; backward goes on
+        # returns at once; backward goes on
+        work = C.all_reduce(flat, C.AVG, group=b.group, async_op=True)
         b.in_flight.append((i, flat, work))
 
 
@@ -90,7 +92,8 @@ def accumulate_gradients(model: DistributedDataParallel, opt: torch.optim.Optimi
         with model.no_sync():  # accumulate locally: no AllReduce for these backwards
             (model(x, y) / k).backward()  # the mean over the micro-batches, not their sum
     x, y = micro_batches[-1]
-    (model(x, y) / k).backward()  # the last backward averages everything accumulated, bucket by bucket
+    # the last backward averages everything accumulated, bucket by bucket
+    (model(x, y) / k).backward()
     opt.step()
     opt.zero_grad()
 

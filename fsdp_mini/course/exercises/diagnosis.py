@@ -53,11 +53,13 @@ def first_divergence(records: dict[int, list[Entry]]) -> tuple[int, int] | None:
     for group in groups:
         by_seq = {r: {e.seq: e for e in records.get(r, []) if e.group == group} for r in group}
         newest = max(max(entries, default=0) for entries in by_seq.values())
-        for seq in range(1, newest + 1):  # per group: its members must agree on each sequence number
+        # per group: its members must agree on each sequence number
+        for seq in range(1, newest + 1):
             what = {r: by_seq[r][seq].signature() if seq in by_seq[r] else None for r in group}
             counts = Counter(what.values())
             if len(counts) > 1:
-                odd = min(group, key=lambda r: (counts[what[r]], r))  # the rank the fewest agree with
+                # the rank the fewest agree with
+                odd = min(group, key=lambda r: (counts[what[r]], r))
                 found.append((seq, odd))
                 break
     if not found:

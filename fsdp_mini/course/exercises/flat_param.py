@@ -41,14 +41,16 @@ _TIMEOUT_S = 60
 def unshard_flat(shard: torch.Tensor, layout: FlatLayout, group=None) -> list[torch.Tensor]:
     full = shard.new_empty(layout.padded_numel)  # n equal shards side by side, padding included
     C.all_gather_into_tensor(full, shard, group=group)  # one AllGather for the whole unit
-    return [full[p.offset:p.offset + p.numel].view(p.shape) for p in layout.params]  # views: no copy
+    # views: no copy
+    return [full[p.offset:p.offset + p.numel].view(p.shape) for p in layout.params]
 
 
 def reduce_gradient(flat_grad: torch.Tensor, layout: FlatLayout, group=None) -> torch.Tensor:
     padded = flat_grad.new_zeros(layout.padded_numel)  # zero padding: n equal chunks
     padded[:layout.numel] = flat_grad
     shard = flat_grad.new_empty(layout.shard_numel)
-    C.reduce_scatter_tensor(shard, padded, C.AVG, group=group)  # average over ranks, keep chunk `rank`
+    # average over ranks, keep chunk `rank`
+    C.reduce_scatter_tensor(shard, padded, C.AVG, group=group)
     return shard
 
 

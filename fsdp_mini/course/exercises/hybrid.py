@@ -36,16 +36,20 @@ _TIMEOUT_S = 60
 
 def groups_for(world: int, shard_size: int) -> tuple[list[list[int]], list[list[int]]]:
     nodes = world // shard_size
-    shard_groups = [[node * shard_size + i for i in range(shard_size)] for node in range(nodes)]  # rows
-    replica_groups = [[node * shard_size + i for node in range(nodes)] for i in range(shard_size)]  # columns
+    # rows
+    shard_groups = [[node * shard_size + i for i in range(shard_size)] for node in range(nodes)]
+    # columns
+    replica_groups = [[node * shard_size + i for node in range(nodes)] for i in range(shard_size)]
     return shard_groups, replica_groups
 
 
 def hybrid_reduce(grad: torch.Tensor, shard_group, replica_group) -> torch.Tensor:
     n = dist.get_world_size(shard_group)
     shard = torch.empty(grad.numel() // n, dtype=grad.dtype)
-    C.reduce_scatter_tensor(shard, grad, C.AVG, group=shard_group)  # inside the node: the node's average
-    C.all_reduce(shard, C.AVG, group=replica_group)  # across nodes, only the shard: the global average
+    # inside the node: the node's average
+    C.reduce_scatter_tensor(shard, grad, C.AVG, group=shard_group)
+    # across nodes, only the shard: the global average
+    C.all_reduce(shard, C.AVG, group=replica_group)
     return shard
 
 

@@ -39,7 +39,8 @@ _GRID_POLICIES = ((None, None), (BF16, None), (BF16, FP32), (None, FP32), (torch
 # --- the reference solution (the lesson's folded solution is its source) -------------------------------
 
 def policy_dtypes(dtype: torch.dtype, policy: MixedPrecision) -> tuple[torch.dtype, torch.dtype]:
-    if not dtype.is_floating_point:  # token ids, counters, complex rotations: a bf16 copy would be wrong
+    # token ids, counters, complex rotations: a bf16 copy would be wrong
+    if not dtype.is_floating_point:
         return dtype, dtype
     compute = policy.param_dtype or dtype  # unset: compute in the parameter's own dtype
     return compute, policy.reduce_dtype or compute  # unset: reduce in the compute dtype

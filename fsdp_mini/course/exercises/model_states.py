@@ -33,21 +33,29 @@ CASES = tuple((p, n, s) for p, n in _SIZES for s in STRATEGIES)
 # --- reference solutions (the lesson's folded solutions are these functions' source) ------------------
 
 def model_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
-    params = list(model.parameters())  # each tensor once, even when two modules share it (a tied head)
+    # each tensor once, even when two modules share it (a tied head)
+    params = list(model.parameters())
     return {
-        "params": sum(p.numel() * p.element_size() for p in params),  # bytes: elements times the dtype's size
-        "grads": sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None),  # not frozen
+        # bytes: elements times the dtype's size
+        "params": sum(p.numel() * p.element_size() for p in params),
+        # not frozen
+        "grads": sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None),
+        # exp_avg, exp_avg_sq and step
         "optimizer": sum(t.numel() * t.element_size() for state in optimizer.state.values()
-                         for t in state.values() if torch.is_tensor(t)),  # exp_avg, exp_avg_sq and step
+                         for t in state.values() if torch.is_tensor(t)),
     }
 
 
 def bytes_per_rank(num_params: int, world: int, strategy: str) -> dict[str, int]:
     sharded = {"NO_SHARD": (), "ZERO1": ("optimizer",), "SHARD_GRAD_OP": ("optimizer", "grads"),
                "FULL_SHARD": ("optimizer", "grads", "params")}[strategy]
-    per_element = {"params": 2, "grads": 2, "optimizer": 12}  # bf16 weight, bf16 gradient, fp32 master + 2 moments
+    # bf16 weight, bf16 gradient, fp32 master + 2 moments
+    per_element = {"params": 2, "grads": 2, "optimizer": 12}
     share = -(-num_params // world)  # ceil: every rank's shard has the same, rounded-up size
-    return {state: (share if state in sharded else num_params) * nbytes for state, nbytes in per_element.items()}
+    return {
+        state: (share if state in sharded else num_params) * nbytes
+        for state, nbytes in per_element.items()
+    }
 
 
 # --- plausible mistakes, which the judges must catch (tests/test_exercise.py) -------------------------

@@ -82,7 +82,8 @@ def my_all_gather(chunks):
     rank, n = dist.get_rank(), dist.get_world_size()
     right, left = (rank + 1) % n, (rank - 1) % n
     for step in range(n - 1):
-        # forward the chunk received last step (at first this rank's own), receive the next one in place
+        # forward the chunk received last step (at first this rank's own), receive the next one in
+        # place
         reqs = [dist.isend(chunks[(rank - step) % n], dst=right),
                 dist.irecv(chunks[(rank - step - 1) % n], src=left)]
         for req in reqs:

@@ -45,16 +45,19 @@ def dim0_shard(full: torch.Tensor, rank: int, world: int) -> torch.Tensor:
 def unshard(chunks: list[torch.Tensor], shapes: list[torch.Size], group=None) -> list[torch.Tensor]:
     n = dist.get_world_size(group)
     padded = []
-    for chunk, shape in zip(chunks, shapes):  # copy-in: pad every chunk to the same rows on every rank
+    # copy-in: pad every chunk to the same rows on every rank
+    for chunk, shape in zip(chunks, shapes):
         rows = math.ceil(shape[0] / n)
         piece = chunk.new_zeros((rows, *shape[1:]))
         piece[:chunk.shape[0]] = chunk
         padded.append(piece.reshape(-1))
     row = torch.cat(padded)  # this rank's row of the gathered buffer
     gathered = torch.empty((n, row.numel()), dtype=row.dtype)
-    C.all_gather_into_tensor(gathered.view(-1), row, group=group)  # one AllGather for the whole unit
+    # one AllGather for the whole unit
+    C.all_gather_into_tensor(gathered.view(-1), row, group=group)
     fulls, offset = [], 0
-    for piece, shape in zip(padded, shapes):  # copy-out: parameter i is column block i, rank after rank
+    # copy-out: parameter i is column block i, rank after rank
+    for piece, shape in zip(padded, shapes):
         block = gathered[:, offset:offset + piece.numel()]
         fulls.append(block.reshape(-1, *shape[1:])[:shape[0]])
         offset += piece.numel()
@@ -64,19 +67,23 @@ def unshard(chunks: list[torch.Tensor], shapes: list[torch.Size], group=None) ->
 def reduce_grads(grads: list[torch.Tensor], group=None) -> list[torch.Tensor]:
     n, rank = dist.get_world_size(group), dist.get_rank(group)
     blocks = []
-    for g in grads:  # each gradient padded to n equal chunks; row j of the view: what rank j will own
+    # each gradient padded to n equal chunks; row j of the view: what rank j will own
+    for g in grads:
         rows = math.ceil(g.shape[0] / n)
         padded = g.new_zeros((n * rows, *g.shape[1:]))
         padded[:g.shape[0]] = g
         blocks.append(padded.view(n, -1))
-    send = torch.cat(blocks, dim=1).reshape(-1)  # rank by rank: [rank 0's chunks | rank 1's chunks | ...]
+    # rank by rank: [rank 0's chunks | rank 1's chunks | ...]
+    send = torch.cat(blocks, dim=1).reshape(-1)
     mine = torch.empty(send.numel() // n, dtype=send.dtype)
-    C.reduce_scatter_tensor(mine, send, C.AVG, group=group)  # one ReduceScatter, averaged over ranks
+    # one ReduceScatter, averaged over ranks
+    C.reduce_scatter_tensor(mine, send, C.AVG, group=group)
     out, offset = [], 0
     for g, block in zip(grads, blocks):
         rows = math.ceil(g.shape[0] / n)
         chunk = mine[offset:offset + block.shape[1]].view(rows, *g.shape[1:])
-        out.append(chunk[:max(0, min(rows, g.shape[0] - rank * rows))])  # drop this rank's padding rows
+        # drop this rank's padding rows
+        out.append(chunk[:max(0, min(rows, g.shape[0] - rank * rows))])
         offset += block.shape[1]
     return out
 

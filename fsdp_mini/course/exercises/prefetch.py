@@ -33,8 +33,10 @@ _WORLD = 2
 # --- the reference solution (the lesson's folded solution is its source) -------------------------------
 
 def backward_prefetch_order(forward_order: list[str]) -> list[str]:
-    root, *units = forward_order  # the root ran first: embeddings... and its head runs last in forward
-    return [root] + units[::-1]  # the loss's gradient reaches the head (root) first, then units in reverse
+    # the root ran first: embeddings... and its head runs last in forward
+    root, *units = forward_order
+    # the loss's gradient reaches the head (root) first, then units in reverse
+    return [root] + units[::-1]
 
 
 # --- plausible mistakes, which the judge must catch (tests/test_exercise.py) ---------------------------

@@ -50,17 +50,23 @@ def zero1_shard(params: list[nn.Parameter], make_optimizer, group=None):
     n, rank = dist.get_world_size(group), dist.get_rank(group)
     flat = torch.cat([p.detach().reshape(-1) for p in params])
     size = math.ceil(flat.numel() / n)  # every rank's share, rounded up...
-    flat = torch.cat([flat, flat.new_zeros(n * size - flat.numel())])  # ...so the buffer is padded at its end
-    shard = nn.Parameter(flat[rank * size:(rank + 1) * size].clone())  # this rank's slice, and nothing else
+    # ...so the buffer is padded at its end
+    flat = torch.cat([flat, flat.new_zeros(n * size - flat.numel())])
+    # this rank's slice, and nothing else
+    shard = nn.Parameter(flat[rank * size:(rank + 1) * size].clone())
     return shard, make_optimizer([shard])  # optimizer state for 1/n of the parameters
 
 
-def zero1_step(params: list[nn.Parameter], shard: nn.Parameter, opt: torch.optim.Optimizer, group=None) -> None:
+def zero1_step(
+    params: list[nn.Parameter], shard: nn.Parameter, opt: torch.optim.Optimizer, group=None
+) -> None:
     n = dist.get_world_size(group)
     flat_grad = torch.cat([p.grad.reshape(-1) for p in params])
-    flat_grad = torch.cat([flat_grad, flat_grad.new_zeros(n * shard.numel() - flat_grad.numel())])  # the padding
+    # the padding
+    flat_grad = torch.cat([flat_grad, flat_grad.new_zeros(n * shard.numel() - flat_grad.numel())])
     shard.grad = torch.empty_like(shard)
-    C.reduce_scatter_tensor(shard.grad, flat_grad, C.AVG, group=group)  # this rank's slice of the average
+    # this rank's slice of the average
+    C.reduce_scatter_tensor(shard.grad, flat_grad, C.AVG, group=group)
     opt.step()  # updates the shard only
     flat = torch.empty(n * shard.numel(), dtype=shard.dtype)
     C.all_gather_into_tensor(flat, shard.detach(), group=group)  # every rank's updated slice

@@ -106,16 +106,24 @@ def plot_times(sizes: Sequence[float], lines: Mapping[str, Sequence[float]] | No
 
 def plot_bandwidth(rows: Sequence[Mapping], op: str = "all_reduce", title: str | None = None, log: bool = True):
     """algbw (left) and busbw (right) in GB/s against size, one curve per `impl` of `op`, from the rows
-    of `bench_collectives.worker` (keys size, op, impl, world_size, algbw, busbw). With `log` the
-    bandwidth axis is logarithmic too: latency-bound sizes then show as a straight rising line."""
+    of `bench_collectives.worker` (keys size, op, impl, world_size, algbw, busbw). Where the two are
+    equal (a bus factor of 1: an all-reduce on 2 ranks) one panel says so instead of two identical ones.
+    With `log` the bandwidth axis is logarithmic too: latency-bound sizes then show as a straight rising
+    line."""
     rows = [r for r in rows if r["op"] == op]
     if not rows:
         raise ValueError(f"no rows for op {op!r}")
     impls = list(dict.fromkeys(r["impl"] for r in rows))
     n = rows[0]["world_size"]
-    fig, axes = figure(width=9.0, height=3.4, ncols=2, sharey=True)
-    for ax, key, name in ((axes[0], "algbw", tr("algbw = S / t", "algbw = S / t")),
-                          (axes[1], "busbw", tr("busbw = algbw × bus factor", "busbw = algbw × bus factor"))):
+    if all(r["busbw"] == r["algbw"] for r in rows):
+        fig, ax = figure(width=6.4, height=3.4)
+        panels = [(ax, "algbw", tr("algbw = busbw (bus factor 1)", "algbw = busbw (bus factor 1)"))]
+    else:
+        fig, axes = figure(width=9.0, height=3.4, ncols=2, sharey=True)
+        panels = [(axes[0], "algbw", tr("algbw = S / t", "algbw = S / t")),
+                  (axes[1], "busbw", tr("busbw = algbw × bus factor", "busbw = algbw × bus factor"))]
+    axes = [ax for ax, _, _ in panels]
+    for ax, key, name in panels:
         for i, impl in enumerate(impls):
             mine = sorted((r["size"], r[key]) for r in rows if r["impl"] == impl)
             ax.plot([s for s, _ in mine], [b / 1e9 for _, b in mine], "o-", markersize=4, linewidth=1.6,
@@ -123,7 +131,7 @@ def plot_bandwidth(rows: Sequence[Mapping], op: str = "all_reduce", title: str |
         _size_axis(ax, [r["size"] for r in rows])
         ax.set_title(name, fontsize=TITLE)
         ax.grid(True, alpha=0.3)
-    if log:  # after both panels are drawn: they share the y axis
+    if log:  # after every panel is drawn: they share the y axis
         _log_y(axes[0])
     axes[0].set_ylabel(tr("GB/s", "ГБ/с"))
     axes[0].legend(fontsize=SMALL, frameon=False)
