@@ -8,8 +8,11 @@
    lesson links it. Where the repository's address is known at build time (REPO_URL, like SITE_URL:
    the GitHub Pages workflow sets both; unset locally), the copy starts with a cell that installs the
    course's library when it is not importable (a hosted notebook service), a no-op in a checkout.
-3. Open in a hosted notebook: with REPO_URL, a second button opens the repository's notebook in Colab
-   (its URL scheme for a notebook on GitHub: /github/OWNER/REPO/blob/BRANCH/PATH, REPO_BRANCH or main).
+3. Open in a hosted notebook: with REPO_URL, a second button opens the lesson in Colab. Colab opens
+   notebooks from GitHub only (/github/OWNER/REPO/blob/BRANCH/PATH), and the repository's own notebooks
+   cannot carry the install cell (their address is unknown until build time), so the Pages workflow
+   publishes the copies of `write_hosted_notebooks`, install cell first, on the branch HOSTED_BRANCH
+   under the lessons' own paths, and Colab opens those.
 """
 from __future__ import annotations
 
@@ -41,18 +44,22 @@ INSTALL_CELL = (
 )
 
 
-def repository() -> tuple[str, str] | None:
-    """(address, branch) of the course's repository, from REPO_URL and REPO_BRANCH; None when unset."""
+HOSTED_BRANCH = "hosted-notebooks"  # where the Pages workflow publishes the notebooks Colab opens
+
+
+def repository() -> str | None:
+    """The course repository's address, from REPO_URL (set by the Pages workflow); None when unset."""
     url = os.environ.get("REPO_URL", "").strip().rstrip("/")
-    return (url.removesuffix(".git"), os.environ.get("REPO_BRANCH", "").strip() or "main") if url else None
+    return url.removesuffix(".git") or None
 
 
-def colab_url(repo: str, branch: str, path: str) -> str | None:
-    """Colab's address of a notebook on GitHub; None for a repository elsewhere."""
+def colab_url(repo: str, path: str) -> str | None:
+    """Colab's address of the published copy of the notebook at `path` (relative to the repository's
+    root); None for a repository outside GitHub, which Colab cannot open."""
     found = re.match(r"^https?://github\.com/([^/]+)/([^/]+)$", repo)
     if not found:
         return None
-    return f"https://colab.research.google.com/github/{found[1]}/{found[2]}/blob/{branch}/{path}"
+    return f"https://colab.research.google.com/github/{found[1]}/{found[2]}/blob/{HOSTED_BRANCH}/{path}"
 
 
 def notebook_copy(source: Path, repo: str | None) -> str:
@@ -67,6 +74,18 @@ def notebook_copy(source: Path, repo: str | None) -> str:
             "source": INSTALL_CELL.format(repo=repo).splitlines(keepends=True)}
     nb["cells"].insert(0, cell)
     return json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
+
+
+def write_hosted_notebooks(root: Path, out: Path, repo: str) -> list[Path]:
+    """Copy every lesson notebook under `root`/lessons to the same path under `out`, install cell first:
+    the tree the Pages workflow pushes to HOSTED_BRANCH. Returns the files written."""
+    written = []
+    for source in sorted((root / "lessons").glob("*/*.ipynb")):
+        target = out / source.relative_to(root)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(notebook_copy(source, repo), encoding="utf-8")
+        written.append(target)
+    return written
 
 
 def _language(page) -> str:
@@ -97,12 +116,12 @@ def _run_buttons(page, config) -> str:
     repo = repository()
     target = _page_dir(page, config) / source.name
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(notebook_copy(source, repo[0] if repo else None), encoding="utf-8")
+    target.write_text(notebook_copy(source, repo), encoding="utf-8")
     buttons = [f'<a class="md-button lesson-download" href="./{source.name}" download title="{text["download_title"]}">'
                f'{text["download"]}</a>']
     if repo:
         path = Path(page.file.abs_src_path).resolve().relative_to(Path(config.config_file_path).resolve().parent)
-        colab = colab_url(repo[0], repo[1], path.as_posix())
+        colab = colab_url(repo, path.as_posix())
         if colab:
             buttons.append(f'<a class="md-button lesson-colab" href="{colab}" title="{text["colab_title"]}">'
                            f'{text["colab"]}</a>')
