@@ -26,8 +26,8 @@ from torch.distributed.tensor import DTensor
 
 from fsdp_mini.strategy import StrategyLike, shard_group_size, sharded_states
 
-__all__ = ["MemoryEstimate", "estimate_memory", "format_bytes", "MemoryTracker", "MemoryChange", "ListenerHandle",
-           "tensor_bytes", "optimizer_state_bytes", "SavedActivations"]
+__all__ = ["MemoryEstimate", "estimate_memory", "format_bytes", "decimal_scale", "MemoryTracker", "MemoryChange",
+           "ListenerHandle", "tensor_bytes", "optimizer_state_bytes", "SavedActivations"]
 
 _UNITS = ("B", "kB", "MB", "GB", "TB", "PB")
 
@@ -100,10 +100,18 @@ def format_bytes(nbytes: int | float) -> str:
         raise ValueError(f"nbytes must be >= 0, got {nbytes!r}")
     if nbytes < 1000:
         return f"{nbytes:g} B"
-    value, unit = float(nbytes), 0
-    while unit < len(_UNITS) - 1 and round(value, 1) >= 1000:
-        value, unit = value / 1000, unit + 1
+    value, unit = decimal_scale(nbytes)
     return f"{value:.1f} {_UNITS[unit]}"
+
+
+def decimal_scale(nbytes: int | float, units: int = len(_UNITS)) -> tuple[float, int]:
+    """`nbytes` in decimal units: (value, k) with value = nbytes / 1000**k, k the unit ("B", "kB", "MB",
+    ...) that shows it, below `units`. A value that would print as 1000.0 moves up a unit (999,960 B is
+    "1.0 MB", not "1000.0 kB"). The one rule of `format_bytes` and of the lessons' translated sizes."""
+    value, unit = float(nbytes), 0
+    while unit < units - 1 and round(value, 1) >= 1000:
+        value, unit = value / 1000, unit + 1
+    return value, unit
 
 
 def _check_int(name: str, value: int | float, minimum: int) -> int:

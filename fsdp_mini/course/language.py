@@ -6,6 +6,8 @@ come out in the lesson's language through `tr(en, ru)`.
 """
 from __future__ import annotations
 
+from fsdp_mini.memory import decimal_scale
+
 __all__ = ["LANGUAGES", "set_language", "get_language", "tr", "num", "size"]
 
 LANGUAGES = ("en", "ru")
@@ -47,8 +49,6 @@ def size(nbytes: float) -> str:
     units = (tr("B", "Б"), tr("kB", "кБ"), tr("MB", "МБ"), tr("GB", "ГБ"), tr("TB", "ТБ"))
     if nbytes < 1000:
         return f"{num(nbytes, 0 if float(nbytes).is_integer() else 1)} {units[0]}"
-    value, unit = float(nbytes), 0
-    while unit < len(units) - 1 and round(value, 1) >= 1000:
-        value, unit = value / 1000, unit + 1
+    value, unit = decimal_scale(nbytes, len(units))
     return f"{num(value, 1)} {units[unit]}"
 
