@@ -9,7 +9,7 @@ PY      = $(VENV)/bin/python
 # mkdocs-material's notice about its end of life, printed at every build: known, silenced
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: setup demo test bench site
+.PHONY: setup demo test bench kernels site
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml Makefile
@@ -28,6 +28,13 @@ test: setup
 bench: setup  # about 5 minutes on 2 cores; lessons/en/performance.md shows a run
 	mkdir -p build
 	OMP_NUM_THREADS=1 $(PY) -m fsdp_mini bench --simulate --json build/bench.json --plot build/bench.png
+
+# Every lesson under nbval with the CPU kernels of other machines: stored outputs must not depend on them
+# (tests/test_cpu_kernels.py runs the reduced-precision lessons so in `make test`). About 15 minutes.
+kernels: setup
+	for limit in ATEN_CPU_CAPABILITY=default ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2; do \
+		echo "== $$limit"; env $$limit OMP_NUM_THREADS=1 $(PY) -m pytest -p no:cacheprovider -q lessons || exit 1; \
+	done
 
 site: setup
 	$(PY) -m mkdocs serve --dev-addr 127.0.0.1:8000

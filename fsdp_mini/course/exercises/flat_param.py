@@ -9,6 +9,8 @@
 2. `reduce_gradient(flat_grad, layout, group)`: pad this rank's full flat gradient, ReduceScatter it with
    AVG and return this rank's gradient shard. Judged against the `shard.grad` that `fsdp_mini.FSDP`
    produces for the same model and per-rank data, and by CommLog (one ReduceScatter of the padded bytes).
+   Every rank's data is known, so a wrong shard is read against the whole averaged gradient: the verdict
+   says which elements it holds (padding at the front, a shifted window) or by what factor it is off.
 
 The trial unit has 59 elements (prime): at worlds 2, 3 and 4 it never divides, so padding always matters,
 and shard boundaries fall inside parameters.
@@ -92,6 +94,22 @@ def _reduce_floor_without_padding(flat_grad, layout, group=None):
     return shard
 
 
+def _reduce_front_padding(flat_grad, layout, group=None):
+    padded = flat_grad.new_zeros(layout.padded_numel)
+    padded[layout.padding:] = flat_grad  # the zeros first: every element moves by the padding
+    shard = flat_grad.new_empty(layout.shard_numel)
+    C.reduce_scatter_tensor(shard, padded, C.AVG, group=group)
+    return shard
+
+
+def _reduce_averaged_twice(flat_grad, layout, group=None):
+    padded = flat_grad.new_zeros(layout.padded_numel)
+    padded[:layout.numel] = flat_grad
+    shard = flat_grad.new_empty(layout.shard_numel)
+    C.reduce_scatter_tensor(shard, padded, C.AVG, group=group)
+    return shard / dist.get_world_size(group)  # AVG has divided by n already
+
+
 def _reduce_with_all_reduce(flat_grad, layout, group=None):
     padded = flat_grad.new_zeros(layout.padded_numel)
     padded[:layout.numel] = flat_grad
@@ -126,6 +144,7 @@ class RankOutcome:
     offsets: tuple[int, ...] = ()
     not_yet: bool = False
     bad_return: str = ""
+    averaged: torch.Tensor | None = None  # reduce_gradient: the whole flat gradient averaged over ranks
 
 
 def _fsdp_unit():
@@ -155,15 +174,21 @@ def _run_unshard(fn) -> RankOutcome:
                        offsets=tuple(t.storage_offset() for t in out))
 
 
-def _run_reduce(fn) -> RankOutcome:
-    rank = dist.get_rank()
+def _flat_gradient(layout: FlatLayout, rank: int) -> torch.Tensor:
+    """Rank `rank`'s own full gradient of the trial unit, flattened in the layout's order (no padding)."""
     local = trial_unit()
-    model, handle = _fsdp_unit()
-    x = trial_input(rank)
-    model(x).sum().backward()  # the library: its ReduceScatter leaves the averaged gradient in shard.grad
-    local(x).sum().backward()  # this rank's own full gradients, as one process computes them
+    local(trial_input(rank)).sum().backward()
     grads = dict(local.named_parameters())
-    flat = torch.cat([grads[p.names[0]].grad.reshape(-1) for p in handle.layout.params])
+    return torch.cat([grads[p.names[0]].grad.reshape(-1) for p in layout.params])
+
+
+def _run_reduce(fn) -> RankOutcome:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model, handle = _fsdp_unit()
+    model(trial_input(rank)).sum().backward()  # the library leaves the averaged gradient in shard.grad
+    flat = _flat_gradient(handle.layout, rank)  # this rank's own full gradient, as one process computes it
+    # every rank's data is known: the whole averaged gradient, to say which elements a wrong shard holds
+    averaged = sum(_flat_gradient(handle.layout, r) for r in range(world)) / world
     with CommLog() as log:
         try:
             out = fn(flat, handle.layout, None)
@@ -174,7 +199,35 @@ def _run_reduce(fn) -> RankOutcome:
         return RankOutcome(None, want, bad_return=tr(
             f"return this rank's gradient shard, one tensor (got {type(out).__name__})",
             f"верните шард градиента этого ранга, один тензор (получено: {type(out).__name__})"))
-    return RankOutcome((out.detach().clone(),), want, tuple((r.op, r.nbytes) for r in log.records))
+    return RankOutcome((out.detach().clone(),), want, tuple((r.op, r.nbytes) for r in log.records),
+                       averaged=averaged)
+
+
+def _what_the_shard_holds(got: torch.Tensor, want: torch.Tensor, averaged: torch.Tensor, layout: FlatLayout,
+                          rank: int) -> str:
+    """Why a gradient shard of the right size differs from FSDP's: averaged twice, padding at the front,
+    or a window of the averaged gradient at another offset. "" when none of these explains it."""
+    world = layout.n
+    lo = rank * layout.shard_numel
+    if torch.allclose(got * world, want, rtol=1e-5, atol=1e-6):
+        return tr(f" (1/{world} of FSDP's: averaged twice; the ReduceScatter with AVG has divided by n already)",
+                  f" (1/{world} от значения FSDP: усреднено дважды; ReduceScatter с AVG уже поделил на n)")
+    front = torch.cat([averaged.new_zeros(layout.padding), averaged])[lo:lo + layout.shard_numel]
+    if layout.padding and torch.allclose(got, front, rtol=1e-5, atol=1e-6):
+        return tr(f" (your padding comes first: every element moves by the padding ({layout.padding}) and "
+                  f"each rank's chunk holds its neighbour's elements; the layout pads at the end, after the "
+                  f"last parameter)",
+                  f" (у вас паддинг стоит в начале: каждый элемент сдвигается на длину паддинга "
+                  f"({layout.padding}), и чанк ранга захватывает чужие элементы; раскладка дополняет нулями "
+                  f"конец, после последнего параметра)")
+    padded = torch.cat([averaged, averaged.new_zeros(layout.padding)])
+    for start in range(padded.numel() - got.numel() + 1):
+        if start != lo and torch.allclose(got, padded[start:start + got.numel()], rtol=1e-5, atol=1e-6):
+            return tr(f" (your shard holds elements {start}..{start + got.numel() - 1} of the averaged flat "
+                      f"gradient; rank {rank}'s shard is elements {lo}..{lo + layout.shard_numel - 1})",
+                      f" (ваш шард содержит элементы {start}..{start + got.numel() - 1} усреднённого плоского "
+                      f"градиента; шард ранга {rank} — элементы {lo}..{lo + layout.shard_numel - 1})")
+    return ""
 
 
 def _on_ranks(run, fn, world: int) -> list[RankOutcome]:
@@ -251,15 +304,22 @@ def _judge_reduce(fn) -> Verdict:
                 return Verdict.wrong(o.bad_return)
             got, want = o.got[0], o.want[0]
             if got.shape != want.shape:
+                layout = trial_layout(world)
+                floor = (tr(f" ({layout.numel} // {world}: rounding down drops the last elements; round up and "
+                            f"pad the flat gradient to {layout.padded_numel})",
+                            f" ({layout.numel} // {world}: при округлении вниз последние элементы теряются; "
+                            f"округлите вверх и дополните плоский градиент до {layout.padded_numel})")
+                         if got.numel() == layout.numel // world else "")
                 return Verdict.wrong(tr(
                     f"world {world}, rank {rank}: FSDP's gradient shard has {want.numel()} elements, yours "
-                    f"has shape {tuple(got.shape)}",
+                    f"has shape {tuple(got.shape)}{floor}",
                     f"мир из {world}, ранг {rank}: шард градиента у FSDP — {want.numel()} элементов, у вас "
-                    f"форма {tuple(got.shape)}"))
+                    f"форма {tuple(got.shape)}{floor}"))
             if not torch.allclose(got, want, rtol=1e-5, atol=1e-6):
                 hint = (tr(f" ({num(float(world), 1)} times FSDP's: a ReduceScatter sums unless asked to average)",
                            f" (в {num(float(world), 1)} раза больше, чем у FSDP: ReduceScatter суммирует, если не "
-                           f"попросить усреднить)") if summed_not_averaged(got, want, world) else "")
+                           f"попросить усреднить)") if summed_not_averaged(got, want, world)
+                        else _what_the_shard_holds(got, want, o.averaged, trial_layout(world), rank))
                 return Verdict.wrong(tr(
                     f"world {world}, rank {rank}: your gradient shard is not the shard.grad FSDP produces for "
                     f"the same data{hint}",
@@ -276,4 +336,5 @@ def _judge_reduce(fn) -> Verdict:
 UNSHARD_FLAT = CodeExercise("05.unshard_flat", _judge_unshard, unshard_flat,
                             (_unshard_copies, _unshard_with_all_reduce, _unshard_unpadded))
 REDUCE_GRADIENT = CodeExercise("05.reduce_gradient", _judge_reduce, reduce_gradient,
-                               (_reduce_sum, _reduce_floor_without_padding, _reduce_with_all_reduce))
+                               (_reduce_sum, _reduce_floor_without_padding, _reduce_with_all_reduce,
+                                _reduce_front_padding, _reduce_averaged_twice))

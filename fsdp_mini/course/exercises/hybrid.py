@@ -104,6 +104,14 @@ def _reduce_sum(grad, shard_group, replica_group):
     return shard
 
 
+def _reduce_scatter_sums(grad, shard_group, replica_group):
+    n = dist.get_world_size(shard_group)
+    shard = torch.empty(grad.numel() // n, dtype=grad.dtype)
+    C.reduce_scatter_tensor(shard, grad, group=shard_group)  # SUM, the default: only this one sums
+    C.all_reduce(shard, C.AVG, group=replica_group)
+    return shard
+
+
 # --- exercise 1: groups_for ---------------------------------------------------------------------------
 
 def _as_groups(out, world: int, shard_size: int, what: str) -> tuple[list[list[int]] | None, str]:
@@ -286,6 +294,31 @@ def _node_average_shards(world: int, shard_size: int) -> tuple[torch.Tensor, ...
                  for node in range(world // shard_size) for rank in range(node * shard_size, (node + 1) * shard_size))
 
 
+def _which_collective_summed(got: torch.Tensor, expected: torch.Tensor, world: int, shard_size: int) -> str:
+    """" (…)" naming which of the two collectives summed when `got` is the average times its group's size,
+    "" otherwise: a ReduceScatter and an AllReduce sum unless asked to average (C.AVG)."""
+    replicas = world // shard_size
+    rule = tr("a collective sums unless asked to average (C.AVG)",
+              "коллективная операция суммирует, если не попросить её усреднить (C.AVG)")
+    if summed_not_averaged(got, expected, world):
+        return tr(f" ({num(float(world), 1)} times the average: both collectives summed; {rule})",
+                  f" (в {num(float(world), 1)} раза больше среднего: обе операции просуммировали; {rule})")
+    if shard_size == replicas and summed_not_averaged(got, expected, shard_size):
+        return tr(f" ({num(float(shard_size), 1)} times the average: one of the two collectives summed; {rule})",
+                  f" (в {num(float(shard_size), 1)} раза больше среднего: одна из двух операций просуммировала;"
+                  f" {rule})")
+    if summed_not_averaged(got, expected, shard_size):
+        return tr(f" ({num(float(shard_size), 1)} times the average: the ReduceScatter within the node summed;"
+                  f" {rule})",
+                  f" (в {num(float(shard_size), 1)} раза больше среднего: просуммировал ReduceScatter внутри "
+                  f"узла; {rule})")
+    if summed_not_averaged(got, expected, replicas):
+        return tr(f" ({num(float(replicas), 1)} times the average: the AllReduce across nodes summed; {rule})",
+                  f" (в {num(float(replicas), 1)} раза больше среднего: просуммировал AllReduce между узлами;"
+                  f" {rule})")
+    return ""
+
+
 def _judge_hybrid_reduce(fn) -> Verdict:
     for world, shard_size in REDUCE_GRIDS:
         outcomes = launch(_run_hybrid_reduce, world, args=(fn, shard_size), local_world_size=shard_size,
@@ -308,11 +341,8 @@ def _judge_hybrid_reduce(fn) -> Verdict:
                 if torch.allclose(got, _node_average_shards(world, shard_size)[rank], rtol=1e-5, atol=1e-6):
                     why = tr(f" (it is the average over its own node's {shard_size} ranks only)",
                              f" (это среднее только по {shard_size} рангам его узла)")
-                elif summed_not_averaged(got, expected, world):
-                    why = tr(f" ({num(float(world), 1)} times the average: a sum)",
-                             f" (в {num(float(world), 1)} раза больше среднего: это сумма)")
                 else:
-                    why = ""
+                    why = _which_collective_summed(got, expected, world, shard_size)
                 return Verdict.wrong(where + tr(
                     f"rank {rank}: its shard is not the average of that shard over all {world} ranks{why}",
                     f"ранг {rank}: его шард не равен среднему этого шарда по всем {world} рангам{why}"))
@@ -328,4 +358,5 @@ GROUPS_FOR = CodeExercise("07.groups_for", _judge_groups_for, groups_for,
                           (_groups_swapped, _groups_consecutive_replicas, _groups_stride_replicas))
 HYBRID_REDUCE = CodeExercise("07.hybrid_reduce", _judge_hybrid_reduce, hybrid_reduce,
                              (_reduce_only_in_node, _reduce_whole_gradient_over_world,
-                              _reduce_whole_gradient_across_nodes_first, _reduce_sum))
+                              _reduce_whole_gradient_across_nodes_first, _reduce_sum,
+                              _reduce_scatter_sums))
