@@ -119,3 +119,16 @@ def test_each_lesson_states_the_time_the_lesson_map_gives(lang):
         assert len(stated) == 1, f"{lang}/{name}: one stated time in the introduction, found {stated}"
         expected = hooks.lesson_minutes(LESSONS / "en" / name)
         assert int(stated[0]) == expected, f"{lang}/{name} says {stated[0]} minutes; the lesson map says {expected}"
+
+
+@pytest.mark.parametrize("lang", ["en", "ru"])
+def test_the_home_page_explains_the_time_model_from_its_constants(lang):
+    """The sentence on how times are estimated is generated from hooks.py's constants (one home for
+    them): the home page holds the marker, and the text names every constant's value."""
+    hooks = _site_hooks()
+    assert hooks.TIME_MODEL in (LESSONS / lang / "index.md").read_text(encoding="utf-8")
+    text = hooks.time_model(lang)
+    for value in (hooks.WORDS_PER_MINUTE, hooks.CODE_LINES_PER_MINUTE, hooks.LISTING_LINES_PER_MINUTE,
+                  hooks.RUN_MINUTES, hooks.EXERCISE_MINUTES):
+        assert f" {value} " in text
+    assert (CYRILLIC.search(text) is not None) == (lang == "ru")

@@ -306,6 +306,8 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
     if LESSON_MAP in markdown:
         folder = Path(page.file.abs_src_path).parent
         markdown = markdown.replace(LESSON_MAP, _lesson_map(folder, folder.name))
+    if TIME_MODEL in markdown:
+        markdown = markdown.replace(TIME_MODEL, time_model(Path(page.file.abs_src_path).parent.name))
     marker = MODULES_MARKER.search(markdown)
     if marker is None:
         return markdown
@@ -316,11 +318,33 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
 
 # 9. the lesson map of the home pages ---------------------------------------------------------------
 LESSON_MAP = "<!-- lesson map -->"
-WORDS_PER_MINUTE = 150    # careful reading of technical prose
-MINUTES_PER_CODE_CELL = 0.5  # reading a cell, running it, looking at its output
-RUN_MINUTES = 1           # every notebook runs in under a minute on two CPU cores (nbval checks them)
-EXERCISE_MINUTES = 8      # writing one code exercise's function body until its check passes
+# How long a learner takes, calibrated on lessons 09-11 worked through as a learner would (75-100 minutes
+# each): technical prose with formulas reads slower than plain prose, code is read line by line, and a code
+# exercise is a cycle of writing, running its check on real ranks, reading the verdict and fixing.
+WORDS_PER_MINUTE = 120     # technical prose, formulas and tables included (folded solutions too)
+CODE_LINES_PER_MINUTE = 12  # the lesson's own code cells, read to be understood before running them
+LISTING_LINES_PER_MINUTE = 20  # the library's source shown by show_source: read, but already explained
+RUN_MINUTES = 2            # running every cell once (the longest lesson runs about two minutes here)
+EXERCISE_MINUTES = 12      # one code exercise: write the body, run the check, read the verdict, fix
 _CODE_EXERCISE = re.compile(r"^[A-Z][A-Z0-9_]*\.check\(", re.M)  # a CodeExercise's check cell
+TIME_MODEL = "<!-- time model -->"
+
+
+def time_model(lang: str) -> str:
+    """The home pages' sentence on how the lesson times are estimated, from the constants above."""
+    if lang == "ru":
+        return (f"Время — оценка, а не замер. Текст английского блокнота читается со скоростью "
+                f"{WORDS_PER_MINUTE} слов в минуту, его код — {CODE_LINES_PER_MINUTE} строк в минуту, показанный "
+                f"исходный код библиотеки — {LISTING_LINES_PER_MINUTE} строк в минуту; ещё {RUN_MINUTES} мин "
+                f"уходит на выполнение блокнота и {EXERCISE_MINUTES} мин — на каждое упражнение с кодом "
+                f"(написать, запустить проверку, прочитать вердикт, исправить). Оценка откалибрована на уроках "
+                f"09–11, пройденных так, как их проходит ученик. Свою оценку каждый блокнот называет в начале.")
+    return (f"Times are estimates, not measurements: each English notebook's prose read at {WORDS_PER_MINUTE} "
+            f"words a minute, its code at {CODE_LINES_PER_MINUTE} lines a minute, the library source it shows at "
+            f"{LISTING_LINES_PER_MINUTE} lines a minute, {RUN_MINUTES} minutes for running it and "
+            f"{EXERCISE_MINUTES} minutes per code exercise (write, run the check, read the verdict, fix). The "
+            f"figures are calibrated on lessons 09-11 worked through as a learner would. Each notebook states "
+            f"its own estimate at the top.")
 _MAP_TEXT = {
     "en": {"head": "| | lesson | you will learn | time |", "min": "min", "h": "h", "total": "the whole course"},
     "ru": {"head": "| | урок | что вы узнаете | время |", "min": "мин", "h": "ч", "total": "весь курс"},
@@ -339,15 +363,19 @@ def _source(cell: dict) -> str:
 
 
 def lesson_minutes(path: Path) -> int:
-    """Time to work through one notebook, rounded up to 5 minutes: its prose at WORDS_PER_MINUTE,
-    MINUTES_PER_CODE_CELL per code cell, RUN_MINUTES for the whole run and EXERCISE_MINUTES per code
-    exercise. Each lesson states this figure in its introduction (tests/test_lessons.py checks it)."""
+    """Time to work through one notebook, rounded up to 5 minutes: its prose at WORDS_PER_MINUTE, its code
+    at CODE_LINES_PER_MINUTE (non-blank lines), the library listings it shows at LISTING_LINES_PER_MINUTE,
+    RUN_MINUTES for running it and EXERCISE_MINUTES per code exercise. Each lesson states this figure in
+    its introduction (tests/test_lessons.py checks it)."""
     cells = _cells(path)
     words = sum(len(re.findall(r"\w+", _source(c))) for c in cells if c["cell_type"] == "markdown")
-    code = sum(c["cell_type"] == "code" for c in cells)
-    exercises = sum(len(_CODE_EXERCISE.findall(_source(c))) for c in cells if c["cell_type"] == "code")
-    minutes = (words / WORDS_PER_MINUTE + code * MINUTES_PER_CODE_CELL + RUN_MINUTES
-               + exercises * EXERCISE_MINUTES)
+    code = [c for c in cells if c["cell_type"] == "code"]
+    lines = sum(len([x for x in _source(c).splitlines() if x.strip()]) for c in code)
+    listing = sum(len("".join(o.get("data", {}).get("text/markdown", "")).splitlines())
+                  for c in code if "show_source(" in _source(c) for o in c.get("outputs", []))
+    exercises = sum(len(_CODE_EXERCISE.findall(_source(c))) for c in code)
+    minutes = (words / WORDS_PER_MINUTE + lines / CODE_LINES_PER_MINUTE + listing / LISTING_LINES_PER_MINUTE
+               + RUN_MINUTES + exercises * EXERCISE_MINUTES)
     return 5 * -(-int(minutes + 0.999) // 5)
 
 
