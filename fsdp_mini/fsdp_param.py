@@ -47,13 +47,14 @@ class FSDPParam:
     """One original parameter: where it lives in the module, its padded dim-0 shard, its gathered copy."""
 
     def __init__(self, name: str, owners: list[tuple[nn.Module, str]], param: nn.Parameter, mesh, shard_rank: int,
-                 shard_size: int, compute_dtype: torch.dtype, device: torch.device):
+                 shard_size: int, param_dtype: torch.dtype | None, device: torch.device):
+        """`param_dtype`: the mixed-precision policy's (None: gather and compute in the parameter's dtype)."""
         if param.dim() == 0:
             raise ValueError(f"parameter {name} is a 0-dim tensor: per-parameter sharding splits dim 0, "
                              f"so give it at least one dimension (e.g. shape (1,))")
-        self.name, self.owners, self.mesh = name, owners, mesh
-        self.shape, self.dtype, self.requires_grad = param.shape, param.dtype, param.requires_grad
-        self.compute_dtype = compute_dtype if param.is_floating_point() else param.dtype
+        self.name, self.owners, self.mesh, self.device = name, owners, mesh, device
+        self.param_dtype = param_dtype
+        self.shape = param.shape
         self.n = shard_size
         self.rows = param.shape[0]
         self.chunk_rows = math.ceil(self.rows / shard_size)  # every rank's padded share
@@ -62,23 +63,71 @@ class FSDPParam:
         start = min(shard_rank * self.chunk_rows, self.rows)
         self.row_start = start  # this rank's first row of the parameter
         self.local_rows = max(0, min(self.rows, start + self.chunk_rows) - start)
-        self.padded_shard = torch.zeros((self.chunk_rows, *param.shape[1:]), dtype=param.dtype, device=device)
+        self.placements = (Shard(0),) if mesh.ndim == 1 else (Replicate(), Shard(0))
+        self.unsharded: nn.Parameter | None = None
+        self.grad_hooked = False  # the unit's post-accumulate-grad hook is on the current `unsharded`
+        self.accumulated_grad: torch.Tensor | None = None  # unsynced micro-batches' sum, in the reduce dtype
+        self.grad_ready = False
+        local = param.detach()[start:start + self.local_rows]
+        self.sharded = nn.Parameter(self._padded_dtensor(local), requires_grad=param.requires_grad)
+        self._adopt_sharded()
+        self.to_sharded()
+
+    def _padded_dtensor(self, local: torch.Tensor) -> DTensor:
+        """A DTensor of this rank's rows whose local tensor is a view of `padded_shard`: this rank's chunk
+        padded to `chunk_rows` rows (zeros), what the AllGather sends."""
+        self.padded_shard = torch.zeros((self.chunk_rows, *self.shape[1:]), dtype=local.dtype, device=self.device)
         with torch.no_grad():
-            self.padded_shard[:self.local_rows].copy_(param.detach()[start:start + self.local_rows])
-        local = self.padded_shard[:self.local_rows]
-        placements = [Shard(0)] if mesh.ndim == 1 else [Replicate(), Shard(0)]
-        self.sharded = nn.Parameter(DTensor.from_local(local, mesh, placements, run_check=False, shape=param.shape,
-                                                       stride=_contiguous_stride(param.shape)),
-                                    requires_grad=param.requires_grad)
-        self.placements = placements
+            self.padded_shard[:self.local_rows].copy_(local)
+        return DTensor.from_local(self.padded_shard[:self.local_rows], self.mesh, self.placements, run_check=False,
+                                  shape=self.shape, stride=_contiguous_stride(self.shape))
+
+    def _adopt_sharded(self) -> None:
+        """Derive what depends on the sharded parameter's dtype: the compute dtype (the policy's, for a
+        floating-point parameter), the AllGather's input, the gradient's spec, the gathered bytes."""
+        self.dtype = self.sharded.dtype
+        compute = self.param_dtype if (self.param_dtype is not None and self.dtype.is_floating_point) else self.dtype
+        if self.unsharded is not None and self.unsharded.dtype != compute:
+            self.unsharded, self.grad_hooked = None, False  # recreated in the new dtype at the next gather
+        self.compute_dtype = compute
         # what each step's gradient DTensor is built from: the parameter's own spec (mesh, placements, global
         # shape), so a new gradient costs one constructor call instead of `DTensor.from_local`'s checks and
         # autograd function (~20x slower on CPU, paid per parameter per step). FSDP2 does the same.
         self.grad_spec = self.sharded._spec
         self.flat_shard = self.padded_shard.view(-1)  # the AllGather's input when no dtype cast is needed
-        self.unsharded: nn.Parameter | None = None
         self.nbytes = math.prod(self.shape) * torch.empty((), dtype=self.compute_dtype).element_size()
-        self.grad_ready = False
+
+    @property
+    def requires_grad(self) -> bool:
+        """Read from the sharded parameter each time: freezing or unfreezing it after `fully_shard` counts
+        from the next gather on, as in FSDP2."""
+        return self.sharded.requires_grad
+
+    def reset_sharded_param(self) -> None:
+        """Adopt what now stands in the parameter's place: `load_state_dict(..., assign=True)` puts a new
+        parameter there, `module.to(dtype)` swaps the old one's contents. Re-pad its local rows into a new
+        `padded_shard` (unless they already are a view of it) and keep that parameter object, so the module,
+        the optimizer built afterwards and the next AllGather all see the same tensor (FSDP2's
+        `reset_sharded_param`)."""
+        module, attr = self.owners[0]
+        new = module._parameters[attr]
+        if not isinstance(new, DTensor) or tuple(new.shape) != tuple(self.shape) \
+                or tuple(new.placements) != self.placements:
+            raise ValueError(f"parameter {self.name} of a fully_shard module was replaced by a "
+                             f"{type(new).__name__} of shape {tuple(new.shape)}: it must be a DTensor of shape "
+                             f"{tuple(self.shape)} placed {list(self.placements)} (load a sharded state dict, e.g. "
+                             f"model.state_dict() or torch.distributed.checkpoint's)")
+        local = new.to_local()
+        same = (local.dtype == self.padded_shard.dtype and local.numel() > 0
+                and local.untyped_storage().data_ptr() == self.padded_shard.untyped_storage().data_ptr())
+        if not same:
+            replacement = nn.Parameter(self._padded_dtensor(local.detach()), requires_grad=new.requires_grad)
+            if isinstance(new, nn.Parameter):
+                torch.utils.swap_tensors(new, replacement)  # keep the object that the caller put there
+            else:
+                new = replacement
+        self.sharded = new
+        self._adopt_sharded()
         self.to_sharded()
 
     # --- which tensor the module sees ------------------------------------------------------------------
@@ -98,9 +147,10 @@ class FSDPParam:
     # --- the gathered copy -----------------------------------------------------------------------------
 
     def alloc_unsharded(self) -> None:
-        """Give the gathered parameter its storage (created on first use, refilled after each free)."""
+        """Give the gathered parameter its storage (created on first use, refilled after each free), and
+        the sharded parameter's `requires_grad`, read now."""
         if self.unsharded is None:
-            tensor = torch.empty(self.shape, dtype=self.compute_dtype, device=self.padded_shard.device)
+            tensor = torch.empty(self.shape, dtype=self.compute_dtype, device=self.device)
             self.unsharded = nn.Parameter(tensor, requires_grad=self.requires_grad)
             # copy-out's destination, made once: a flat view of the same storage stays valid across the
             # frees and refills, and it shares the parameter's version counter (see `copy_out`)
@@ -108,6 +158,8 @@ class FSDPParam:
             self.copy_out_views: dict[tuple[int, torch.dtype], CopyOutViews] = {}
         else:
             self.unsharded.untyped_storage().resize_(self.nbytes)
+            if self.unsharded.requires_grad != self.requires_grad:
+                self.unsharded.requires_grad_(self.requires_grad)
 
     def free_unsharded(self) -> None:
         self.unsharded.untyped_storage().resize_(0)
@@ -143,7 +195,7 @@ class FSDPParam:
         """Share j of k of the gathered parameter (rows padded to k equal chunks), flat, copied: what a
         rank keeps between forward and backward with `reshard_after_forward=k`."""
         rows = math.ceil(self.rows / k)
-        out = torch.empty(rows * self.row_numel, dtype=self.compute_dtype, device=self.padded_shard.device)
+        out = torch.empty(rows * self.row_numel, dtype=self.compute_dtype, device=self.device)
         flat = self.unsharded.detach().reshape(-1)
         lo, hi = min(j * rows, self.rows) * self.row_numel, min((j + 1) * rows, self.rows) * self.row_numel
         out[:hi - lo].copy_(flat[lo:hi])
@@ -152,14 +204,34 @@ class FSDPParam:
 
     # --- gradients -------------------------------------------------------------------------------------
 
-    def take_unsharded_grad(self) -> torch.Tensor:
-        """The gradient backward left on the gathered parameter (zeros if it gave none), taken off it: the
-        unit's ReduceScatter input is built from these (`FSDPParamGroup.reduce_grads`)."""
-        grad = self.unsharded.grad
-        self.unsharded.grad = None
+    def take_unsharded_grad(self) -> torch.Tensor | None:
+        """The gradient to reduce, taken off the gathered parameter: this backward's, added to what unsynced
+        backwards accumulated; None when there is neither (a parameter the forward did not use keeps no
+        gradient, as in FSDP2 and DDP, so AdamW neither decays it nor advances its state)."""
+        grad = None
+        if self.unsharded is not None:
+            grad, self.unsharded.grad = self.unsharded.grad, None
+        accumulated, self.accumulated_grad = self.accumulated_grad, None
+        if accumulated is None:
+            return grad
+        if grad is not None:
+            accumulated += grad
+        return accumulated
+
+    def accumulate_unsynced(self, reduce_dtype: torch.dtype | None) -> None:
+        """A backward without gradient sync: keep this backward's gradient for the next reduction. In the
+        reduce dtype when it differs from the compute dtype (bf16 compute, fp32 reduce): micro-batches then
+        add up in fp32, not in bf16, where 256 + 1 is 256 (FSDP2's `unsharded_accumulated_grad`)."""
+        grad = self.unsharded.grad if self.unsharded is not None else None
         if grad is None:
-            grad = torch.zeros(self.shape, dtype=self.compute_dtype, device=self.padded_shard.device)
-        return grad
+            return
+        if self.accumulated_grad is not None:
+            self.accumulated_grad += grad
+        elif reduce_dtype is not None and grad.dtype != reduce_dtype:
+            self.accumulated_grad = grad.to(reduce_dtype)
+        else:
+            return  # same dtype: autograd keeps adding into the gathered parameter's .grad
+        self.unsharded.grad = None
 
     def accumulate_sharded_grad(self, reduced: torch.Tensor) -> None:
         """Set, or add to (gradient accumulation without sync), the sharded parameter's gradient from
@@ -174,7 +246,7 @@ class FSDPParam:
             self.sharded.grad.to_local().add_(local)
 
     def has_unsharded_grad(self) -> bool:
-        return self.unsharded is not None and self.unsharded.grad is not None
+        return self.accumulated_grad is not None or (self.unsharded is not None and self.unsharded.grad is not None)
 
     def __repr__(self) -> str:
         return (f"FSDPParam({self.name}, shape={tuple(self.shape)}, rows {self.local_rows}/{self.chunk_rows} "

@@ -88,14 +88,31 @@ class FSDPParamGroup:
         self.post_forward = post_forward  # None: reshard fully after forward, or not at all (see the state)
         self.state = ShardedState.SHARDED
         self.training_state = TrainingState.IDLE
-        self.trainable = [p for p in params if p.requires_grad]
-        self.as_bytes = len({p.compute_dtype for p in params}) > 1
-        self.nbytes = sum(p.nbytes for p in params)
         self._gather: tuple[object, torch.Tensor, list[int]] | None = None  # (work, output, lengths)
         self.reductions: list[GroupReduction] = []
         self.grads_ready = 0
         self.on_all_grads_ready = None  # set by the unit's state: called when backward finished this unit
-        self._hooked: set[int] = set()
+
+    @property
+    def trainable(self) -> list[FSDPParam]:
+        """The parameters that require grad now (read each time: freezing after `fully_shard` counts)."""
+        return [p for p in self.params if p.requires_grad]
+
+    @property
+    def as_bytes(self) -> bool:
+        """A unit mixing compute dtypes gathers its parameters as bytes, in one AllGather."""
+        return len({p.compute_dtype for p in self.params}) > 1
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.params)
+
+    def reset_sharded_params(self) -> None:
+        """The module's parameters were replaced (`load_state_dict(assign=True)`) or converted (`.to`):
+        adopt them (`FSDPParam.reset_sharded_param`). Only between steps, when the unit is sharded."""
+        self.reshard()
+        for p in self.params:
+            p.reset_sharded_param()
 
     # --- parameters ----------------------------------------------------------------------------------
 
@@ -142,9 +159,9 @@ class FSDPParamGroup:
             p.copy_out(output, offset, length)
             offset += length
             p.to_unsharded()
-            if p.requires_grad and id(p) not in self._hooked:
+            if p.requires_grad and not p.grad_hooked:
                 p.unsharded.register_post_accumulate_grad_hook(lambda _, p=p: self._on_grad(p))
-                self._hooked.add(id(p))
+                p.grad_hooked = True
         self.state = ShardedState.UNSHARDED
 
     def reshard(self) -> None:
@@ -186,13 +203,17 @@ class FSDPParamGroup:
 
     def reduce_grads(self) -> None:
         """Start the ReduceScatter (AVG) of the unit's unsharded gradients into this rank's chunks: one per
-        reduce dtype (one, unless the unit mixes dtypes without a policy)."""
-        by_dtype: dict[torch.dtype, list[FSDPParam]] = {}
-        for p in self.trainable:
-            by_dtype.setdefault(self.reduce_dtype or p.compute_dtype, []).append(p)
+        reduce dtype (one, unless the unit mixes dtypes without a policy). Only parameters that have a
+        gradient take part: one the forward did not use keeps None (FSDP2 does the same, so every rank must
+        leave the same parameters unused)."""
+        by_dtype: dict[torch.dtype, list[tuple[FSDPParam, torch.Tensor]]] = {}
+        for p in self.params:
+            grad = p.take_unsharded_grad()
+            if grad is not None:
+                by_dtype.setdefault(self.reduce_dtype or p.compute_dtype, []).append((p, grad))
         n, group = self.mesh_info.shard_size, self.mesh_info.shard_group
-        for dtype, params in by_dtype.items():
-            grads = [p.take_unsharded_grad() for p in params]
+        for dtype, pairs in by_dtype.items():
+            params, grads = [p for p, _ in pairs], [g for _, g in pairs]
             rows = torch.empty((n, sum(p.shard_numel for p in params)), dtype=dtype, device=grads[0].device)
             chunk_cat(grads, params, rows)  # row r: rank r's padded chunk of every gradient, in order
             full, output = rows.view(-1), torch.empty(rows.shape[1], dtype=dtype, device=rows.device)
@@ -230,8 +251,14 @@ class FSDPParamGroup:
                 offset += p.shard_numel
         self.reductions = []
 
+    def accumulate_unsynced(self) -> None:
+        """A backward without gradient sync is done with this unit: keep its gradients for the next
+        reduction, in the reduce dtype (`FSDPParam.accumulate_unsynced`)."""
+        for p in self.params:
+            p.accumulate_unsynced(self.reduce_dtype)
+
     def has_unsharded_grads(self) -> bool:
-        return any(p.has_unsharded_grad() for p in self.trainable)
+        return any(p.has_unsharded_grad() for p in self.params)
 
     def reset_backward(self) -> None:
         self.grads_ready = 0

@@ -147,6 +147,19 @@ class FSDPModule:
             if state.group is not None:
                 state.group.post_forward = None
 
+    def _apply(self, *args, **kwargs):
+        """`module.to(dtype)`, `.double()`, `.to_empty(device=...)`: reshard first, convert, then adopt the
+        converted shards as the unit's parameters (FSDP2 overrides `nn.Module._apply` the same way)."""
+        state = state_of(self)
+        if state.group is not None:
+            state.group.reshard()
+        out = super()._apply(*args, **kwargs)
+        if state.group is not None:
+            with torch.no_grad():
+                for p in state.group.params:
+                    p.reset_sharded_param()
+        return out
+
     def set_modules_to_forward_prefetch(self, modules: list) -> None:
         """In forward, right after this unit's AllGather is issued, issue these units' too (instead of the
         default: the unit that runs next in forward; [] for none)."""
@@ -342,6 +355,8 @@ class FSDPState:
             if root.pending:
                 root.pending[-1].start_replica_reduce()
             root.pending.append(group)
+        else:
+            group.accumulate_unsynced()
         if not self.is_root:
             group.reshard()
 
@@ -355,6 +370,8 @@ class FSDPState:
             if state.requires_gradient_sync and group not in self.pending and group.has_unsharded_grads():
                 group.reduce_grads()
                 self.pending.append(group)
+            elif not state.requires_gradient_sync:
+                group.accumulate_unsynced()
         for group in self.pending:
             group.wait_for_grads()
         for state in self.forward_order:
@@ -412,9 +429,8 @@ def fully_shard(module: nn.Module, *, mesh=None, reshard_after_forward: bool | i
     if params:
         fsdp_params = []
         for name, owners, p in params:
-            compute = mp.param_dtype if (mp.param_dtype is not None and p.is_floating_point()) else p.dtype
             fsdp_params.append(FSDPParam(name, owners, p, mesh, mesh_info.shard_rank, mesh_info.shard_size,
-                                         compute, device))
+                                         mp.param_dtype, device))
             _MANAGED[id(p)] = (weakref.ref(p), label)
         reduce_dtype = mp.reduce_dtype or mp.param_dtype
         pf = post_forward_shards(mesh_info, post_forward) if post_forward else None
@@ -422,11 +438,35 @@ def fully_shard(module: nn.Module, *, mesh=None, reshard_after_forward: bool | i
         group = FSDPParamGroup(fsdp_params, label, mesh_info, reduce_dtype, impl, tracker, pf)
     state = FSDPState(module, group, mp, reshard_after_forward if isinstance(reshard_after_forward, bool) else False)
     _STATES[module] = state
+    if group is not None:
+        _register_state_dict_hooks(state)
     module.register_forward_pre_hook(lambda m, a, k: state.pre_forward(m, a, k), prepend=True, with_kwargs=True)
     module.register_forward_hook(lambda m, a, out: state.post_forward(m, a, out))
     cls = type(module)
     module.__class__ = type(f"FSDP{cls.__name__}", (FSDPModule, cls), {})
     return module
+
+
+def _register_state_dict_hooks(state: "FSDPState") -> None:
+    """On every module that holds one of the unit's parameters: before `state_dict()` and
+    `load_state_dict()`, reshard (the keys then hold the sharded DTensors, even after a forward that kept
+    the unit gathered); after `load_state_dict()`, adopt what it put in place (`assign=True`). FSDP2
+    registers the same three hooks."""
+    group = state.group
+
+    def to_sharded(*_args, **_kwargs) -> None:
+        if group.training_state is TrainingState.IDLE:
+            group.reshard()
+
+    by_module: dict[int, tuple[nn.Module, list[FSDPParam]]] = {}
+    for p in group.params:
+        module = p.owners[0][0]
+        by_module.setdefault(id(module), (module, []))[1].append(p)
+    for module, owned in by_module.values():
+        module.register_state_dict_pre_hook(to_sharded)
+        module.register_load_state_dict_pre_hook(to_sharded)
+        module.register_load_state_dict_post_hook(
+            lambda _module, _keys, owned=owned: [p.reset_sharded_param() for p in owned] and None)
 
 
 def register_fsdp_forward_method(module: nn.Module, method_name: str) -> None:
