@@ -75,8 +75,10 @@ class FSDPParam:
 
     def _padded_dtensor(self, local: torch.Tensor) -> DTensor:
         """A DTensor of this rank's rows whose local tensor is a view of `padded_shard`: this rank's chunk
-        padded to `chunk_rows` rows (zeros), what the AllGather sends."""
-        self.padded_shard = torch.zeros((self.chunk_rows, *self.shape[1:]), dtype=local.dtype, device=self.device)
+        padded to `chunk_rows` rows (zeros), what the AllGather sends. On the meta device while the module
+        is (`fully_shard` before `to_empty`), then on this rank's device."""
+        device = local.device if local.is_meta else self.device
+        self.padded_shard = torch.zeros((self.chunk_rows, *self.shape[1:]), dtype=local.dtype, device=device)
         with torch.no_grad():
             self.padded_shard[:self.local_rows].copy_(local)
         return DTensor.from_local(self.padded_shard[:self.local_rows], self.mesh, self.placements, run_check=False,

@@ -90,6 +90,7 @@ class FSDPParamGroup:
         self.training_state = TrainingState.IDLE
         self._gather: tuple[object, torch.Tensor, list[int]] | None = None  # (work, output, lengths)
         self.reductions: list[GroupReduction] = []
+        self.divide_factor: float | None = None  # set_gradient_divide_factor: sum, then divide by it
         self.grads_ready = 0
         self.on_all_grads_ready = None  # set by the unit's state: called when backward finished this unit
 
@@ -222,7 +223,8 @@ class FSDPParamGroup:
                 output.copy_(full)
             else:
                 with scope(self.label):
-                    work = C.reduce_scatter_tensor(output, full, C.AVG, group=group, async_op=True, impl=self.impl)
+                    work = C.reduce_scatter_tensor(output, full, self._reduce_op, group=group, async_op=True,
+                                                   impl=self.impl)
             self.reductions.append(GroupReduction(params, ReduceStage.SCATTERING, work, output, full))
 
     def start_replica_reduce(self) -> None:
@@ -236,8 +238,8 @@ class FSDPParamGroup:
             r.work, r.input, r.stage = None, None, ReduceStage.ACROSS_REPLICAS
             if self.mesh_info.replica_group is not None:
                 with scope(self.label):
-                    r.work = C.all_reduce(r.output, C.AVG, group=self.mesh_info.replica_group, async_op=True,
-                                          impl=self.impl)
+                    r.work = C.all_reduce(r.output, self._reduce_op, group=self.mesh_info.replica_group,
+                                          async_op=True, impl=self.impl)
 
     def wait_for_grads(self) -> None:
         """Finish every reduction and give each sharded parameter its gradient (a DTensor)."""
@@ -245,11 +247,18 @@ class FSDPParamGroup:
         for r in self.reductions:
             if r.work is not None:
                 r.work.wait()
+            if self.divide_factor is not None:
+                r.output.div_(self.divide_factor)
             offset = 0
             for p in r.params:
                 p.accumulate_sharded_grad(r.output[offset:offset + p.shard_numel])
                 offset += p.shard_numel
         self.reductions = []
+
+    @property
+    def _reduce_op(self):
+        """AVG over the ranks, or SUM when a divide factor replaces the average."""
+        return C.AVG if self.divide_factor is None else C.SUM
 
     def accumulate_unsynced(self) -> None:
         """A backward without gradient sync is done with this unit: keep its gradients for the next

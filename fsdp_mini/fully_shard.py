@@ -160,6 +160,22 @@ class FSDPModule:
                     p.reset_sharded_param()
         return out
 
+    def set_reshard_after_backward(self, reshard_after_backward: bool, *, recurse: bool = True) -> None:
+        """False: keep the parameters gathered after backward (with gradient accumulation, the next
+        micro-batch's forward then needs no AllGather), at the cost of holding them; True (default) frees."""
+        for state in _states_below(self, recurse):
+            state.reshard_after_backward = bool(reshard_after_backward)
+
+    def set_gradient_divide_factor(self, factor: float) -> None:
+        """Divide the summed gradients by `factor` instead of averaging over the ranks (e.g. by the global
+        number of tokens). The reduction sums, then divides: gloo has no pre-multiplied sum, so FSDP2's
+        version of this call fails on CPU, while this one works on both backends."""
+        if not isinstance(factor, (int, float)) or isinstance(factor, bool) or factor <= 0:
+            raise ValueError(f"the gradient divide factor must be a positive number, got {factor!r}")
+        group = state_of(self).group
+        if group is not None:
+            group.divide_factor = float(factor)
+
     def set_modules_to_forward_prefetch(self, modules: list) -> None:
         """In forward, right after this unit's AllGather is issued, issue these units' too (instead of the
         default: the unit that runs next in forward; [] for none)."""
@@ -210,6 +226,7 @@ class FSDPState:
                  reshard_after_forward: bool | int):
         self.module, self.group, self.mp = module, group, mp
         self.reshard_after_forward = reshard_after_forward
+        self.reshard_after_backward = True
         self.requires_gradient_sync = True
         self.forward_prefetch: list[FSDPState] | None = None  # None: the next unit in the recorded order
         self.backward_prefetch: list[FSDPState] | None = None
@@ -357,7 +374,7 @@ class FSDPState:
             root.pending.append(group)
         else:
             group.accumulate_unsynced()
-        if not self.is_root:
+        if not self.is_root and self.reshard_after_backward:
             group.reshard()
 
     def _finish_backward(self) -> None:
@@ -377,23 +394,30 @@ class FSDPState:
         for state in self.forward_order:
             state.hooked_calls = state.finished_calls = 0
             if state.group is not None:
-                state.group.reshard()
+                if state.reshard_after_backward:
+                    state.group.reshard()
                 state.group.reset_backward()
         self.pending, self.backward_queued = [], False
 
 
 def fully_shard(module: nn.Module, *, mesh=None, reshard_after_forward: bool | int = True,
-                mp_policy: MixedPrecisionPolicy | None = None, impl: str = "builtin",
-                sync_module_states: bool = False) -> nn.Module:
+                mp_policy: MixedPrecisionPolicy | None = None, ignored_params: set | None = None,
+                impl: str = "builtin", sync_module_states: bool = False) -> nn.Module:
     """Shard `module`'s parameters (those not in an already sharded submodule) dim-0-wise over `mesh`.
 
     Apply it bottom-up: to each block, then to the model. Returns `module` itself, now an `FSDPModule`.
     `reshard_after_forward`: True frees the gathered parameters after forward (ZeRO-3), False keeps them
     until backward is done (ZeRO-2), an int k keeps a 1/k share, so backward gathers from k ranks only.
     `mp_policy`: `MixedPrecisionPolicy`. `impl`: "builtin" (torch.distributed) or "ring" (fsdp_mini's).
+    `ignored_params`: parameters left alone, whole on every rank and never reduced (e.g. norms kept
+    replicated; their gradients are the caller's to all-reduce), as FSDP2's argument of the same name.
+    A module built on the meta device can be sharded as it is, then materialised and initialised:
+    `fully_shard(...)`, `model.to_empty(device=...)`, then `reset_parameters()` (or any init) on the
+    DTensor parameters, as in FSDP2.
     Every rank must start from the same values: by default this is checked (a ValueError names the ranks
     and the first differing parameter); `sync_module_states=True` copies rank 0's instead (fsdp_mini's
-    addition: FSDP2 expects you to load the same weights everywhere).
+    addition: FSDP2 expects you to load the same weights everywhere). Meta parameters have no values yet:
+    nothing is checked for them.
     Collective over the mesh (every rank calls it in the same order); bad input is a ValueError first.
     """
     if not dist.is_initialized():
@@ -412,14 +436,18 @@ def fully_shard(module: nn.Module, *, mesh=None, reshard_after_forward: bool | i
     mesh_info = MeshInfo.of(mesh)
     post_forward = _check_reshard_after_forward(reshard_after_forward, mesh_info.shard_size)
 
-    params = _managed_params(module)
+    ignored = {id(p) for p in (ignored_params or ())}
+    if any(not isinstance(p, nn.Parameter) for p in (ignored_params or ())):
+        raise ValueError("ignored_params must be a set of the module's nn.Parameter objects")
+    params = _managed_params(module, ignored)
     device = get_device()
     description = [(name, tuple(p.shape), str(p.dtype), p.requires_grad) for name, _, p in params]
     check_same_everywhere((description, tuple(mesh.mesh.shape), str(reshard_after_forward)),
                           f"module to fully_shard ({type(module).__name__})",
                           " (every rank must apply fully_shard to the same modules, in the same order)",
                           device=device)
-    values = [(name, p) for name, _, p in params] + _own_buffers(module)
+    values = [(name, t) for name, t in [(name, p) for name, _, p in params] + _own_buffers(module)
+              if not t.is_meta]
     if sync_module_states:
         broadcast_from_rank0([t for _, t in values])
     else:
@@ -527,10 +555,11 @@ def _own_buffers(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
             if not any(name.startswith(u + ".") for u in inner_units)]
 
 
-def _managed_params(module: nn.Module) -> list[tuple[str, list[tuple[nn.Module, str]], nn.Parameter]]:
+def _managed_params(module: nn.Module, ignored: set[int] = frozenset()
+                    ) -> list[tuple[str, list[tuple[nn.Module, str]], nn.Parameter]]:
     """(first name, every (module, attribute) holding it, tensor) of the parameters this call manages:
-    all of the module's, except those inside submodules that are already units. Errors for a parameter
-    already sharded (top-down order) or shared with another unit."""
+    all of the module's, except those inside submodules that are already units and those in `ignored`
+    (ids). Errors for a parameter already sharded (top-down order) or shared with another unit."""
     inner_units = _inner_units(module)
     out: dict[int, tuple[str, list, nn.Parameter]] = {}
     for fqn, p in module.named_parameters(remove_duplicate=False):
@@ -538,9 +567,8 @@ def _managed_params(module: nn.Module) -> list[tuple[str, list[tuple[nn.Module, 
         inside = next((u for u in inner_units if owner_path == u or owner_path.startswith(u + ".")), None)
         if inside is not None:
             continue
-        if p.is_meta:
-            raise ValueError(f"parameter {fqn} is on the meta device: materialise the module (to_empty and an "
-                             f"initialisation, the same on every rank) before fully_shard")
+        if id(p) in ignored:
+            continue
         if isinstance(p, DTensor):
             raise ValueError(f"parameter {fqn} is already sharded: apply fully_shard bottom-up (submodules first, "
                              f"then their parents), not to a module inside an already sharded one")

@@ -27,9 +27,14 @@ from fsdp_mini.fully_shard import FSDPModule, state_of
 __all__ = ["full_state_dict", "load_full_state_dict"]
 
 
+def _per_parameter(model) -> bool:
+    """A model with `fully_shard` applied to it or to some of its modules (the rest stays replicated)."""
+    return any(isinstance(m, FSDPModule) for m in model.modules())
+
+
 def full_state_dict(model) -> dict[str, torch.Tensor]:
     """The unsharded state dict on every rank, on CPU, with the unwrapped module's keys. Collective."""
-    if isinstance(model, FSDPModule):
+    if _per_parameter(model):
         return _per_param_full_state_dict(model)
     _check_flat(model)
     return _flat_full_state_dict(model)
@@ -37,7 +42,7 @@ def full_state_dict(model) -> dict[str, torch.Tensor]:
 
 def load_full_state_dict(model, state_dict: dict[str, torch.Tensor]) -> None:
     """Load a full state dict (strict); each rank keeps only its shards. No communication."""
-    if isinstance(model, FSDPModule):
+    if _per_parameter(model):
         return _per_param_load(model, state_dict)
     _check_flat(model)
     return _flat_load(model, state_dict)

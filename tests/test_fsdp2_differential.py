@@ -270,3 +270,119 @@ def _containers(name, kind):
 @pytest.mark.parametrize("kind", ["namedtuple", "dataclass"])
 def test_namedtuple_and_dataclass_activations_between_units(kind, no_orphans):
     _assert_same(launch(lambda: {n: _containers(n, kind) for n in IMPLS}, 2, timeout=120), _same_tensors)
+
+
+# --- API a user of FSDP2 reaches for -----------------------------------------------------------------
+
+def _meta_init(name):
+    fully_shard, _ = _impl(name)
+    with torch.device("meta"):
+        model = _mlp()
+    _shard_layers(model, fully_shard)
+    model.to_empty(device="cpu")
+    torch.manual_seed(1)
+    for layer in model:
+        layer.reset_parameters()
+    out = model(_batch(dist.get_rank()))
+    out.sum().backward()
+    return _params(model), out.detach(), _grads(model)
+
+
+def test_meta_device_init_then_to_empty_and_reset_parameters(no_orphans):
+    def compare(a, b):
+        for x, y in zip(a, b):
+            _same_tensors(x, y) if isinstance(x, dict) else torch.testing.assert_close(x, y)
+
+    _assert_same(launch(_both, 2, args=(_meta_init,), timeout=120), compare)
+
+
+class _Normed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin, self.norm = nn.Linear(6, 6), nn.LayerNorm(6)
+
+    def forward(self, x):
+        return self.norm(self.lin(x))
+
+
+def _ignored(name):
+    fully_shard, _ = _impl(name)
+    model = _Normed()
+    fully_shard(model, ignored_params=set(model.norm.parameters()))
+    kinds = {n: type(p).__name__ for n, p in model.named_parameters()}
+    model(_batch(dist.get_rank())).pow(2).sum().backward()
+    return kinds, _grads(model)
+
+
+def test_ignored_params_stay_whole_and_unreduced(no_orphans):
+    def compare(a, b):
+        assert a[0] == b[0] and a[0]["norm.weight"] != "DTensor" and a[0]["lin.weight"] == "DTensor"
+        _same_tensors(a[1], b[1])
+
+    results = launch(_both, 2, args=(_ignored,), timeout=120)
+    _assert_same(results, compare)
+    # ignored: each rank keeps its own gradient (the two ranks saw different data)
+    assert not torch.equal(results[0]["fsdp_mini"][1]["norm.weight"], results[1]["fsdp_mini"][1]["norm.weight"])
+
+
+def _keep_after_backward(name):
+    fully_shard, _ = _impl(name)
+    from tests.test_pytorch_claims import _Collectives
+
+    model = _shard_layers(_mlp(), fully_shard)
+    model.set_reshard_after_backward(False)
+    model.set_requires_gradient_sync(False)
+    model(_batch(dist.get_rank())).sum().backward()
+    kept = {n: type(p).__name__ for n, p in model.named_parameters()}
+    # the next micro-batch: its forward finds every unit gathered; each unit frees after its forward
+    # (reshard_after_forward) and backward gathers it again. fsdp_mini's collectives show in CommLog,
+    # FSDP2's in torch.distributed's
+    with fsdp_mini.CommLog() as ours, _Collectives() as theirs:
+        model(_batch(dist.get_rank(), seed=1)).sum().backward()
+    gathers = len([r for r in ours.records if r.op == "all_gather"]) + len(theirs.ops("all_gather"))
+    return kept, gathers
+
+
+def test_set_reshard_after_backward_false_keeps_units_gathered_for_the_next_micro_batch(no_orphans):
+    def compare(a, b):
+        assert a == b and "DTensor" not in a[0].values() and a[1] == 3  # backward's three, forward's none
+
+    _assert_same(launch(_both, 2, args=(_keep_after_backward,), timeout=120), compare)
+
+
+def _partly_sharded():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.fsdp import fully_shard as torch_fully_shard
+
+    out = {}
+    for name, fully_shard in (("fsdp_mini", fsdp_mini.fully_shard), ("torch", torch_fully_shard)):
+        model = _mlp()
+        fully_shard(model[1])  # only the middle layer is sharded; the root is a plain Sequential
+        if name == "torch":
+            out[name] = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+        else:
+            out[name] = fsdp_mini.full_state_dict(model)
+    return out
+
+
+def test_full_state_dict_of_a_partly_sharded_model(no_orphans):
+    for result in launch(_partly_sharded, 2, timeout=120):
+        _same_tensors(result["fsdp_mini"], result["torch"])
+        _same_tensors(result["fsdp_mini"], _mlp().state_dict())
+
+
+def _divided(factor):
+    model = fsdp_mini.fully_shard(_mlp())
+    if factor is not None:
+        model.set_gradient_divide_factor(factor)
+    model(_batch(dist.get_rank())).sum().backward()
+    return _grads(model)
+
+
+def test_gradient_divide_factor_divides_the_sum(no_orphans):
+    # FSDP2's set_gradient_divide_factor needs ReduceOp.PREMUL_SUM, which gloo lacks (shared/NOTES.md): the
+    # expectation is computed from the default average instead, sum = average x world
+    averaged = launch(_divided, 2, args=(None,), timeout=120)[0]
+    divided = launch(_divided, 2, args=(8.0,), timeout=120)[0]
+    _same_tensors(divided, {k: v * 2 / 8.0 for k, v in averaged.items()})

@@ -418,7 +418,11 @@ def _errors():
     out["impl"] = message(lambda: fully_shard(nn.Linear(2, 2), impl="mpi"))
     out["scalar"] = message(_scalar_module)
     out["not_fsdp"] = message(lambda: state_of(nn.Linear(2, 2)))
-    out["meta"] = message(lambda: fully_shard(nn.Linear(2, 2, device="meta")))
+    out["ignored"] = message(lambda: fully_shard(nn.Linear(2, 2), ignored_params={torch.ones(2)}))
+    plain = fully_shard(nn.Linear(4, 4))
+    out["assign"] = message(lambda: plain.load_state_dict({k: v.full_tensor() for k, v in plain.state_dict().items()},
+                                                          assign=True))
+    out["divide"] = message(lambda: fully_shard(nn.Linear(2, 2)).set_gradient_divide_factor(0))
     return out
 
 
@@ -442,7 +446,10 @@ def test_bad_input_gets_a_clear_error(no_orphans):
     assert "impl must be one of ('builtin', 'ring')" in out["impl"]
     assert "parameter s is a 0-dim tensor" in out["scalar"]
     assert "Linear is not managed by fully_shard" in out["not_fsdp"]
-    assert "parameter weight is on the meta device" in out["meta"]
+    assert "ignored_params must be a set of the module's nn.Parameter objects" in out["ignored"]
+    assert "parameter weight of a fully_shard module was replaced by a Parameter of shape (4, 4): it must be a " \
+        "DTensor" in out["assign"]
+    assert "the gradient divide factor must be a positive number, got 0" in out["divide"]
 
 
 def _mismatch():
