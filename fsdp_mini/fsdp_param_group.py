@@ -91,6 +91,8 @@ class FSDPParamGroup:
         self._gather: tuple[object, torch.Tensor, list[int]] | None = None  # (work, output, lengths)
         self.reductions: list[GroupReduction] = []
         self.divide_factor: float | None = None  # set_gradient_divide_factor: sum, then divide by it
+        self.requires_all_reduce = True  # HSDP: False holds the chunks back from the replica all-reduce
+        self.partial_outputs: dict[tuple[int, ...], torch.Tensor] = {}  # those chunks, per reduction
         self.grads_ready = 0
         self.on_all_grads_ready = None  # set by the unit's state: called when backward finished this unit
 
@@ -229,24 +231,38 @@ class FSDPParamGroup:
 
     def start_replica_reduce(self) -> None:
         """Once the ReduceScatters are done: free their inputs and, with replicas (HSDP), start averaging
-        the gradient chunks across them (async)."""
+        the gradient chunks across them (async), adding first what earlier backwards left unreduced across
+        replicas (`requires_all_reduce` False: gradient accumulation that reduce-scatters in the node but
+        crosses nodes once)."""
         for r in self.reductions:
             if r.stage is not ReduceStage.SCATTERING:
                 continue
             if r.work is not None:
                 r.work.wait()
             r.work, r.input, r.stage = None, None, ReduceStage.ACROSS_REPLICAS
-            if self.mesh_info.replica_group is not None:
-                with scope(self.label):
-                    r.work = C.all_reduce(r.output, self._reduce_op, group=self.mesh_info.replica_group,
-                                          async_op=True, impl=self.impl)
+            if self.mesh_info.replica_group is None or not self.requires_all_reduce:
+                continue
+            held = self.partial_outputs.pop(_key(r.params), None)
+            if held is not None:
+                r.output += held
+            with scope(self.label):
+                r.work = C.all_reduce(r.output, self._reduce_op, group=self.mesh_info.replica_group,
+                                      async_op=True, impl=self.impl)
 
     def wait_for_grads(self) -> None:
-        """Finish every reduction and give each sharded parameter its gradient (a DTensor)."""
+        """Finish every reduction and give each sharded parameter its gradient (a DTensor); with replicas
+        and `requires_all_reduce` False, keep the chunks for the next all-reduce instead."""
         self.start_replica_reduce()
         for r in self.reductions:
             if r.work is not None:
                 r.work.wait()
+            if self.mesh_info.replica_group is not None and not self.requires_all_reduce:
+                key = _key(r.params)
+                if key in self.partial_outputs:
+                    self.partial_outputs[key] += r.output
+                else:
+                    self.partial_outputs[key] = r.output
+                continue
             if self.divide_factor is not None:
                 r.output.div_(self.divide_factor)
             offset = 0
@@ -277,6 +293,11 @@ class FSDPParamGroup:
 
     def __repr__(self) -> str:
         return f"FSDPParamGroup({self.label}, {len(self.params)} params, {self.state.name})"
+
+
+def _key(params: list[FSDPParam]) -> tuple[int, ...]:
+    """Which parameters a reduction covers (the same ones each step, for a held-back all-reduce)."""
+    return tuple(id(p) for p in params)
 
 
 def chunk_cat(grads: list[torch.Tensor], params: list[FSDPParam], out: torch.Tensor) -> None:

@@ -160,6 +160,20 @@ class FSDPModule:
                     p.reset_sharded_param()
         return out
 
+    def set_requires_all_reduce(self, requires_all_reduce: bool, *, recurse: bool = True) -> None:
+        """HSDP: False reduce-scatters gradients inside the shard group but holds them back from the
+        all-reduce across replicas; the next backward with True adds them in, so accumulated micro-batches
+        cross nodes once (gradient accumulation with less inter-node traffic)."""
+        for state in _states_below(self, recurse):
+            if state.group is not None:
+                state.group.requires_all_reduce = bool(requires_all_reduce)
+
+    def set_is_last_backward(self, is_last_backward: bool) -> None:
+        """False: the next backward does not wait for its gradient reductions (micro-batching: they finish
+        in a later backward); the last backward (True, the default) waits for all of them, so the optimizer
+        step sees every gradient."""
+        state_of(self).is_last_backward = bool(is_last_backward)
+
     def set_reshard_after_backward(self, reshard_after_backward: bool, *, recurse: bool = True) -> None:
         """False: keep the parameters gathered after backward (with gradient accumulation, the next
         micro-batch's forward then needs no AllGather), at the cost of holding them; True (default) frees."""
@@ -223,11 +237,15 @@ class FSDPState:
     inputs need no gradient (the first one) ends on its parameters alone, and the end of backward mops up."""
 
     def __init__(self, module: nn.Module, group: FSDPParamGroup | None, mp: MixedPrecisionPolicy,
-                 reshard_after_forward: bool | int):
+                 reshard_after_forward: bool | int, modules: list[nn.Module] | None = None):
         self.module, self.group, self.mp = module, group, mp
+        # `fully_shard([a, b])`: one unit over several modules; its post-forward waits for the last of them
+        self.modules = modules or [module]
+        self.to_run_forward: set[int] = set()  # ids of this pass's modules that have not run forward yet
         self.reshard_after_forward = reshard_after_forward
         self.reshard_after_backward = True
         self.requires_gradient_sync = True
+        self.is_last_backward = True  # the root's: wait for the reductions at the end of backward
         self.forward_prefetch: list[FSDPState] | None = None  # None: the next unit in the recorded order
         self.backward_prefetch: list[FSDPState] | None = None
         self.is_root: bool | None = None
@@ -248,10 +266,12 @@ class FSDPState:
         """The first forward: this module is the root; every unit below learns it, and its label (its
         path from the root: "layers.0", "root"), which CommLog and the memory tracker show."""
         self.is_root, self.root = True, self
+        labelled = set()
         for path, m in self.module.named_modules():
             state = _STATES.get(m)
-            if state is not None and state.group is not None:
-                state.group.label = path or "root"
+            if state is not None and state.group is not None and id(state) not in labelled:
+                state.group.label = path or "root"  # a unit over several modules: the first one's path
+                labelled.add(id(state))
             if state is not None and state is not self:
                 if state.is_root:
                     raise ValueError("fully_shard's root changed: the module that ran forward first "
@@ -272,6 +292,13 @@ class FSDPState:
             RECORDER.in_forward(True)
         if self not in root.forward_order:  # first run of this unit (a unit skipped so far joins late)
             root.forward_order.append(self)
+        if len(self.modules) > 1:
+            if not self.to_run_forward:  # the first of the unit's modules in this forward
+                self.to_run_forward = {id(m) for m in self.modules}
+            elif self.group is not None and self.group.training_state is TrainingState.FORWARD:
+                if torch.is_grad_enabled() and not root.backward_queued:
+                    args, kwargs = self._hook_inputs(args, kwargs)
+                return args, kwargs  # gathered by the unit's first module already
         if self.group is not None:
             self.group.training_state = TrainingState.FORWARD
             self.group.unshard(async_op=True)
@@ -323,6 +350,10 @@ class FSDPState:
         grad_outputs = [t for t in tensors_in(out) if t.requires_grad]
         for t in grad_outputs:
             t.register_hook(self._pre_backward)
+        if len(self.modules) > 1:
+            self.to_run_forward.discard(id(module))
+            if self.to_run_forward:
+                return out  # the unit's other modules still run forward with these parameters
         if self.group is not None:
             self.group.training_state = TrainingState.IDLE
         if self.is_root:
@@ -389,23 +420,27 @@ class FSDPState:
                 self.pending.append(group)
             elif not state.requires_gradient_sync:
                 group.accumulate_unsynced()
-        for group in self.pending:
-            group.wait_for_grads()
+        if self.is_last_backward:
+            for group in self.pending:
+                group.wait_for_grads()
+            self.pending = []
         for state in self.forward_order:
             state.hooked_calls = state.finished_calls = 0
             if state.group is not None:
                 if state.reshard_after_backward:
                     state.group.reshard()
                 state.group.reset_backward()
-        self.pending, self.backward_queued = [], False
+        self.backward_queued = False
 
 
-def fully_shard(module: nn.Module, *, mesh=None, reshard_after_forward: bool | int = True,
+def fully_shard(module: nn.Module | list[nn.Module], *, mesh=None, reshard_after_forward: bool | int = True,
                 mp_policy: MixedPrecisionPolicy | None = None, ignored_params: set | None = None,
-                impl: str = "builtin", sync_module_states: bool = False) -> nn.Module:
+                impl: str = "builtin", sync_module_states: bool = False) -> nn.Module | list[nn.Module]:
     """Shard `module`'s parameters (those not in an already sharded submodule) dim-0-wise over `mesh`.
 
     Apply it bottom-up: to each block, then to the model. Returns `module` itself, now an `FSDPModule`.
+    A list of modules makes one unit of all of them (one AllGather, one ReduceScatter, gathered before the
+    first of them runs forward and freed after the last), and returns the list, as in FSDP2.
     `reshard_after_forward`: True frees the gathered parameters after forward (ZeRO-3), False keeps them
     until backward is done (ZeRO-2), an int k keeps a 1/k share, so backward gathers from k ranks only.
     `mp_policy`: `MixedPrecisionPolicy`. `impl`: "builtin" (torch.distributed) or "ring" (fsdp_mini's).
@@ -423,10 +458,14 @@ def fully_shard(module: nn.Module, *, mesh=None, reshard_after_forward: bool | i
     if not dist.is_initialized():
         raise RuntimeError("fully_shard needs torch.distributed: run under fsdp_mini.launch or torchrun and call "
                            "fsdp_mini.init() first")
-    if not isinstance(module, nn.Module):
-        raise ValueError(f"fully_shard takes an nn.Module, got {type(module).__name__}")
-    if isinstance(module, FSDPModule):
-        raise ValueError(f"fully_shard was already applied to this {type(module).__name__}")
+    modules = list(module) if isinstance(module, (list, tuple)) else [module]
+    if not modules:
+        raise ValueError("fully_shard was given an empty list of modules")
+    for m in modules:
+        if not isinstance(m, nn.Module):
+            raise ValueError(f"fully_shard takes an nn.Module or a list of them, got {type(m).__name__}")
+        if isinstance(m, FSDPModule):
+            raise ValueError(f"fully_shard was already applied to this {type(m).__name__}")
     mp = mp_policy if mp_policy is not None else MixedPrecisionPolicy()
     if not isinstance(mp, MixedPrecisionPolicy):
         raise ValueError(f"mp_policy must be a MixedPrecisionPolicy, got {type(mp_policy).__name__}")
@@ -439,20 +478,21 @@ def fully_shard(module: nn.Module, *, mesh=None, reshard_after_forward: bool | i
     ignored = {id(p) for p in (ignored_params or ())}
     if any(not isinstance(p, nn.Parameter) for p in (ignored_params or ())):
         raise ValueError("ignored_params must be a set of the module's nn.Parameter objects")
-    params = _managed_params(module, ignored)
+    params = _managed_params(modules, ignored)
     device = get_device()
     description = [(name, tuple(p.shape), str(p.dtype), p.requires_grad) for name, _, p in params]
+    kinds = ", ".join(type(m).__name__ for m in modules)
     check_same_everywhere((description, tuple(mesh.mesh.shape), str(reshard_after_forward)),
-                          f"module to fully_shard ({type(module).__name__})",
+                          f"module to fully_shard ({kinds})",
                           " (every rank must apply fully_shard to the same modules, in the same order)",
                           device=device)
-    values = [(name, t) for name, t in [(name, p) for name, _, p in params] + _own_buffers(module)
-              if not t.is_meta]
+    buffers = [b for m in modules for b in _own_buffers(m)]
+    values = [(name, t) for name, t in [(name, p) for name, _, p in params] + buffers if not t.is_meta]
     if sync_module_states:
         broadcast_from_rank0([t for _, t in values])
     else:
-        check_same_values(values, device=device, where=f" of the {type(module).__name__} passed to fully_shard")
-    label = _label(module)
+        check_same_values(values, device=device, where=f" of the {kinds} passed to fully_shard")
+    label = _label(modules[0])
     group = None
     if params:
         fsdp_params = []
@@ -464,14 +504,16 @@ def fully_shard(module: nn.Module, *, mesh=None, reshard_after_forward: bool | i
         pf = post_forward_shards(mesh_info, post_forward) if post_forward else None
         tracker = _TRACKERS.setdefault(id(mesh), MemoryTracker())
         group = FSDPParamGroup(fsdp_params, label, mesh_info, reduce_dtype, impl, tracker, pf)
-    state = FSDPState(module, group, mp, reshard_after_forward if isinstance(reshard_after_forward, bool) else False)
-    _STATES[module] = state
+    state = FSDPState(modules[0], group, mp,
+                      reshard_after_forward if isinstance(reshard_after_forward, bool) else False, modules)
     if group is not None:
         _register_state_dict_hooks(state)
-    module.register_forward_pre_hook(lambda m, a, k: state.pre_forward(m, a, k), prepend=True, with_kwargs=True)
-    module.register_forward_hook(lambda m, a, out: state.post_forward(m, a, out))
-    cls = type(module)
-    module.__class__ = type(f"FSDP{cls.__name__}", (FSDPModule, cls), {})
+    for m in modules:
+        _STATES[m] = state
+        m.register_forward_pre_hook(lambda m, a, k: state.pre_forward(m, a, k), prepend=True, with_kwargs=True)
+        m.register_forward_hook(lambda m, a, out: state.post_forward(m, a, out))
+        cls = type(m)
+        m.__class__ = type(f"FSDP{cls.__name__}", (FSDPModule, cls), {})
     return module
 
 
@@ -555,13 +597,19 @@ def _own_buffers(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
             if not any(name.startswith(u + ".") for u in inner_units)]
 
 
-def _managed_params(module: nn.Module, ignored: set[int] = frozenset()
+def _managed_params(modules: list[nn.Module], ignored: set[int] = frozenset()
                     ) -> list[tuple[str, list[tuple[nn.Module, str]], nn.Parameter]]:
     """(first name, every (module, attribute) holding it, tensor) of the parameters this call manages:
-    all of the module's, except those inside submodules that are already units and those in `ignored`
+    all of the modules', except those inside submodules that are already units and those in `ignored`
     (ids). Errors for a parameter already sharded (top-down order) or shared with another unit."""
-    inner_units = _inner_units(module)
     out: dict[int, tuple[str, list, nn.Parameter]] = {}
+    for module in modules:
+        _collect_params(module, ignored, out)
+    return list(out.values())
+
+
+def _collect_params(module: nn.Module, ignored: set[int], out: dict) -> None:
+    inner_units = _inner_units(module)
     for fqn, p in module.named_parameters(remove_duplicate=False):
         owner_path, _, attr = fqn.rpartition(".")
         inside = next((u for u in inner_units if owner_path == u or owner_path.startswith(u + ".")), None)
@@ -578,4 +626,3 @@ def _managed_params(module: nn.Module, ignored: set[int] = frozenset()
                              f"to one fully_shard unit; apply fully_shard to a module containing every use")
         entry = out.setdefault(id(p), (fqn, [], p))
         entry[1].append((module.get_submodule(owner_path), attr))
-    return list(out.values())

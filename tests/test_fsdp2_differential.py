@@ -386,3 +386,56 @@ def test_gradient_divide_factor_divides_the_sum(no_orphans):
     averaged = launch(_divided, 2, args=(None,), timeout=120)[0]
     divided = launch(_divided, 2, args=(8.0,), timeout=120)[0]
     _same_tensors(divided, {k: v * 2 / 8.0 for k, v in averaged.items()})
+
+
+def _one_unit_over_two_modules(name):
+    fully_shard, _ = _impl(name)
+    from tests.test_pytorch_claims import _Collectives
+
+    model = _mlp(depth=4)
+    returned = fully_shard([model[0], model[1]])  # one unit: one AllGather before layer 0, freed after layer 1
+    fully_shard(model[2])
+    fully_shard(model)
+    with fsdp_mini.CommLog() as ours, _Collectives() as theirs:
+        model(_batch(dist.get_rank())).sum().backward()
+    sizes = sorted([r.nbytes for r in ours.records if r.op == "all_gather"]
+                   + [4 * numel * dist.get_world_size() for _, _, numel in theirs.ops("all_gather")])
+    return type(returned).__name__, len(returned), sizes, _grads(model)
+
+
+def test_fully_shard_of_a_list_makes_one_unit_of_its_modules(no_orphans):
+    def compare(a, b):
+        assert a[:3] == b[:3] and a[:2] == ("list", 2)
+        _same_tensors(a[3], b[3])
+
+    _assert_same(launch(_both, 2, args=(_one_unit_over_two_modules,), timeout=120), compare)
+
+
+def _hsdp_all_reduce_held(name):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    fully_shard, _ = _impl(name)
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+    model = _shard_layers(_mlp(), fully_shard, mesh=mesh)
+    for step, all_reduce in enumerate((False, True)):  # two micro-batches; the replicas meet once
+        model.set_requires_all_reduce(all_reduce)
+        model(_batch(dist.get_rank(), seed=step)).sum().backward()
+    return _grads(model)
+
+
+def test_set_requires_all_reduce_false_holds_hsdp_gradients_for_the_next_all_reduce(no_orphans):
+    _assert_same(launch(_both, 4, args=(_hsdp_all_reduce_held,), local_world_size=2, timeout=120),
+                 _same_tensors)
+
+
+def _not_last_backward(name):
+    fully_shard, _ = _impl(name)
+    model = _shard_layers(_mlp(), fully_shard)
+    for step, last in enumerate((False, True)):
+        model.set_is_last_backward(last)
+        model(_batch(dist.get_rank(), seed=step)).sum().backward()
+    return _grads(model)
+
+
+def test_set_is_last_backward_false_finishes_the_reductions_in_the_last_backward(no_orphans):
+    _assert_same(launch(_both, 2, args=(_not_last_backward,), timeout=120), _same_tensors)
