@@ -314,7 +314,8 @@ def all_reduce(tensor: torch.Tensor, op=SUM, group=None, async_op=False, impl="b
     g = _group(group)
     pending = _issue("all_reduce", "builtin", tensor.numel() * tensor.element_size(), g, (tensor,),
                      sent=ring_model_sent("all_reduce", tensor.numel(), tensor.element_size(), g.size))
-    # gloo has no AVG for all_reduce: SUM, then divide (NCCL would do the same work internally).
+    # AVG as a SUM and a division on this rank: one code path for every backend and for the ring (torch
+    # 2.13's gloo and NCCL also have AVG themselves; the result is the same).
     post = (lambda: tensor.div_(g.size)) if op == AVG else None
     wire_op = SUM if op == AVG else op
     return _builtin(lambda: dist.all_reduce(tensor, wire_op, group=g.pg, async_op=True), post, pending, async_op)
