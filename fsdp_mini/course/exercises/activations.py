@@ -3,14 +3,17 @@ let a unit's AllGather hide behind the previous unit's forward.
 
 `choose_checkpointed(saved, kept, budget)` gets what each block saves for backward (`saved[i]`, measured
 with `SavedActivations`), what it still saves when checkpointed (`kept[i]`: its input) and a budget for
-the blocks' activations, and returns the blocks to checkpoint. The judge runs a GPT whose blocks differ
-in width with exactly those blocks wrapped in `Checkpointed`, measures the activations autograd saved and
-counts the recomputations in backward: within budget, and no more recomputations than needed.
+the blocks' activations, and returns the blocks to checkpoint. The judge runs a model whose blocks differ
+in width (each projects its input to its own width, then runs an MLP there: what a block saves and what it
+keeps, its input, both differ, so ranking blocks by `saved[i]` and by `saved[i] - kept[i]` disagree) with
+exactly those blocks wrapped in `Checkpointed`, measures the activations autograd saved and counts the
+recomputations in backward: within budget, and no more recomputations than needed.
 
 `tokens_to_hide(unit_params, param_bytes, cluster, flops_per_s)` returns the tokens per GPU that make one
 unit's forward (2 FLOPs per parameter per token) last as long as the next unit's AllGather over the
 cluster's slowest ring link. The judge prices each case's AllGather with `fsdp_mini.course.cost`
-(the alpha-beta ring) and checks that the answer hides it, and that 2 % fewer tokens would not.
+(the alpha-beta ring) and checks that the answer hides it and one token fewer would not (the smallest
+whole number that hides it).
 """
 from __future__ import annotations
 
@@ -19,15 +22,16 @@ import math
 import torch
 import torch.nn as nn
 
-from fsdp_mini.course.activations import checkpoint_blocks, measure_block, recomputations
+import torch.nn.functional as F
+
+from fsdp_mini.course.activations import checkpoint_blocks, recomputations
 from fsdp_mini.course.cluster import Cluster
 from fsdp_mini.course.cost import ring_all_gather
 from fsdp_mini.course.exercise import CodeExercise, Verdict
 from fsdp_mini.course.language import num, size, tr
-from fsdp_mini.course.models import GPT, GPTConfig, make_batch
 from fsdp_mini.memory import SavedActivations
 
-__all__ = ["CHOOSE_CHECKPOINTED", "TOKENS_TO_HIDE", "choose_checkpointed", "tokens_to_hide", "uneven_gpt",
+__all__ = ["CHOOSE_CHECKPOINTED", "TOKENS_TO_HIDE", "choose_checkpointed", "tokens_to_hide", "uneven_model",
            "BUDGET_CASES", "CLUSTER_CASES"]
 
 
@@ -78,6 +82,16 @@ def _forgets_kept(saved, kept, budget):
     return sorted(chosen)
 
 
+def _sorts_by_saved(saved, kept, budget):
+    total, chosen = sum(saved), []
+    for i in sorted(range(len(saved)), key=lambda i: saved[i], reverse=True):  # the biggest, not the most freed
+        if total <= budget:
+            break
+        chosen.append(i)
+        total -= saved[i] - kept[i]
+    return sorted(chosen)
+
+
 def _every_block(saved, kept, budget):
     return list(range(len(saved)))  # always fits, always recomputes everything
 
@@ -102,6 +116,13 @@ def _six_flops(unit_params, param_bytes, cluster, flops_per_s):
     return math.ceil(gather * flops_per_s / (6 * unit_params))  # forward + backward, but only forward hides it
 
 
+def _two_percent_high(unit_params, param_bytes, cluster, flops_per_s):
+    n = cluster.world_size
+    alpha, bandwidth = cluster.link(cluster.nodes > 1)
+    gather = (n - 1) * alpha + (n - 1) / n * unit_params * param_bytes / bandwidth
+    return math.ceil(1.02 * gather * flops_per_s / (2 * unit_params))  # a safety margin: not the smallest
+
+
 def _always_nvlink(unit_params, param_bytes, cluster, flops_per_s):
     n = cluster.world_size
     alpha, bandwidth = cluster.link(False)  # the ring over several nodes waits for its network links
@@ -111,57 +132,85 @@ def _always_nvlink(unit_params, param_bytes, cluster, flops_per_s):
 
 # --- exercise 1: the judge ------------------------------------------------------------------------------
 
-class _MLP(nn.Module):
-    """The course's MLP with a chosen hidden width (the GPT's is 4h): blocks of different sizes."""
+class _WidthBlock(nn.Module):
+    """A block of the judge's model: a linear layer from the previous block's width to its own, then an MLP
+    at that width with a residual. It saves its input (h_in), the MLP's input (h), the GELU's input and
+    output (width each); checkpointed, it keeps its input alone."""
 
-    def __init__(self, h: int, width: int):
+    def __init__(self, h_in: int, h: int, width: int):
         super().__init__()
-        self.fc, self.proj = nn.Linear(h, width), nn.Linear(width, h)
+        self.inp, self.fc, self.proj = nn.Linear(h_in, h), nn.Linear(h, width), nn.Linear(width, h)
 
     def forward(self, x):
-        return self.proj(torch.nn.functional.gelu(self.fc(x)))
+        x = self.inp(x)
+        return x + self.proj(F.gelu(self.fc(x)))
 
 
-WIDTHS = (32, 256, 64, 192, 48, 128)  # MLP widths of the judge's blocks: their activations differ
-_CFG = GPTConfig(n_layer=len(WIDTHS), n_embd=32, n_head=2, block_size=32)
-_BATCH = 4
+class _Stack(nn.Module):
+    """Token embeddings, then `blocks` (a ModuleList, so `checkpoint_blocks` wraps them), then a loss."""
+
+    def __init__(self, shapes, vocab: int = 61):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, shapes[0][0])
+        self.blocks = nn.ModuleList(_WidthBlock(*shape) for shape in shapes)
+
+    def forward(self, idx):
+        x = self.embed(idx)
+        for block in self.blocks:
+            x = block(x)
+        return x.pow(2).mean()
 
 
-def uneven_gpt(widths=WIDTHS, cfg: GPTConfig = _CFG) -> GPT:
-    """The course's GPT with block i's MLP `widths[i]` wide, so the blocks save different amounts."""
-    model = GPT(cfg)
-    for block, width in zip(model.blocks, widths):
-        block.mlp = _MLP(cfg.n_embd, width)
-    return model
+# (input width, own width, MLP width) of the judge's blocks: ranked by what they save (h_in + h + 2 width)
+# they come 2, 4, 5, 3, 0, 1; by what checkpointing frees (h + 2 width) 2, 5, 0, 3, 4, 1
+SHAPES = ((16, 96, 32), (96, 16, 24), (16, 32, 96), (32, 128, 16), (128, 24, 40), (24, 48, 64))
+_BATCH, _SEQ = 4, 32
+
+
+def uneven_model(shapes=SHAPES) -> nn.Module:
+    """The judge's model: blocks of different widths, so that both saved[i] and kept[i] differ by block."""
+    with torch.random.fork_rng():  # the same weights every time, the caller's random state untouched
+        torch.manual_seed(0)
+        return _Stack(shapes)
 
 
 def _saved_by_model(which) -> tuple[int, int]:
     """(bytes autograd saved in one forward, recomputations in its backward) with blocks `which` checkpointed."""
-    model = checkpoint_blocks(uneven_gpt(), which)
-    idx, targets = make_batch(_CFG, _BATCH)
+    model = checkpoint_blocks(uneven_model(), which)
+    idx = torch.randint(0, 61, (_BATCH, _SEQ), generator=torch.Generator().manual_seed(0))
     with SavedActivations(exclude=model.parameters()) as saved:
-        loss = model(idx, targets)
+        loss = model(idx)
     loss.backward()
     return saved.nbytes, recomputations(model)
 
 
 def _measured_blocks():
-    """What each block saves, and what it keeps when checkpointed (both measured), and the rest of the model."""
-    model = uneven_gpt()
-    saved = [measure_block(block, _BATCH, _CFG.block_size) for block in model.blocks]
+    """What each block saves (measured alone, on an input that requires grad, as inside the model), what it
+    keeps when checkpointed (what it saves less what checkpointing it frees in the whole model, measured),
+    and the rest of the model."""
+    model = uneven_model()
+    saved = []
+    for block in model.blocks:
+        x = torch.randn(_BATCH, _SEQ, block.inp.in_features, requires_grad=True)
+        with SavedActivations(exclude=block.parameters()) as alone:
+            block(x)
+        saved.append(alone.nbytes)
     whole, _ = _saved_by_model(())
-    rest = whole - sum(saved)
     kept = [saved[i] - (whole - _saved_by_model([i])[0]) for i in range(len(saved))]
-    return saved, kept, rest
+    return saved, kept, whole - sum(saved)
 
 
 def _budget_cases(saved, kept):
-    """Budgets for the blocks' activations: none needed, a few, most, all, and one that two blocks would meet
-    only if a checkpointed block kept nothing (its input is still saved: it takes a third)."""
-    total, floor = sum(saved), sum(kept)
+    """Budgets for the blocks' activations: none needed; each budget that the k blocks freeing the most meet
+    exactly (k = 1..n-1: ranking by saved[i] instead needs more); and one that two blocks would meet only if
+    a checkpointed block kept nothing (its input is still saved)."""
+    total = sum(saved)
+    freed = sorted((s - k for s, k in zip(saved, kept)), reverse=True)
+    exact = [total - sum(freed[:k]) for k in range(1, len(saved))]
     a, b = sorted(range(len(saved)), key=lambda i: saved[i], reverse=True)[:2]
     tight = total - saved[a] - saved[b] + (kept[a] + kept[b]) // 2
-    return [total, int(total * 0.8), tight, int(total * 0.55), int(total * 0.3), floor + 1]
+    cases = [total] + exact + [tight]
+    return sorted(set(cases), key=cases.index)
 
 
 BUDGET_CASES = _budget_cases  # the lesson prints the cases the judge uses
@@ -170,6 +219,23 @@ BUDGET_CASES = _budget_cases  # the lesson prints the cases the judge uses
 def _fewest(saved, kept, budget) -> int:
     """The fewest checkpointed blocks that fit (largest savings first is optimal for a count)."""
     return len(choose_checkpointed(saved, kept, budget))
+
+
+def _why_too_many(which, saved, kept, budget) -> str:
+    """What a choice that fits but recomputes too much probably did, in words (never the answer)."""
+    if len(which) == len(saved):
+        return tr(" You checkpointed every block; this budget needs fewer.",
+                  " Вы включили чекпоинтинг у всех блоков, а этому бюджету нужно меньше.")
+    if which == _sorts_by_saved(saved, kept, budget):
+        return tr(" You ranked blocks by saved[i], what a block saves; checkpointing it frees only "
+                  "saved[i] - kept[i], and the biggest block is not always the one that frees the most.",
+                  " Вы упорядочили блоки по saved[i] — по тому, что блок сохраняет; чекпоинтинг освобождает "
+                  "только saved[i] - kept[i], и самый большой блок не всегда освобождает больше всех.")
+    if which == list(range(len(which))):
+        return tr(" You took blocks in their order; the blocks that free the most are elsewhere.",
+                  " Вы брали блоки по порядку, а больше всего освобождают другие.")
+    return tr(" Checkpoint the blocks that free the most first.",
+              " Начинайте с блоков, которые освобождают больше всего.")
 
 
 def _judge_checkpointed(fn) -> Verdict:
@@ -184,18 +250,23 @@ def _judge_checkpointed(fn) -> Verdict:
         measured, recomputed = _saved_by_model(which)
         blocks = measured - rest
         if blocks > budget:
+            forgot = sum(saved) - sum(saved[i] for i in which) <= budget
+            why = tr(" A checkpointed block still saves its input, kept[i]: it frees saved[i] - kept[i], "
+                     "not saved[i].",
+                     " Блок с чекпоинтингом всё ещё сохраняет свой вход, kept[i]: он освобождает "
+                     "saved[i] - kept[i], а не saved[i].") if forgot else ""
             return Verdict.wrong(tr(
                 f"budget {size(budget)}: with blocks {which} checkpointed the blocks still saved "
-                f"{size(blocks)} for backward (measured), over the budget",
+                f"{size(blocks)} for backward (measured), over the budget.",
                 f"бюджет {size(budget)}: с чекпоинтингом блоков {which} блоки всё ещё сохранили для backward "
-                f"{size(blocks)} (измерено), больше бюджета"))
+                f"{size(blocks)} (измерено), больше бюджета.") + why)
         need = _fewest(saved, kept, budget)
         if recomputed > need:
             return Verdict.wrong(tr(
                 f"budget {size(budget)}: fits ({size(blocks)}), but backward recomputed {num(recomputed)} blocks' "
-                f"forward; {num(need)} would have been enough",
+                f"forward; {num(need)} would have been enough.",
                 f"бюджет {size(budget)}: помещается ({size(blocks)}), но backward пересчитал forward "
-                f"{num(recomputed)} блоков; хватило бы {num(need)}"))
+                f"{num(recomputed)} блоков; хватило бы {num(need)}.") + _why_too_many(which, saved, kept, budget))
     return Verdict.right(tr(
         f"{num(len(_budget_cases(saved, kept)))} budgets: each within budget, measured, with the fewest recomputations.",
         f"{num(len(_budget_cases(saved, kept)))} бюджетов: каждый соблюдён (измерено), пересчётов меньше некуда."))
@@ -214,8 +285,43 @@ CLUSTER_CASES = [
 ]
 
 
+def _hides(tokens, params, flops, gather) -> bool:
+    """Does a unit's forward on `tokens` tokens per GPU last as long as the AllGather (to rounding)?"""
+    return 2 * params * tokens / flops >= gather * (1 - 1e-9)
+
+
+def _why_tokens(tokens, case) -> str:
+    """What a wrong answer probably did, when it is what a known mistake gives (never the answer)."""
+    _, params, pbytes, cluster, flops = case
+    hints = (
+        (_no_alpha, tr(" Your AllGather leaves out the latency: a ring of n ranks takes n - 1 steps, each "
+                       "paying alpha.",
+                       " В вашем AllGather нет задержки: кольцо из n рангов делает n - 1 шагов, и каждый "
+                       "платит alpha.")),
+        (_whole_unit_per_rank, tr(" A rank already holds 1/n of the unit: the ring brings it (n - 1)/n of S.",
+                                  " Ранг уже хранит 1/n юнита: кольцо доставляет ему (n - 1)/n от S.")),
+        (_six_flops, tr(" Only the forward of the unit before (2 FLOPs per parameter per token) runs while "
+                        "the AllGather is in flight, not a whole step's 6.",
+                        " Пока идёт AllGather, выполняется только forward предыдущего юнита (2 FLOP на "
+                        "параметр на токен), а не все 6 FLOP шага.")),
+        (_always_nvlink, tr(" FULL_SHARD's ring spans the whole cluster: across nodes it waits for the "
+                            "network between them (cluster.link(True)), not NVLink.",
+                            " Кольцо FULL_SHARD охватывает весь кластер: между узлами оно ждёт сеть "
+                            "(cluster.link(True)), а не NVLink.")),
+        (_two_percent_high, tr(" No safety margin: the answer is the smallest whole number that hides it.",
+                               " Без запаса: ответ — наименьшее целое число токенов, которое его прячет.")),
+    )
+    if tokens != math.ceil(tokens):
+        return tr(" Tokens come whole: round up.", " Токены бывают только целыми: округлите вверх.")
+    for mistake, hint in hints:
+        if tokens == mistake(params, pbytes, cluster, flops) != tokens_to_hide(params, pbytes, cluster, flops):
+            return hint
+    return ""
+
+
 def _judge_tokens(fn) -> Verdict:
-    for name, params, pbytes, cluster, flops in CLUSTER_CASES:
+    for case in CLUSTER_CASES:
+        name, params, pbytes, cluster, flops = case
         tokens = fn(params, pbytes, cluster, flops)
         if not isinstance(tokens, (int, float)) or isinstance(tokens, bool) or not tokens > 0:
             return Verdict.wrong(tr(f"{name}: expected a positive number of tokens, got {tokens!r}",
@@ -223,23 +329,23 @@ def _judge_tokens(fn) -> Verdict:
         alpha, bandwidth = cluster.link(cluster.nodes > 1)
         gather = ring_all_gather(params * pbytes, cluster.world_size, alpha, bandwidth)
         forward = 2 * params * tokens / flops
-        if forward < gather * (1 - 1e-9):
+        if not _hides(tokens, params, flops, gather):
             return Verdict.wrong(tr(
                 f"{name}: at {num(tokens, 0)} tokens per GPU a unit's forward takes {num(forward * 1e3, 3)} ms, "
-                f"but the next unit's AllGather takes {num(gather * 1e3, 3)} ms: it does not hide",
+                f"but the next unit's AllGather takes {num(gather * 1e3, 3)} ms: it does not hide.",
                 f"{name}: при {num(tokens, 0)} токенах на GPU forward юнита идёт {num(forward * 1e3, 3)} мс, "
-                f"а AllGather следующего — {num(gather * 1e3, 3)} мс: он не прячется"))
-        if 2 * params * tokens * 0.98 / flops >= gather:
+                f"а AllGather следующего — {num(gather * 1e3, 3)} мс: он не прячется.") + _why_tokens(tokens, case))
+        if _hides(tokens - 1, params, flops, gather):
             return Verdict.wrong(tr(
                 f"{name}: {num(tokens, 0)} tokens per GPU hide the AllGather ({num(gather * 1e3, 3)} ms), but so "
-                f"would 2 % fewer: more tokens than needed",
+                f"would one token fewer: more tokens than needed.",
                 f"{name}: {num(tokens, 0)} токенов на GPU прячут AllGather ({num(gather * 1e3, 3)} мс), но "
-                f"спрятали бы и на 2 % меньше: токенов больше, чем нужно"))
-    return Verdict.right(tr(f"{num(len(CLUSTER_CASES))} clusters: each AllGather hides, and no sooner.",
-                            f"{num(len(CLUSTER_CASES))} кластеров: каждый AllGather прячется, и не раньше."))
+                f"спрятал бы и на один токен меньше: токенов больше, чем нужно.") + _why_tokens(tokens, case))
+    return Verdict.right(tr(f"{num(len(CLUSTER_CASES))} clusters: each AllGather hides, and not one token sooner.",
+                            f"{num(len(CLUSTER_CASES))} кластеров: каждый AllGather прячется, и ни токеном раньше."))
 
 
 CHOOSE_CHECKPOINTED = CodeExercise("11.choose_checkpointed", _judge_checkpointed, choose_checkpointed,
-                                   (_in_order, _forgets_kept, _every_block))
+                                   (_in_order, _forgets_kept, _sorts_by_saved, _every_block))
 TOKENS_TO_HIDE = CodeExercise("11.tokens_to_hide", _judge_tokens, tokens_to_hide,
-                              (_no_alpha, _whole_unit_per_rank, _six_flops, _always_nvlink))
+                              (_no_alpha, _whole_unit_per_rank, _six_flops, _always_nvlink, _two_percent_high))

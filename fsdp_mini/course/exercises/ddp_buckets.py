@@ -183,12 +183,15 @@ def _sgd(params):
 @dataclass(frozen=True)
 class RankResult:
     """One rank's training: its final weights, the gradients after the first step's synchronisation,
-    and per step the collectives CommLog saw complete (op, bytes)."""
+    per step the collectives CommLog saw complete (op, bytes), this rank's own first gradients and how
+    far its first step moved the weights."""
 
     state: dict | None
     first_grads: dict | None = None
     steps: tuple[tuple[tuple[str, int], ...], ...] = ()
     not_yet: bool = False
+    own_grads: dict | None = None  # this rank's own gradients at the first step, before any averaging
+    first_step: dict | None = None  # how far the first optimizer step moved each weight
 
 
 @functools.cache
@@ -201,6 +204,23 @@ def one_process() -> tuple[dict, dict]:
     model.zero_grad()
     train(model, _sgd(model.parameters()), CFG, STEPS, BATCH, shard_batch=False)
     return model.state_dict(), first
+
+
+@functools.cache
+def one_process_first_step() -> dict:
+    """How far one process's first SGD step on the whole batch moves each weight."""
+    model = GPT(CFG)
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    train(model, _sgd(model.parameters()), CFG, 1, BATCH, shard_batch=False)
+    return {n: p.detach() - start[n] for n, p in model.named_parameters()}
+
+
+def _own_gradients(x, y) -> dict:
+    """This rank's gradients on its own rows, from a fresh (seeded, so identical) model: what p.grad holds
+    before any averaging."""
+    model = GPT(CFG)
+    model(x, y).backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
 def _rows(step: int):
@@ -217,6 +237,7 @@ def _bucketed_run(hook, finish) -> RankResult:
         for p in ps:
             p.register_post_accumulate_grad_hook(lambda param: hook(b, param))
     opt, steps, first = _sgd(model.parameters()), [], None
+    own = _own_gradients(*_rows(0))
     try:
         for step in range(STEPS):
             x, y = _rows(step)
@@ -231,12 +252,13 @@ def _bucketed_run(hook, finish) -> RankResult:
             opt.zero_grad()
     except NotImplementedError:
         return RankResult(None, not_yet=True)
-    return RankResult(model.state_dict(), first, tuple(steps))
+    return RankResult(model.state_dict(), first, tuple(steps), own_grads=own)
 
 
 def _accumulate_run(fn) -> RankResult:
     model = DistributedDataParallel(GPT(CFG), bucket_cap_mb=CAP_MB)
-    opt, steps = _sgd(model.parameters()), []
+    opt, steps, moved = _sgd(model.parameters()), [], None
+    start = {n: p.detach().clone() for n, p in model.module.named_parameters()}
     try:
         for step in range(STEPS):
             x, y = _rows(step)
@@ -244,9 +266,11 @@ def _accumulate_run(fn) -> RankResult:
             with CommLog() as log:
                 fn(model, opt, micro)
             steps.append(tuple((r.op, r.nbytes) for r in log.records))
+            if moved is None:
+                moved = {n: p.detach() - start[n] for n, p in model.module.named_parameters()}
     except NotImplementedError:
         return RankResult(None, not_yet=True)
-    return RankResult(model.module.state_dict(), None, tuple(steps))
+    return RankResult(model.module.state_dict(), None, tuple(steps), first_step=moved)
 
 
 def _on_ranks(run, args, world: int) -> list[RankResult]:
@@ -262,7 +286,9 @@ def _expected_collectives() -> tuple[int, int]:
     return len(plan_buckets(model, CAP_MB)), 4 * sum(p.numel() for p in model.parameters())
 
 
-def _comm_problem(result: RankResult, world: int, rank: int, what: str) -> str:
+def _comm_problem(result: RankResult, world: int, rank: int, what: str, count_hint=None) -> str:
+    """"" when every step saw one AllReduce per bucket carrying the model's gradient bytes, else what it saw;
+    `count_hint(calls, buckets)` says what a wrong number of calls means in this exercise."""
     buckets, nbytes = _expected_collectives()
     for step, seen in enumerate(result.steps, 1):
         ops = sorted({op for op, _ in seen})
@@ -271,10 +297,11 @@ def _comm_problem(result: RankResult, world: int, rank: int, what: str) -> str:
             return tr(f"world {world}, rank {rank}, step {step}: DDP only needs AllReduces, CommLog saw {ops}",
                       f"мир из {world}, ранг {rank}, шаг {step}: DDP нужны только AllReduce, CommLog увидел {ops}")
         if len(seen) != buckets:
+            hint = count_hint(len(seen), buckets) if count_hint else ""
             return tr(f"world {world}, rank {rank}, step {step}: {what}, CommLog saw {len(seen)} completed "
-                      f"AllReduce calls for {buckets} buckets",
+                      f"AllReduce calls for {buckets} buckets{hint}",
                       f"мир из {world}, ранг {rank}, шаг {step}: {what} CommLog увидел завершённых вызовов "
-                      f"AllReduce: {len(seen)}, а бакетов {buckets}")
+                      f"AllReduce: {len(seen)}, а бакетов {buckets}{hint}")
         if total != nbytes:
             return tr(f"world {world}, rank {rank}, step {step}: the AllReduces carried {num(total)} B, the model's "
                       f"gradients are {num(nbytes)} B",
@@ -288,13 +315,27 @@ def _parity_problem(result: RankResult, world: int, rank: int) -> str:
     if result.first_grads is not None:
         for name, g in result.first_grads.items():
             if not torch.allclose(g, first[name], rtol=1e-5, atol=1e-6):
-                hint = (tr(f" ({num(float(world), 1)} times the average: the ranks' gradients were summed)",
-                           f" (в {num(float(world), 1)} раза больше среднего: градиенты рангов сложены)")
-                        if summed_not_averaged(g, first[name], world) else "")
+                hint = (tr(f" ({num(float(world), 1)} times the average: the ranks' gradients were summed; an "
+                           f"AllReduce sums unless asked to average, and fsdp_mini's AVG divides in work.wait())",
+                           f" (в {num(float(world), 1)} раза больше среднего: градиенты рангов сложены; AllReduce "
+                           f"суммирует, если не попросить усреднить, а AVG в fsdp_mini делит в work.wait())")
+                        if summed_not_averaged(g, first[name], world) else _first_grad_hint(result, name))
                 return tr(f"world {world}, rank {rank}: after the first backward, the gradient of {name} is not the "
                           f"whole batch's gradient{hint}",
                           f"мир из {world}, ранг {rank}: после первого backward градиент {name} не равен градиенту "
                           f"всего батча{hint}")
+    if result.first_step is not None:
+        moved, due = (torch.cat([d[n].reshape(-1) for n in sorted(result.first_step)])
+                      for d in (result.first_step, one_process_first_step()))
+        if not torch.allclose(moved, due, rtol=1e-4, atol=1e-7):
+            hint = (tr(f" ({num(moved.norm().item() / due.norm().item(), 1)} times as far: the {MICRO} "
+                       f"micro-batches' gradients were added up, not averaged)",
+                       f" (в {num(moved.norm().item() / due.norm().item(), 1)} раза дальше: градиенты {MICRO} "
+                       f"микробатчей сложены, а не усреднены)") if summed_not_averaged(moved, due, MICRO) else "")
+            return tr(f"world {world}, rank {rank}: the first optimizer step moved the weights differently from one "
+                      f"process's first step on the whole batch{hint}",
+                      f"мир из {world}, ранг {rank}: первый шаг оптимизатора сдвинул веса не так, как первый шаг "
+                      f"одного процесса на всём батче{hint}")
     for name, w in want.items():
         if not torch.allclose(result.state[name], w, rtol=1e-5, atol=1e-6):
             gap = (result.state[name] - w).abs().max().item()
@@ -305,10 +346,27 @@ def _parity_problem(result: RankResult, world: int, rank: int) -> str:
     return ""
 
 
-def _judge(run, args, what: str) -> Verdict:
+def _first_grad_hint(result: RankResult, name: str) -> str:
+    """Why a first gradient is wrong, when it is still the rank's own or holds other parameters' averages."""
+    if result.own_grads is not None and torch.allclose(result.first_grads[name], result.own_grads[name]):
+        return tr(" (it is still this rank's own gradient: the average never reached p.grad)",
+                  " (это всё ещё собственный градиент ранга: среднее так и не попало в p.grad)")
+    _, first = one_process()
+    names = next(b.names for b in plan_buckets(GPT(CFG), CAP_MB) if name in b.names)
+    got, due = (torch.cat([g[n].reshape(-1) for n in names]) for g in (result.first_grads, first))
+    if torch.allclose(got.sort().values, due.sort().values, rtol=1e-5, atol=1e-6):
+        return tr(" (its bucket holds the right averages, but in the wrong parameters: the flat buffer was cut in "
+                  "another order than the one it was filled in)",
+                  " (в его бакете верные средние, но не в тех параметрах: плоский буфер разрезан не в том порядке, "
+                  "в каком его заполняли)")
+    return ""
+
+
+def _judge(run, args, what: str, count_hint=None) -> Verdict:
     for world in WORLDS:
         for rank, result in enumerate(_on_ranks(run, args, world)):
-            problem = _comm_problem(result, world, rank, what) or _parity_problem(result, world, rank)
+            problem = (_comm_problem(result, world, rank, what, count_hint)
+                       or _parity_problem(result, world, rank))
             if problem:
                 return Verdict.wrong(problem)
     return Verdict.right(tr("At worlds 2, 3 and 4 every rank trains like one process, with one AllReduce per "
@@ -317,17 +375,45 @@ def _judge(run, args, what: str) -> Verdict:
                             "AllReduce на бакет за шаг."))
 
 
+def _hook_calls(calls: int, buckets: int) -> str:
+    if calls == len(list(GPT(CFG).parameters())):
+        return tr(": one AllReduce per parameter, where a bucket's gradients go in one AllReduce",
+                  ": по AllReduce на каждый параметр, а градиенты бакета должны уходить одним AllReduce")
+    if 0 < calls < buckets:
+        return tr(": some buckets were never sent", ": часть бакетов так и не отправлена")
+    return ""
+
+
+def _finish_calls(calls: int, buckets: int) -> str:
+    if calls < buckets:
+        return tr(" (CommLog counts an AllReduce as completed once its work.wait() has returned)",
+                  " (CommLog считает AllReduce завершённым, когда вернулся его work.wait())")
+    return ""
+
+
+def _accumulate_calls(calls: int, buckets: int) -> str:
+    if calls == MICRO * buckets:
+        return tr(f": every bucket was AllReduced after each of the {MICRO} backwards, not once per step",
+                  f": каждый бакет прошёл AllReduce после каждого из {MICRO} backward, а не раз за шаг")
+    if calls == 0:
+        return tr(": every backward ran inside no_sync(), so no gradient was ever averaged across the ranks",
+                  ": все backward прошли внутри no_sync(), и градиенты так и не усреднились между рангами")
+    return ""
+
+
 def _judge_hook(fn) -> Verdict:
-    return _judge(_bucketed_run, (fn, finish_backward), tr("by the end of backward", "к концу backward"))
+    return _judge(_bucketed_run, (fn, finish_backward), tr("by the end of backward", "к концу backward"),
+                  _hook_calls)
 
 
 def _judge_finish(fn) -> Verdict:
-    return _judge(_bucketed_run, (on_grad_ready, fn), tr("before the optimizer step", "до шага оптимизатора"))
+    return _judge(_bucketed_run, (on_grad_ready, fn), tr("before the optimizer step", "до шага оптимизатора"),
+                  _finish_calls)
 
 
 def _judge_accumulate(fn) -> Verdict:
     return _judge(_accumulate_run, (fn,), tr(f"in one step of {MICRO} micro-batches",
-                                             f"за один шаг из {MICRO} микробатчей"))
+                                             f"за один шаг из {MICRO} микробатчей"), _accumulate_calls)
 
 
 BUCKET_HOOK = CodeExercise("03.on_grad_ready", _judge_hook, on_grad_ready,

@@ -5,7 +5,9 @@
    real runs: the judge launches ranks that issue a training step's pattern of collectives with one
    planted failure each (a unit skipped, a tensor not padded, a step fewer, a collective on rank 0 only,
    subgroups that legitimately issue different numbers of collectives), the odd rank and the place drawn
-   from a fixed seed; the expected answer is read from the library's own verdict (`find_divergence`).
+   from a fixed seed, then two hand-made ties (between the two ranks of a pair; between two groups at the
+   same number); the expected answer is read from the library's own verdict (`find_divergence`), whose
+   tie rules the lesson states.
 2. `hidden(model, idx)`: a forward with data-dependent control flow (a block for rows that hold a rare
    token) rewritten so that every rank issues the same collectives. Judged on 2, 3 and 4 real ranks under
    a short timeout, where some ranks hold no rare row: no hang, and the losses of two SGD steps equal one
@@ -58,14 +60,29 @@ def first_divergence(records: dict[int, list[Entry]]) -> tuple[int, int] | None:
             what = {r: by_seq[r][seq].signature() if seq in by_seq[r] else None for r in group}
             counts = Counter(what.values())
             if len(counts) > 1:
-                # the rank the fewest agree with
-                odd = min(group, key=lambda r: (counts[what[r]], r))
-                found.append((seq, odd))
+                # the rank the fewest agree with; on a tie, one that issued something, then the lowest
+                odd = min(group, key=lambda r: (counts[what[r]], what[r] is None, r))
+                found.append((seq, -len(group), odd))
                 break
     if not found:
         return None
-    seq, rank = min(found)
+    seq, _, rank = min(found)  # the lowest number; on a tie, the larger group, then the lower rank
     return rank, seq
+
+
+def _divergence_ties_by_rank(records):
+    """Right on every recorded run, but breaks ties by the lowest rank alone: between ranks it may name
+    one that issued nothing, across groups it may pick the smaller group's divergence."""
+    found = []
+    for group in {e.group for entries in records.values() for e in entries}:
+        by_seq = {r: {e.seq: e for e in records.get(r, []) if e.group == group} for r in group}
+        for seq in range(1, max(max(s, default=0) for s in by_seq.values()) + 1):
+            what = {r: by_seq[r][seq].signature() if seq in by_seq[r] else None for r in group}
+            counts = Counter(what.values())
+            if len(counts) > 1:
+                found.append((seq, min(group, key=lambda r: (counts[what[r]], r))))
+                break
+    return (min(found)[1], min(found)[0]) if found else None
 
 
 def _divergence_by_op_only(records):
@@ -165,6 +182,10 @@ def _subgroups(world, pair, odd, k):
 # name -> (what happened, in both languages; the function each rank runs; the choices of (odd, k))
 SCENARIOS = {
     "agree": (("two ranks that agree", "два согласных ранга"), None, ((), ())),
+    "tie in a pair": (("two ranks tie: one issued #2, the other nothing", "ничья двух рангов: один выдал #2, "
+                       "другой ничего"), None, ((), ())),
+    "tie across groups": (("a pair and the world diverge at the same number", "пара и весь мир расходятся на "
+                           "одном номере"), None, ((), ())),
     "healthy": (("every rank the same", "все ранги одинаково"), _healthy, (range(WORLD), [0])),
     "skipped unit": (("a unit skipped on one rank", "юнит пропущен на одном ранге"), _skipped_unit,
                      (range(WORLD), range(UNITS))),
@@ -237,8 +258,47 @@ def _probe() -> dict[int, list[Entry]]:
     return {0: [entry], 1: [entry]}
 
 
+def _tie_in_a_pair() -> dict[int, list[Entry]]:
+    """Two ranks, one collective in common; then rank 1 issues a second one that rank 0 never issues:
+    one rank on each side of the tie, and the rank to name is the one that issued something."""
+    first = Entry(1, "all_reduce", (0, 1), ((4,),), "float32", "", "", True)
+    return {0: [first], 1: [first, Entry(2, "all_gather", (0, 1), ((8,),), "float32", "blocks.0", "forward")]}
+
+
+def _tie_across_groups() -> dict[int, list[Entry]]:
+    """Both the pair (0, 1) and the whole world diverge at #2: the world's divergence (rank 3 gathers
+    another unit) is the one to report, not the pair's (rank 1 issued nothing)."""
+    world, pair = (0, 1, 2, 3), (0, 1)
+
+    def gather(seq, unit):
+        return Entry(seq, "all_gather", world, ((8,),), "float32", unit, "forward", True)
+
+    def sync(seq):
+        return Entry(seq, "all_reduce", pair, ((1,),), "float32", "", "", True)
+
+    records = {r: [gather(1, "blocks.0"), gather(2, "blocks.3" if r == 3 else "blocks.1")] for r in world}
+    records[0] += [sync(1), sync(2)]
+    records[1] += [sync(1)]
+    return records
+
+
+# hand-made records judged after the recorded runs: (name, records, what to check when only the rank is wrong)
+TIES = (
+    ("tie in a pair", _tie_in_a_pair,
+     ("the counts tie there (one rank each way): name the rank that issued a collective, not the one that "
+      "issued none",
+      "там ничья (по одному рангу с каждой стороны): назовите ранг, который выдал операцию, а не тот, что "
+      "не выдал ничего")),
+    ("tie across groups", _tie_across_groups,
+     ("two groups diverge at the same number: report the divergence in the larger group",
+      "две группы расходятся на одном номере: сообщите о расхождении в большей группе")),
+)
+
+
 def _judge_divergence(fn) -> Verdict:
-    for name, records in (("agree", _probe()),) + recorded_runs():
+    hints = {name: hint for name, _, hint in TIES}
+    ties = tuple((name, make()) for name, make, _ in TIES)
+    for name, records in (("agree", _probe()),) + recorded_runs() + ties:
         label = tr(SCENARIOS[name][0][0], SCENARIOS[name][0][1])
         expected = library_verdict(records)
         got = fn({r: list(es) for r, es in records.items()})
@@ -263,14 +323,19 @@ def _judge_divergence(fn) -> Verdict:
                                     "(compare entries with the same sequence number in the same group)",
                                     f"{run} на #{seq} все участники каждой группы выдали одну и ту же коллективную "
                                     "операцию (сравнивайте записи с одним номером в одной группе)"))
-        return Verdict.wrong(tr(f"{run} the place #{seq} is right, but rank {rank} is not the one that went its own way",
-                                f"{run} место #{seq} верное, но ранг {rank} не тот, что пошёл своим путём"))
-    return Verdict.right(tr(f"({num(len(recorded_runs()))} recorded runs on {WORLD} ranks)",
-                            f"({num(len(recorded_runs()))} записанных прогонов на {WORLD} рангах)"))
+        hint = tr(f": {hints[name][0]}", f": {hints[name][1]}") if name in hints else ""
+        return Verdict.wrong(tr(f"{run} the place #{seq} is right, but rank {rank} is not the one that went its own way"
+                                + hint,
+                                f"{run} место #{seq} верное, но ранг {rank} не тот, что пошёл своим путём" + hint))
+    return Verdict.right(tr(f"({num(len(recorded_runs()))} recorded runs on {WORLD} ranks and "
+                            f"{num(len(TIES))} hand-made ties)",
+                            f"({num(len(recorded_runs()))} записанных прогонов на {WORLD} рангах и "
+                            f"{num(len(TIES))} ничьи, составленные вручную)"))
 
 
 FIRST_DIVERGENCE = CodeExercise("10.first_divergence", _judge_divergence, first_divergence,
-                                (_divergence_by_op_only, _divergence_by_list_index, _divergence_against_rank0))
+                                (_divergence_by_op_only, _divergence_by_list_index, _divergence_against_rank0,
+                                 _divergence_ties_by_rank))
 
 
 # --- exercise 2: the same collectives on every rank ----------------------------------------------------

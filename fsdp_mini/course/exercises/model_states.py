@@ -20,6 +20,7 @@ from fsdp_mini.course.exercise import CodeExercise, Verdict
 from fsdp_mini.course.language import num, tr
 from fsdp_mini.course.models import GPT, GPTConfig, make_batch
 from fsdp_mini.memory import estimate_memory, optimizer_state_bytes, tensor_bytes
+from fsdp_mini.strategy import sharded_states
 
 __all__ = ["MODEL_STATE_BYTES", "BYTES_PER_RANK", "model_state_bytes", "bytes_per_rank", "STRATEGIES", "CASES"]
 
@@ -73,6 +74,13 @@ def _count_elements(model, optimizer):
     return {"params": sum(p.numel() for p in params),  # elements, not bytes
             "grads": sum(p.grad.numel() for p in params if p.grad is not None),
             "optimizer": sum(t.numel() for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t))}
+
+
+def _count_frozen_grads(model, optimizer):
+    counted = model_state_bytes(model, optimizer)
+    # a gradient's bytes for every parameter, frozen ones too (they have none)
+    counted["grads"] = sum(p.numel() * p.element_size() for p in model.parameters())
+    return counted
 
 
 def _forget_step_counter(model, optimizer):
@@ -151,6 +159,37 @@ def _not_a_dict(got) -> str:
     return ""
 
 
+def _what_went_wrong(model, opt, state: str, got: int, want: int) -> str:
+    """The mistake behind a wrong count, when it is one of the usual ones ("" otherwise)."""
+    params = list(model.parameters())
+    named_twice = [p for _, p in model.named_parameters(remove_duplicate=False)]
+    frozen = [p for p in params if p.grad is None]
+    tensors = {"params": params, "grads": [p.grad for p in params if p.grad is not None],
+               "optimizer": [t for s in opt.state.values() for t in s.values() if torch.is_tensor(t)]}[state]
+    if sum(t.numel() for t in tensors) == got and got != want:
+        return tr(" (that is the number of elements: a tensor's bytes are its elements times element_size())",
+                  " (это число элементов: байты тензора — это его элементы, умноженные на element_size())")
+    if state in ("params", "grads") and len(named_twice) > len(params):
+        twice = sum(p.numel() * p.element_size() for p in named_twice if state == "params" or p.grad is not None)
+        if got == twice:
+            return tr(" (the tied head's weight is the token embedding's tensor: you counted it twice)",
+                      " (вес связанной головы — это тот же тензор, что и эмбеддинг токенов: вы посчитали его "
+                      "дважды)")
+    if state == "grads" and frozen and got == want + sum(p.numel() * p.element_size() for p in frozen):
+        return tr(" (you counted a gradient for the frozen parameter too; it has none)",
+                  " (вы посчитали градиент и для замороженного параметра; у него градиента нет)")
+    steps = [s["step"] for s in opt.state.values() if torch.is_tensor(s.get("step"))]
+    if state == "optimizer" and got == want - sum(t.numel() * t.element_size() for t in steps):
+        return tr(" (Adam's step counters are missing: one 4-byte tensor per optimized parameter)",
+                  " (не хватает счётчиков шагов Adam: по 4-байтному тензору на каждый оптимизируемый параметр)")
+    if state == "optimizer" and frozen and got > want:
+        return tr(" (the frozen parameter has no optimizer state: AdamW allocates it only for a parameter that "
+                  "gets a gradient)",
+                  " (у замороженного параметра нет состояния оптимизатора: AdamW выделяет его только для "
+                  "параметра, который получает градиент)")
+    return ""
+
+
 def _judge_model_state_bytes(fn) -> Verdict:
     for label, model, opt in _trial_models():
         params = list(model.parameters())
@@ -162,15 +201,45 @@ def _judge_model_state_bytes(fn) -> Verdict:
         for state in STATES:
             if got[state] != want[state]:
                 more = got[state] > want[state]
+                why = _what_went_wrong(model, opt, state, got[state], want[state])
                 return Verdict.wrong(tr(
                     f"{label}: you counted {num(got[state])} B of {_names(state)}, "
-                    f"{'more' if more else 'less'} than its tensors really hold",
+                    f"{'more' if more else 'less'} than its tensors really hold{why}",
                     f"{label}: вы насчитали {num(got[state])} Б {_names(state)}, "
-                    f"{'больше' if more else 'меньше'}, чем на самом деле занимают его тензоры"))
+                    f"{'больше' if more else 'меньше'}, чем на самом деле занимают его тензоры{why}"))
     return Verdict.right(tr("On all three models (tied weights, bf16 with a frozen parameter, a float64 MLP) your "
                             "counts match the bytes of the tensors themselves.",
                             "На всех трёх моделях (связанные веса, bf16 с замороженным параметром, MLP во float64) "
                             "ваши подсчёты совпадают с байтами самих тензоров."))
+
+
+_PER_ELEMENT = {"params": 2, "grads": 2, "optimizer": 12}
+
+
+def _what_per_rank_went_wrong(num_params: int, world: int, strategy: str, state: str, got: int) -> str:
+    """The mistake behind a wrong per-rank count, when it is one of the usual ones ("" otherwise)."""
+    sharded = state in sharded_states(strategy)
+    b, ceil, floor = _PER_ELEMENT[state], -(-num_params // world), num_params // world
+    if sharded and got == floor * b and floor != ceil:
+        return tr(f" (a share of {num(num_params)} // {world} = {num(floor)} elements: {world} such shards hold "
+                  f"{num(world * floor)}, and the remaining parameters ({num_params - world * floor}) belong to "
+                  f"no rank)",
+                  f" (доля {num(num_params)} // {world} = {num(floor)} элементов: {world} таких шардов вмещают "
+                  f"{num(world * floor)}, а оставшиеся параметры ({num_params - world * floor}) не достаются ни "
+                  f"одному рангу)")
+    what, it = {"params": ("параметры", "их"), "grads": ("градиенты", "их"),
+                "optimizer": ("состояние оптимизатора", "его")}[state]
+    if world > 1 and not sharded and got in (ceil * b, floor * b):
+        return tr(f" (you sharded the {_names(state)}, which {strategy} keeps whole on every rank)",
+                  f" (вы шардировали {what}, а {strategy} хранит {it} целиком на каждом ранге)")
+    if world > 1 and sharded and got == num_params * b:
+        return tr(f" (you kept the {_names(state)} whole, which {strategy} shards)",
+                  f" (вы храните {what} целиком, а {strategy} {it} шардирует)")
+    elements = ceil if sharded else num_params
+    if elements and got % elements == 0 and got // elements != b:
+        return tr(f" ({got // elements} B per element of {_names(state)}; mixed-precision Adam keeps {b})",
+                  f" ({got // elements} Б на элемент {_names(state)}; Adam в смешанной точности хранит {b})")
+    return ""
 
 
 def _judge_bytes_per_rank(fn) -> Verdict:
@@ -183,17 +252,18 @@ def _judge_bytes_per_rank(fn) -> Verdict:
             want = getattr(est, state)
             if got[state] != want:
                 more = got[state] > want
+                why = _what_per_rank_went_wrong(num_params, world, strategy, state, got[state])
                 return Verdict.wrong(tr(
                     f"{strategy}, {num(num_params)} parameters over {world} ranks: {num(got[state])} B of "
-                    f"{_names(state)} per rank is {'more' if more else 'less'} than a rank holds",
+                    f"{_names(state)} per rank is {'more' if more else 'less'} than a rank holds{why}",
                     f"{strategy}, {num(num_params)} параметров на {world} рангах: {num(got[state])} Б "
-                    f"{_names(state)} на ранг — {'больше' if more else 'меньше'}, чем хранит ранг"))
+                    f"{_names(state)} на ранг — {'больше' if more else 'меньше'}, чем хранит ранг{why}"))
     return Verdict.right(tr(f"All {len(CASES)} cases match estimate_memory, state by state.",
                             f"Все {len(CASES)} случая совпадают с estimate_memory по каждому состоянию."))
 
 
 MODEL_STATE_BYTES = CodeExercise("00.model_state_bytes", _judge_model_state_bytes, model_state_bytes,
-                                 (_count_tied_twice, _count_elements, _forget_step_counter,
+                                 (_count_tied_twice, _count_elements, _count_frozen_grads, _forget_step_counter,
                                   _optimizer_from_the_formula))
 BYTES_PER_RANK = CodeExercise("00.bytes_per_rank", _judge_bytes_per_rank, bytes_per_rank,
                               (_shard_by_floor, _zero1_shards_grads, _no_master_copy))

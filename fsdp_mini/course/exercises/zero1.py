@@ -25,7 +25,7 @@ import torch.nn as nn
 
 from fsdp_mini import collectives as C
 from fsdp_mini.comm_log import CommLog
-from fsdp_mini.course.exercise import CodeExercise, NotYet, Verdict
+from fsdp_mini.course.exercise import CodeExercise, NotYet, Verdict, summed_not_averaged
 from fsdp_mini.course.language import num, tr
 from fsdp_mini.course.models import GPT, GPTConfig, make_batch
 from fsdp_mini.course.train import local_rows, train
@@ -91,6 +91,23 @@ def _shard_unequal_slices(params, make_optimizer, group=None):
     return shard, make_optimizer([shard])
 
 
+def _shard_floor_division(params, make_optimizer, group=None):
+    n, rank = dist.get_world_size(group), dist.get_rank(group)
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    size = flat.numel() // n  # floor: n equal slices, but the last numel % n elements are in none of them
+    shard = nn.Parameter(flat[rank * size:(rank + 1) * size].clone())
+    return shard, make_optimizer([shard])
+
+
+def _shard_floor_padding(params, make_optimizer, group=None):
+    n, rank = dist.get_world_size(group), dist.get_rank(group)
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    size = flat.numel() // n  # floor, then "padding" up to n * size: a negative number of zeros
+    flat = torch.cat([flat, flat.new_zeros(n * size - flat.numel())])
+    shard = nn.Parameter(flat[rank * size:(rank + 1) * size].clone())
+    return shard, make_optimizer([shard])
+
+
 def _shard_strided(params, make_optimizer, group=None):
     n, rank = dist.get_world_size(group), dist.get_rank(group)
     flat = torch.cat([p.detach().reshape(-1) for p in params])
@@ -150,17 +167,28 @@ def _copy_back(params, flat):
 @dataclass(frozen=True)
 class RankResult:
     """One rank's training: final weights, its shard's size, its optimizer state bytes after the first
-    step, and per step the collectives CommLog saw (op, bytes)."""
+    step, per step the collectives CommLog saw (op, bytes), what its shard holds and its first gradient."""
 
     state: dict | None
     shard_numel: int = 0
     state_bytes: int = 0
     steps: tuple[tuple[tuple[str, int], ...], ...] = ()
     not_yet: bool = False
+    raised: str = ""  # what the learner's zero1_shard raised, when it asked for negative padding
+    layout: str = "slice"  # what the shard holds: "slice" (the right one), "strided" or "other"
+    first_grad: torch.Tensor | None = None  # shard.grad after the first step's ReduceScatter
 
 
 def _num_params() -> int:
     return sum(p.numel() for p in GPT(TRIAL_CFG).parameters())
+
+
+@functools.cache
+def first_gradient() -> torch.Tensor:
+    """One process's gradient of the whole batch at the first step, flat, in parameter order."""
+    model = GPT(TRIAL_CFG)
+    model(*make_batch(TRIAL_CFG, BATCH, 0)).backward()
+    return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
 
 
 @functools.cache
@@ -178,25 +206,42 @@ def _zero1_run(shard_fn, step_fn, opt_name: str) -> RankResult:
     rank, world = dist.get_rank(), dist.get_world_size()
     model = GPT(TRIAL_CFG)  # seeded: the same weights on every rank, as ZeRO-1 requires
     params = list(model.parameters())
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
     try:
-        shard, opt = shard_fn(params, functools.partial(cls, **kwargs), None)
+        try:
+            shard, opt = shard_fn(params, functools.partial(cls, **kwargs), None)
+            numel, raised = shard.numel(), ""
+        except RuntimeError as e:  # a negative padding: every rank fails alike, so all answer here
+            if "negative dimension" not in str(e):
+                raise
+            numel, raised = -1, f"{type(e).__name__}: {str(e).strip().splitlines()[0]}"
         sizes = [torch.zeros(1, dtype=torch.long) for _ in range(world)]
-        dist.all_gather(sizes, torch.tensor([shard.numel()]))  # outside CommLog: the judge's own question
-        if len({int(t) for t in sizes}) > 1:  # a ReduceScatter could not even start
-            return RankResult(None, shard.numel())
-        steps, state_bytes = [], 0
+        dist.all_gather(sizes, torch.tensor([numel]))  # outside CommLog: the judge's own question
+        if raised or any(int(t) < 0 for t in sizes):
+            return RankResult(None, raised=raised or "RuntimeError")
+        if len({int(t) for t in sizes}) > 1 or numel * world < flat.numel():  # no ReduceScatter could work
+            return RankResult(None, numel)
+        padded = torch.cat([flat, flat.new_zeros(world * numel - flat.numel())])
+        held = shard.detach().reshape(-1)
+        layout = ("slice" if torch.equal(held, padded[rank * numel:(rank + 1) * numel])
+                  else "strided" if torch.equal(held, padded[rank::world]) else "other")
+        if layout != "slice":  # its training would only say "wrong weights"
+            return RankResult(None, numel, layout=layout)
+        steps, state_bytes, first_grad = [], 0, None
         for step in range(STEPS):
             x, y = (local_rows(t, rank, world) for t in make_batch(TRIAL_CFG, BATCH, step))
             model(x, y).backward()
             with CommLog() as log:
                 step_fn(params, shard, opt, None)
             steps.append(tuple((r.op, r.nbytes) for r in log.records))
+            if step == 0 and shard.grad is not None:
+                first_grad = shard.grad.detach().clone()
             state_bytes = state_bytes or optimizer_state_bytes(opt)
             model.zero_grad()
             opt.zero_grad()
     except NotImplementedError:
         return RankResult(None, not_yet=True)
-    return RankResult(model.state_dict(), shard.numel(), state_bytes, tuple(steps))
+    return RankResult(model.state_dict(), numel, state_bytes, tuple(steps), first_grad=first_grad)
 
 
 def _memory_problem(results: list[RankResult], world: int, opt_name: str) -> str:
@@ -206,18 +251,39 @@ def _memory_problem(results: list[RankResult], world: int, opt_name: str) -> str
         return tr(f"world {world}: the shards differ in size across ranks ({sizes} elements), and a ReduceScatter "
                   f"hands every rank an equal slice of the flat buffer",
                   f"мир из {world}: шарды на рангах разного размера ({sizes} элементов), а ReduceScatter выдаёт "
-                  f"каждому рангу равный кусок плоского буфера")
+                  f"каждому рангу равный срез плоского буфера")
     if sizes[0] * world < numel:
-        return tr(f"world {world}: {world} shards of {num(sizes[0])} elements cannot hold {num(numel)} parameters",
-                  f"мир из {world}: {world} шарда по {num(sizes[0])} элементов не вмещают {num(numel)} параметров")
+        floor = tr(f": a share of {num(numel)} // {world} rounds down, and the flat buffer must be padded to a "
+                   f"multiple of {world} that holds every parameter" if sizes[0] == numel // world else "",
+                   f": доля {num(numel)} // {world} округляется вниз, а плоский буфер нужно дополнить паддингом до "
+                   f"кратного {world}, вмещающего все параметры" if sizes[0] == numel // world else "")
+        return tr(f"world {world}: {world} shards of {num(sizes[0])} elements hold {num(world * sizes[0])} of the "
+                  f"{num(numel)} parameters; the remainder, {num(numel - world * sizes[0])}, belongs to no rank{floor}",
+                  f"мир из {world}: {world} шарда по {num(sizes[0])} элементов вмещают {num(world * sizes[0])} из "
+                  f"{num(numel)} параметров; остаток, {num(numel - world * sizes[0])}, не достаётся ни одному "
+                  f"рангу{floor}")
+    for rank, r in enumerate(results):
+        if r.layout != "slice":
+            every = f"{rank}, {rank + world}, {rank + 2 * world}, …"
+            strided = tr(f" (it holds elements {every})", f" (в нём элементы {every})") if r.layout == "strided" else ""
+            return tr(f"world {world}, rank {rank}: your shard does not hold elements {num(rank * sizes[0])} to "
+                      f"{num((rank + 1) * sizes[0] - 1)} of the flat, padded buffer, the slice a ReduceScatter hands "
+                      f"rank {rank}{strided}",
+                      f"мир из {world}, ранг {rank}: в вашем шарде не элементы с {num(rank * sizes[0])} по "
+                      f"{num((rank + 1) * sizes[0] - 1)} плоского буфера с паддингом — а именно этот срез "
+                      f"ReduceScatter выдаёт рангу {rank}{strided}")
     _, full = one_process(opt_name)
     per_element = full / numel
     for rank, r in enumerate(results):
         if r.state_bytes > per_element * sizes[0] + 64:
+            more = (tr(" (more than the whole model's: the optimizer was given more than the shard)",
+                       " (больше, чем у всей модели: оптимизатор получил не только шард)")
+                    if r.state_bytes > full else "")
             return tr(f"world {world}, rank {rank}: {opt_name} holds {num(r.state_bytes)} B of state on this rank, "
-                      f"one process holds {num(full)} B for the whole model: a rank should hold about 1/{world} of it",
+                      f"one process holds {num(full)} B for the whole model: a rank should hold about 1/{world} of "
+                      f"it{more}",
                       f"мир из {world}, ранг {rank}: {opt_name} держит на этом ранге {num(r.state_bytes)} Б состояния, "
-                      f"один процесс на всю модель — {num(full)} Б; рангу положено около 1/{world} этого")
+                      f"один процесс на всю модель — {num(full)} Б; рангу положено около 1/{world} этого{more}")
     return ""
 
 
@@ -240,6 +306,25 @@ def _comm_problem(results: list[RankResult], world: int) -> str:
     return ""
 
 
+def _gradient_problem(results: list[RankResult], world: int, opt_name: str) -> str:
+    full = first_gradient()
+    numel = results[0].shard_numel
+    padded = torch.cat([full, full.new_zeros(world * numel - full.numel())])
+    for rank, r in enumerate(results):
+        want = padded[rank * numel:(rank + 1) * numel]
+        if r.first_grad is None or r.first_grad.shape != want.shape:
+            continue  # the weights' parity says what is wrong
+        if not torch.allclose(r.first_grad, want, rtol=1e-5, atol=1e-6):
+            hint = (tr(f" ({num(float(world), 1)} times the average: a ReduceScatter sums unless asked to average)",
+                       f" (в {num(float(world), 1)} раза больше среднего: ReduceScatter суммирует, если не попросить "
+                       f"усреднить)") if summed_not_averaged(r.first_grad, want, world) else "")
+            return tr(f"world {world}, rank {rank}, {opt_name}: after the first step, shard.grad is not this rank's "
+                      f"slice of the whole batch's gradient{hint}",
+                      f"мир из {world}, ранг {rank}, {opt_name}: после первого шага shard.grad — не срез этого ранга "
+                      f"из градиента всего батча{hint}")
+    return ""
+
+
 def _parity_problem(results: list[RankResult], world: int, opt_name: str) -> str:
     want, _ = one_process(opt_name)
     for rank, r in enumerate(results):
@@ -259,8 +344,17 @@ def _judge(shard_fn, step_fn) -> Verdict:
             results = launch(_zero1_run, world, args=(shard_fn, step_fn, opt_name), timeout=_TIMEOUT_S)
             if any(r.not_yet for r in results):
                 raise NotYet
+            raised = next(((rank, r.raised) for rank, r in enumerate(results) if r.raised), None)
+            if raised:
+                return Verdict.wrong(tr(
+                    f"world {world}, rank {raised[0]}: your function raised {raised[1]}: the padding came out "
+                    f"negative, so {world} shards of your size hold fewer elements than the parameters have (a "
+                    f"share rounded down)",
+                    f"мир из {world}, ранг {raised[0]}: ваша функция выбросила {raised[1]}: паддинг получился "
+                    f"отрицательным, то есть {world} шарда вашего размера вмещают меньше элементов, чем есть "
+                    f"параметров (доля округлена вниз)"))
             problem = (_memory_problem(results, world, opt_name) or _comm_problem(results, world)
-                       or _parity_problem(results, world, opt_name))
+                       or _gradient_problem(results, world, opt_name) or _parity_problem(results, world, opt_name))
             if problem:
                 return Verdict.wrong(problem)
     return Verdict.right(tr("At worlds 2, 3 and 4, with SGD and AdamW, every rank trains like one process, keeps "
@@ -278,6 +372,7 @@ def _judge_step(fn) -> Verdict:
 
 
 ZERO1_SHARD = CodeExercise("04.zero1_shard", _judge_shard, zero1_shard,
-                           (_shard_but_optimize_everything, _shard_unequal_slices, _shard_strided))
+                           (_shard_but_optimize_everything, _shard_unequal_slices, _shard_floor_division,
+                            _shard_floor_padding, _shard_strided))
 ZERO1_STEP = CodeExercise("04.zero1_step", _judge_step, zero1_step,
                           (_step_all_reduce, _step_no_all_gather, _step_sum_not_average))

@@ -39,7 +39,7 @@ def plot_checkpoint_tradeoff(labels: list[str], saved_bytes: list[float], step_m
     left.set_ylabel(tr("MB saved for backward", "МБ, сохранено для backward"))
     left.set_title(tr("Activation memory", "Память активаций"))
     right.bar(labels, step_ms, color=_COLORS["measured"], width=0.6)
-    right.set_ylabel(tr("ms per step (median)", "мс на шаг (медиана)"))
+    right.set_ylabel(tr("ms per step (fastest run)", "мс на шаг (лучший запуск)"))
     right.set_title(tr("Step time (forward + backward)", "Время шага (forward + backward)"))
     for ax in (left, right):
         ax.tick_params(axis="x", labelsize=8)
