@@ -128,13 +128,19 @@ def _unshard_one_gather_per_parameter(chunks, shapes, group=None):
     return fulls
 
 
-def _unshard_parameter_major_copy_out(chunks, shapes, group=None):
-    n = dist.get_world_size(group)
+def _padded_chunks(chunks, shapes, n: int) -> list[torch.Tensor]:
+    """The planted mistakes' copy-in, done right: each chunk padded to ceil(rows / n) rows, flat."""
     padded = []
     for chunk, shape in zip(chunks, shapes):
         piece = chunk.new_zeros((math.ceil(shape[0] / n), *shape[1:]))
         piece[:chunk.shape[0]] = chunk
         padded.append(piece.reshape(-1))
+    return padded
+
+
+def _unshard_parameter_major_copy_out(chunks, shapes, group=None):
+    n = dist.get_world_size(group)
+    padded = _padded_chunks(chunks, shapes, n)
     row = torch.cat(padded)
     gathered = torch.empty(n * row.numel(), dtype=row.dtype)
     C.all_gather_into_tensor(gathered, row, group=group)
@@ -159,11 +165,7 @@ def _unshard_no_padding(chunks, shapes, group=None):
 
 def _unshard_keeps_padding(chunks, shapes, group=None):
     n = dist.get_world_size(group)
-    padded = []
-    for chunk, shape in zip(chunks, shapes):
-        piece = chunk.new_zeros((math.ceil(shape[0] / n), *shape[1:]))
-        piece[:chunk.shape[0]] = chunk
-        padded.append(piece.reshape(-1))
+    padded = _padded_chunks(chunks, shapes, n)
     row = torch.cat(padded)
     gathered = torch.empty((n, row.numel()), dtype=row.dtype)
     C.all_gather_into_tensor(gathered.view(-1), row, group=group)
