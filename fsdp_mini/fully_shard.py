@@ -532,11 +532,16 @@ def _register_state_dict_hooks(state: "FSDPState") -> None:
     for p in group.params:
         module = p.owners[0][0]
         by_module.setdefault(id(module), (module, []))[1].append(p)
+    def adopt(owned: list[FSDPParam]):
+        def hook(_module, _incompatible_keys) -> None:
+            for p in owned:
+                p.reset_sharded_param()
+        return hook
+
     for module, owned in by_module.values():
         module.register_state_dict_pre_hook(to_sharded)
         module.register_load_state_dict_pre_hook(to_sharded)
-        module.register_load_state_dict_post_hook(
-            lambda _module, _keys, owned=owned: [p.reset_sharded_param() for p in owned] and None)
+        module.register_load_state_dict_post_hook(adopt(owned))
 
 
 def register_fsdp_forward_method(module: nn.Module, method_name: str) -> None:
