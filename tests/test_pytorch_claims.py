@@ -42,7 +42,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 )
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
 from torch.distributed.fsdp import fully_shard as torch_fully_shard
-from torch.nn.attention import SDPBackend
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from fsdp_mini import FSDP, CommLog, launch
 from fsdp_mini.course.activations import (
     Checkpointed,
@@ -1901,6 +1901,30 @@ def test_fsdp2_issues_all_gathers_on_streams_of_their_own_at_the_cited_line():
     # Lesson 11, "Measured on this CPU": "FSDP2 issues its AllGathers on streams of their own:
     # get_all_gather_streams in torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py, line 116".
     assert _line(FSDP2 / "_fsdp_param_group.py", 116).strip() == "def get_all_gather_streams("
+
+
+def test_early_stop_skips_recomputing_a_blocks_last_matrix_product():
+    # Lesson 11: "PyTorch's checkpoint (with use_reentrant=False) recomputes less: by default it stops as soon as
+    # it has rebuilt every tensor the block's backward needs" and "the recomputation stops before that last
+    # matrix product" (the MLP's output projection).
+    from torch.utils.flop_counter import FlopCounterMode
+
+    cfg = GPTConfig()
+    x = torch.randn(2, cfg.block_size, cfg.n_embd, requires_grad=True)
+    block = Block(cfg)
+
+    def step(checkpointed, early_stop=True):
+        with tuc.set_checkpoint_early_stop(early_stop), sdpa_kernel(SDPBackend.MATH):
+            with FlopCounterMode(display=False) as counter:
+                y = tuc.checkpoint(block, x, use_reentrant=False) if checkpointed else block(x)
+                y.sum().backward()
+        return counter.get_total_flops()
+
+    plain = step(False)
+    forward = plain // 3  # backward costs two forwards
+    last_projection = 2 * 4 * cfg.n_embd * cfg.n_embd * x.shape[0] * cfg.block_size
+    assert step(True, early_stop=False) == plain + forward
+    assert step(True) == plain + forward - last_projection
 
 
 @pytest.mark.parametrize("early_stop, fired", [(True, 0), (False, 1)])
