@@ -55,9 +55,6 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed._shard.metadata import ShardMetadata
-from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor, ShardedTensorMetadata
-from torch.distributed._shard.sharded_tensor.metadata import TensorProperties
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
@@ -65,7 +62,9 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.tensor import DTensor
 
 from fsdp_mini.fully_shard import FSDPModule
-from fsdp_mini.runtime import local_world_size
+from fsdp_mini.runtime import local_world_size, require_distributed
+from fsdp_mini.torch_internals import (Shard, ShardedTensor, ShardedTensorMetadata, ShardMetadata,
+                                       TensorProperties)
 
 __all__ = ["save_checkpoint", "load_checkpoint", "sharded_state_dict"]
 
@@ -169,8 +168,7 @@ class _HandleBoxes:
 def _check_model(model) -> None:
     if not all(hasattr(model, a) for a in ("handles", "groups", "state_dict_keys", "reshard")):
         raise ValueError(f"expected an fsdp_mini FSDP model, got {type(model).__name__}")
-    if not dist.is_initialized():
-        raise RuntimeError("sharded checkpoints need torch.distributed: run under fsdp_mini.launch or torchrun")
+    require_distributed("a sharded checkpoint")
 
 
 def _device_of(model) -> Callable[[int], str]:

@@ -31,7 +31,7 @@ from fsdp_mini.ring_model import ring_model_sent
 
 __all__ = ["ring_reduce_scatter", "ring_all_gather", "ring_all_reduce", "naive_all_reduce",
            "all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "IMPLS", "SUM", "AVG", "MAX",
-           "check_impl", "release_buffers", "torch_all_gather_into_tensor", "torch_reduce_scatter_tensor"]
+           "check_impl", "torch_all_gather_into_tensor", "torch_reduce_scatter_tensor"]
 
 SUM, AVG, MAX = dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MAX
 IMPLS = ("builtin", "ring")
@@ -141,11 +141,6 @@ def _buffer(slot: int, numel: int, like: torch.Tensor) -> torch.Tensor:
     if buf is None or buf.numel() < numel:
         buf = _scratch[key] = torch.empty(numel, dtype=like.dtype, device=like.device)
     return buf[:numel]
-
-
-def release_buffers() -> None:
-    """Free the ring's scratch buffers (they are kept between calls for speed)."""
-    _scratch.clear()
 
 
 _PIECE_ELEMS = 1 << 20  # 4 MiB of fp32: reduce one piece while the next one is still arriving

@@ -102,17 +102,17 @@ def broadcast_from_rank0(tensors: list[torch.Tensor], group=None) -> None:
 
 
 class GradientSync:
-    """Mixin: `require_gradient_sync` says whether backward communicates gradients; `no_sync()` turns it
+    """Mixin: `requires_gradient_sync` says whether backward communicates gradients; `no_sync()` turns it
     off for a block (gradient accumulation), and the first backward after it reduces everything
     accumulated."""
 
-    require_gradient_sync: bool = True
+    requires_gradient_sync: bool = True
 
     @contextmanager
     def no_sync(self):
         """Accumulate gradients locally, without communication, inside the block."""
-        previous, self.require_gradient_sync = self.require_gradient_sync, False
+        previous, self.requires_gradient_sync = self.requires_gradient_sync, False
         try:
             yield
         finally:
-            self.require_gradient_sync = previous
+            self.requires_gradient_sync = previous

@@ -40,14 +40,14 @@ from dataclasses import dataclass
 from functools import partial
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
 from fsdp_mini import collectives as C
 from fsdp_mini.comm_log import scope
 from fsdp_mini.data_parallel import GradientSync, broadcast_from_rank0, check_same_everywhere
 from fsdp_mini.grad_buckets import MiB, assign_buckets, check_bucket_cap_mb
-from fsdp_mini.runtime import get_device
+from fsdp_mini.runtime import get_device, require_distributed
+from fsdp_mini.torch_internals import queue_after_backward
 
 __all__ = ["DistributedDataParallel", "Bucket", "plan_buckets", "all_reduce_gradients"]
 
@@ -119,9 +119,7 @@ class DistributedDataParallel(GradientSync, nn.Module):
             raise ValueError("module is already wrapped in DistributedDataParallel")
         check_bucket_cap_mb(bucket_cap_mb)
         C.check_impl(impl)
-        if not dist.is_initialized():
-            raise RuntimeError("DistributedDataParallel needs torch.distributed: run under fsdp_mini.launch "
-                               "or torchrun and call fsdp_mini.init() first")
+        require_distributed("DistributedDataParallel")
         # On this rank's device (cuda:LOCAL_RANK under NCCL), as fsdp_mini.FSDP does; torch's DDP expects
         # the caller to have moved the module there.
         self.module = module.to(get_device())
@@ -151,11 +149,11 @@ class DistributedDataParallel(GradientSync, nn.Module):
 
     def _on_grad(self, i: int, j: int, param: torch.Tensor) -> None:
         """Hook: parameter j of bucket i has its gradient. Start every bucket that is now complete."""
-        if not self.require_gradient_sync:
+        if not self.requires_gradient_sync:
             return
         if not self._callback_queued:  # the first gradient of this backward
             self._callback_queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
+            queue_after_backward(self._finish_backward)
         if not self._ready[i][j]:
             self._ready[i][j] = True
             self._missing[i] -= 1

@@ -1,8 +1,12 @@
 """One flat parameter of one FSDP unit: its shard, its gathered buffer, and the three state changes.
 
-    unshard():      shard ──AllGather──▶ padded buffer; the module's parameters are views into it
-    reshard():      free the padded buffer's storage (the views stay, pointing at no memory)
-    reduce_grad():  the views' gradients ──flatten──▶ ReduceScatter (+ AllReduce across replicas) ──▶ shard.grad
+    unshard():       shard ──AllGather──▶ padded buffer; the module's parameters are views into it
+    reshard():       free the padded buffer's storage (the views stay, pointing at no memory)
+    reduce_grads():  the views' gradients ──flatten──▶ ReduceScatter (+ AllReduce across replicas) ──▶ shard.grad
+
+Each has its wait (`wait_for_unshard`, `wait_for_grads`), and the names are FSDP2's
+(`FSDPParamGroup.unshard / wait_for_unshard / reshard / reduce_grads / wait_for_grads`), so the two
+designs read alike.
 
 Under NO_SHARD there is nothing to scatter: the flat gradients go to `GradBuckets` (DDP's buckets) instead.
 
@@ -10,10 +14,9 @@ The shard is the `nn.Parameter` the optimizer sees. The module's original parame
 plain leaf tensors that are views of the padded buffer, created once and reused every step, so autograd
 puts their gradients in `.grad` and gradient accumulation (`no_sync`) works as in a plain module.
 
-Freeing is `untyped_storage().resize_(0)`, not dropping the tensor: autograd saved the views for backward,
-and FULL_SHARD must refill the *same* storage before backward for them to be valid again. Refilling is an
-in-place write, which would bump the views' version counter and make autograd refuse the saved tensors;
-the counter is restored after each gather, as PyTorch's FSDP does, because the values are the same.
+Freeing frees the storage, not the tensor (`fsdp_mini.gathered_storage`, shared with the per-parameter
+design): autograd saved the views for backward, and FULL_SHARD refills the *same* storage before backward
+for them to be valid again, restoring the version counter after the write.
 
 Its states are named (`fsdp_mini.states`: `ShardedState`, `ReduceStage`), as in PyTorch.
 """
@@ -27,11 +30,13 @@ import torch.nn as nn
 from fsdp_mini import collectives as C
 from fsdp_mini.comm_log import scope
 from fsdp_mini.flat_param import FlatLayout, flatten, unflatten_views
+from fsdp_mini.gathered_storage import free_storage, refill_storage, restore_version, version_of
+from fsdp_mini.grad_reduction import GradReduction
 from fsdp_mini.groups import Groups
 from fsdp_mini.memory import MemoryTracker
 from fsdp_mini.states import ReduceStage, ShardedState
 
-__all__ = ["FlatParamHandle", "PendingGather", "PendingReduction"]
+__all__ = ["FlatParamHandle", "PendingGather"]
 
 
 @dataclass
@@ -42,17 +47,6 @@ class PendingGather:
     work: object
     version: int
     source: torch.Tensor
-
-
-@dataclass
-class PendingReduction:
-    """A gradient reduction in flight: its stage, the work to wait for (None if there is none), the
-    gradient shard it writes, and the unsharded flat gradient it reads (None once freed)."""
-
-    stage: ReduceStage
-    work: object
-    shard_grad: torch.Tensor
-    unsharded_grad: torch.Tensor | None
 
 
 class FlatParamHandle:
@@ -75,21 +69,21 @@ class FlatParamHandle:
             for module, name in owners_of_leaf:
                 setattr(module, name, leaf)
         self.nbytes = 0 if self.aliased else self.padded.numel() * self.padded.element_size()
-        self.state = ShardedState.UNSHARDED
+        self.sharded_state = ShardedState.UNSHARDED
         self.gather: PendingGather | None = None
-        self.reduction: PendingReduction | None = None
+        self.reduction: GradReduction | None = None
         self.tracker.alloc(self.nbytes, self.label)
         self.grads_ready = 0
 
     # --- parameters ----------------------------------------------------------------------------------
 
     def unshard(self, async_op: bool = False) -> None:
-        """Start gathering the full parameters (if they are not there already); `wait_unshard` ends it."""
-        if self.state is not ShardedState.SHARDED:
+        """Start gathering the full parameters (if they are not there already); `wait_for_unshard` ends it."""
+        if self.sharded_state is not ShardedState.SHARDED:
             return
-        self.padded.untyped_storage().resize_(self.nbytes)
+        refill_storage(self.padded, self.nbytes)
         self.tracker.alloc(self.nbytes, self.label)
-        version = self.padded._version
+        version = version_of(self.padded)
         src = self.shard.detach().to(self.compute_dtype)
         if self.groups.shard is None:
             self.padded.copy_(src)
@@ -98,29 +92,29 @@ class FlatParamHandle:
             with scope(self.label):
                 work = C.all_gather_into_tensor(self.padded, src, group=self.groups.shard, async_op=True,
                                                 impl=self.impl)
-        self.gather, self.state = PendingGather(work, version, src), ShardedState.UNSHARDING
+        self.gather, self.sharded_state = PendingGather(work, version, src), ShardedState.UNSHARDING
         if not async_op:
-            self.wait_unshard()
+            self.wait_for_unshard()
 
-    def wait_unshard(self) -> None:
+    def wait_for_unshard(self) -> None:
         """Finish a pending gather (no-op otherwise): afterwards the parameters can be used."""
         if self.gather is None:
             return
         if self.gather.work is not None:
             self.gather.work.wait()
-        torch._C._autograd._unsafe_set_version_counter((self.padded,), (self.gather.version,))
-        self.gather, self.state = None, ShardedState.UNSHARDED
+        restore_version(self.padded, self.gather.version)
+        self.gather, self.sharded_state = None, ShardedState.UNSHARDED
 
     def reshard(self) -> None:
         """Free the gathered parameters; the shard stays. A pending gather is finished first. Aliased
         parameters (views of the shard itself) have nothing to free and stay usable."""
-        self.wait_unshard()
+        self.wait_for_unshard()
         if self.aliased:
             return
-        if self.state is ShardedState.UNSHARDED:
-            self.padded.untyped_storage().resize_(0)
+        if self.sharded_state is ShardedState.UNSHARDED:
+            free_storage(self.padded)
             self.tracker.free(self.nbytes, self.label)
-        self.state = ShardedState.SHARDED
+        self.sharded_state = ShardedState.SHARDED
 
     def register_original_params(self) -> list[tuple[nn.Module, str, torch.Tensor]]:
         """Register the gathered views as the module's own `nn.Parameter`s (aliases of the gathered buffer,
@@ -143,7 +137,7 @@ class FlatParamHandle:
 
     # --- gradients -----------------------------------------------------------------------------------
 
-    def take_flat_grad(self) -> torch.Tensor:
+    def take_unsharded_grad(self) -> torch.Tensor:
         """The leaves' gradients, flattened into one padded buffer in the reduce dtype, and taken off
         the leaves (so the next backward starts from None, as in a plain module)."""
         grads = [leaf.grad for leaf in self.leaves]
@@ -151,38 +145,30 @@ class FlatParamHandle:
             leaf.grad = None
         return flatten(grads, self.layout, dtype=self.reduce_dtype, device=self.shard.device)
 
-    def reduce_grad(self) -> None:
+    def reduce_grads(self) -> None:
         """Start the ReduceScatter of the unsharded gradients into this rank's shard (async)."""
-        flat = self.take_flat_grad()
+        flat = self.take_unsharded_grad()
         out = torch.empty(self.layout.shard_numel, dtype=self.reduce_dtype, device=flat.device)
         with scope(self.label):
             work = C.reduce_scatter_tensor(out, flat, C.AVG, group=self.groups.shard, async_op=True,
                                            impl=self.impl)
-        self.reduction = PendingReduction(ReduceStage.SCATTERING, work, out, flat)
+        self.reduction = GradReduction(ReduceStage.SCATTERING, work, out, flat)
 
     def start_replica_reduce(self) -> None:
         """Once the ReduceScatter is done: free the unsharded gradient and, with replicas (HYBRID_SHARD),
         start averaging the gradient shard across them (async). Called when the next unit's gradients
         are ready, so at most two units' unsharded gradients are alive at a time."""
         r = self.reduction
-        if r is None or r.stage is not ReduceStage.SCATTERING:
-            return
-        r.work.wait()
-        r.work, r.unsharded_grad, r.stage = None, None, ReduceStage.ACROSS_REPLICAS
-        if self.groups.replica is not None:
-            with scope(self.label):
-                r.work = C.all_reduce(r.shard_grad, C.AVG, group=self.groups.replica, async_op=True,
-                                      impl=self.impl)
+        if r is not None and r.finish_scatter() and self.groups.replica is not None:
+            r.start_replica_reduce(self.groups.replica, C.AVG, self.label, self.impl)
 
-    def wait_grad(self) -> None:
-        """Finish the reduction started by `reduce_grad` and add the result to `shard.grad`."""
+    def wait_for_grads(self) -> None:
+        """Finish the reduction started by `reduce_grads` and add the result to `shard.grad`."""
         if self.reduction is None:
             return
         self.start_replica_reduce()
         r, self.reduction = self.reduction, None
-        if r.work is not None:
-            r.work.wait()
-        self.accumulate_grad(r.shard_grad)
+        self.accumulate_grad(r.wait())
 
     def accumulate_grad(self, grad: torch.Tensor) -> None:
         """Set or add (after `no_sync`) a reduced gradient of this rank's shard."""
@@ -194,6 +180,32 @@ class FlatParamHandle:
 
     def has_unsharded_grads(self) -> bool:
         return any(leaf.grad is not None for leaf in self.leaves)
+
+    # --- full state dict -----------------------------------------------------------------------------
+
+    def full_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every name of every original parameter (tied ones under each of their names) -> its shape."""
+        return {name: tuple(info.shape) for info in self.layout.params for name in info.names}
+
+    def full_state(self) -> dict[str, torch.Tensor]:
+        """Every original parameter, whole, on CPU, under each of its names: an AllGather of the fp32 shards
+        over the shard group (collective), then the flat buffer's views copied out."""
+        if self.groups.shard is None:
+            full = self.shard.detach()
+        else:
+            full = torch.empty(self.layout.padded_numel, dtype=self.shard.dtype, device=self.shard.device)
+            with scope("full_state_dict"):
+                C.all_gather_into_tensor(full, self.shard.detach(), group=self.groups.shard, impl=self.impl)
+        return {name: view.detach().to("cpu", copy=True)
+                for info, view in zip(self.layout.params, unflatten_views(full, self.layout)) for name in info.names}
+
+    def load_full_state(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Copy into this rank's shard the pieces of the full tensors it holds (no communication). The
+        gathered copy, if any, is stale afterwards: the caller reshards first."""
+        with torch.no_grad():
+            for piece in self.layout.pieces(self.groups.shard_rank):
+                src = state_dict[piece.param.names[0]].reshape(-1)[piece.start:piece.end]
+                self.shard[piece.shard_offset:piece.shard_offset + piece.numel].copy_(src)
 
     def __repr__(self) -> str:
         return f"FlatParamHandle({self.label}, {self.layout}, requires_grad={self.requires_grad})"

@@ -27,7 +27,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 
-import torch
+from fsdp_mini.torch_internals import in_backward
 
 __all__ = ["Entry", "FlightRecorder", "RECORDER", "find_divergence", "diagnose", "load_records", "record_path",
            "FLIGHT_DIR_ENV", "CAPACITY"]
@@ -94,7 +94,7 @@ class FlightRecorder:
         if not self.enabled:
             return None
         # autograd knows when it runs a backward; a forward is announced by the engines (`in_forward`)
-        phase = "backward" if torch._C._current_graph_task_id() != -1 else ("forward" if self._in_forward else "")
+        phase = "backward" if in_backward() else ("forward" if self._in_forward else "")
         with self._lock:
             seq = self._seq[group] = self._seq.get(group, 0) + 1
             token = _Token((seq, op, group, tuple(tuple(t.shape) for t in tensors),

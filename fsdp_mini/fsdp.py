@@ -43,22 +43,23 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from fsdp_mini import collectives as C
-from fsdp_mini import state_dict as SD
 from fsdp_mini.comm_log import scope
 from fsdp_mini.data_parallel import (GradientSync, broadcast_from_rank0, check_same_everywhere,
                                      check_same_fingerprints, fingerprint)
 from fsdp_mini.flat_param import flatten
 from fsdp_mini.flight_recorder import RECORDER
+from fsdp_mini.full_state import check_full_state_dict
 from fsdp_mini.flat_param_handle import FlatParamHandle
 from fsdp_mini.grad_buckets import GradBuckets, check_bucket_cap_mb
 from fsdp_mini.groups import make_groups
 from fsdp_mini.memory import MemoryTracker, optimizer_state_bytes, tensor_bytes
-from fsdp_mini.mixed_precision import MixedPrecision, cast_floating
+from fsdp_mini.mixed_precision import MixedPrecision
 from fsdp_mini.nested import tensors_in
 from fsdp_mini.plan import FlatParamPlan, Plan, plan_units
-from fsdp_mini.runtime import get_device
+from fsdp_mini.runtime import get_device, require_distributed
 from fsdp_mini.states import TrainingState
 from fsdp_mini.strategy import ShardingStrategy, as_strategy, reshard_after_forward, shard_group_size
+from fsdp_mini.torch_internals import queue_after_backward
 
 __all__ = ["FSDP", "FSDPUnit", "ExecutionOrder"]
 
@@ -68,24 +69,24 @@ class FSDPUnit:
 
     def __init__(self, name: str, module: nn.Module, handles: list[FlatParamHandle], is_root: bool):
         self.name, self.module, self.handles, self.is_root = name, module, handles, is_root
-        self.state = TrainingState.IDLE
+        self.training_state = TrainingState.IDLE
 
     def unshard(self, async_op: bool = False) -> None:
         for h in self.handles:
             h.unshard(async_op=True)
         if not async_op:
-            self.wait()
+            self.wait_for_unshard()
 
-    def wait(self) -> None:
+    def wait_for_unshard(self) -> None:
         for h in self.handles:
-            h.wait_unshard()
+            h.wait_for_unshard()
 
     def reshard(self) -> None:
         for h in self.handles:
             h.reshard()
 
     def __repr__(self) -> str:
-        return f"FSDPUnit({self.name or '<root>'}, {len(self.handles)} flat params, {self.state.name})"
+        return f"FSDPUnit({self.name or '<root>'}, {len(self.handles)} flat params, {self.training_state.name})"
 
 
 @dataclass
@@ -131,9 +132,7 @@ class FSDP(GradientSync, nn.Module):
                  prefetch: bool = True, param_init_fn=None, impl: str = "builtin", bucket_cap_mb: float = 25,
                  sync_module_states: bool = False):
         super().__init__()
-        if not dist.is_initialized():
-            raise RuntimeError("FSDP needs torch.distributed: run under fsdp_mini.launch or torchrun and call "
-                               "fsdp_mini.init() first")
+        require_distributed("FSDP")
         if isinstance(module, FSDP) or any(isinstance(m, FSDP) for m in module.modules()):
             raise ValueError("module is already wrapped in FSDP")
         if mixed_precision is not None and not isinstance(mixed_precision, MixedPrecision):
@@ -233,8 +232,7 @@ class FSDP(GradientSync, nn.Module):
             if t.device != self.device:
                 raise ValueError(f"input on {t.device}, but this rank computes on {self.device}: "
                                  f"move inputs with .to(fsdp_mini.get_device())")
-        if self.mixed_precision.param_dtype is not None and self.mixed_precision.cast_forward_inputs:
-            args, kwargs = cast_floating((args, kwargs), self.mixed_precision.param_dtype)
+        args, kwargs = self.mixed_precision.cast_inputs(args, kwargs)
         root = self.units[0]
         self.forward_order.start_pass()
         RECORDER.in_forward(True)  # the collectives until the end of forward are labelled "forward"
@@ -248,9 +246,7 @@ class FSDP(GradientSync, nn.Module):
             self._post_forward(root, self.module, args, out)
         finally:
             RECORDER.in_forward(False)
-        if self.mixed_precision.output_dtype is not None:
-            out = cast_floating(out, self.mixed_precision.output_dtype)
-        return out
+        return self.mixed_precision.cast_output(out)
 
     def _refuse_sharded_use(self, name: str, module, args) -> None:
         """A forward pre-hook on the wrapped module and on the modules holding the root unit's parameters:
@@ -262,11 +258,11 @@ class FSDP(GradientSync, nn.Module):
                                f"`with model.summon_full_params():`")
 
     def _pre_forward(self, unit: FSDPUnit, module, args) -> None:
-        if unit.state is TrainingState.PRE_BACKWARD:  # activation checkpointing recomputes the unit inside
+        if unit.training_state is TrainingState.PRE_BACKWARD:  # activation checkpointing recomputes the unit inside
             return                                     # its backward: pre-backward has gathered it already
         unit.unshard(async_op=True)
         self._prefetch_after(unit, self.forward_order)
-        unit.wait()
+        unit.wait_for_unshard()
 
     def _prefetch_after(self, unit: FSDPUnit, order: ExecutionOrder) -> None:
         """Record the execution order in the first pass; later, start gathering the unit that comes next."""
@@ -275,7 +271,7 @@ class FSDP(GradientSync, nn.Module):
             following.unshard(async_op=True)
 
     def _post_forward(self, unit: FSDPUnit, module, args, out) -> None:
-        if unit.state is TrainingState.PRE_BACKWARD:  # a recomputation: its backward needs the parameters
+        if unit.training_state is TrainingState.PRE_BACKWARD:  # a recomputation: its backward needs the parameters
             return
         needs_grad = [t for t in tensors_in(out) if t.requires_grad]
         for t in needs_grad:
@@ -294,18 +290,18 @@ class FSDP(GradientSync, nn.Module):
         if not self._backward_queued:
             self._backward_queued = True
             self.backward_order.start_pass()
-            torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
-        if unit.state is TrainingState.PRE_BACKWARD:
+            queue_after_backward(self._finish_backward)
+        if unit.training_state is TrainingState.PRE_BACKWARD:
             return
-        unit.state = TrainingState.PRE_BACKWARD
+        unit.training_state = TrainingState.PRE_BACKWARD
         unit.unshard(async_op=True)
         self._prefetch_after(unit, self.backward_order)
-        unit.wait()
+        unit.wait_for_unshard()
 
     def _on_grad(self, handle: FlatParamHandle, leaf) -> None:
         handle.grads_ready += 1
         if handle.grads_ready == len(handle.leaves):  # every parameter's gradient is complete
-            if self.require_gradient_sync:
+            if self.requires_gradient_sync:
                 self._reduce(handle)
             handle.reshard()
 
@@ -313,9 +309,9 @@ class FSDP(GradientSync, nn.Module):
         """Start reducing one handle's gradients: into the open bucket (NO_SHARD), or a ReduceScatter;
         the previous handle's ReduceScatter is done by now, so its replica AllReduce starts."""
         if self.groups.shard is None:
-            self.grad_buckets.add(handle, handle.take_flat_grad())
+            self.grad_buckets.add(handle, handle.take_unsharded_grad())
         else:
-            handle.reduce_grad()
+            handle.reduce_grads()
             if self._pending:
                 self._pending[-1].start_replica_reduce()
         self._pending.append(handle)
@@ -324,14 +320,14 @@ class FSDP(GradientSync, nn.Module):
         """End of backward: reduce what post-backward did not (unused parameters, accumulated no_sync
         gradients), wait for every reduction, and free every gathered unit."""
         for h in self.handles:
-            if self.require_gradient_sync and h.has_unsharded_grads() and h not in self._pending:
+            if self.requires_gradient_sync and h.has_unsharded_grads() and h not in self._pending:
                 self._reduce(h)
         self.grad_buckets.wait()
         for h in self._pending:
-            h.wait_grad()
+            h.wait_for_grads()
         for unit in self.units:
             unit.reshard()
-            unit.state = TrainingState.IDLE
+            unit.training_state = TrainingState.IDLE
             for h in unit.handles:
                 h.grads_ready = 0
         self._pending, self._backward_queued = [], False
@@ -392,12 +388,29 @@ class FSDP(GradientSync, nn.Module):
             unit.reshard()
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The unsharded state dict on every rank, on CPU: the keys and shapes of the wrapped module's."""
-        return SD.full_state_dict(self)
+        """The unsharded state dict on every rank, on CPU: the keys and shapes of the wrapped module's.
+        Collective: each flat parameter is gathered once (`FlatParamHandle.full_state`)."""
+        values: dict[str, torch.Tensor] = {}
+        for h in self.handles:
+            values.update(h.full_state())
+        for name, buf in self.module.named_buffers(remove_duplicate=False):
+            values[name] = buf.detach().to("cpu", copy=True)
+        return {k: values[k] for k in self.state_dict_keys}
 
     def load_full_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Load a full state dict (strict); each rank keeps only its shards. No communication."""
-        SD.load_full_state_dict(self, state_dict)
+        """Load a full state dict (strict: every key, every shape, or a ValueError before anything is
+        copied); each rank keeps only its shards. No communication."""
+        shapes = {name: shape for h in self.handles for name, shape in h.full_shapes().items()}
+        buffers = dict(self.module.named_buffers(remove_duplicate=False))
+        check_full_state_dict({k: shapes[k] if k in shapes else tuple(buffers[k].shape)
+                               for k in self.state_dict_keys}, state_dict)
+        self.reshard()  # the gathered copies would be stale
+        for h in self.handles:
+            h.load_full_state(state_dict)
+        with torch.no_grad():
+            for name in self.state_dict_keys:
+                if name in buffers:
+                    buffers[name].copy_(state_dict[name])
 
     def state_dict(self, *args, **kwargs):  # the familiar call gives the familiar keys
         return self.full_state_dict()

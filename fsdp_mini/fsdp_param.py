@@ -29,6 +29,12 @@ import torch
 import torch.nn as nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
+from fsdp_mini import collectives as C
+from fsdp_mini.comm_log import scope
+from fsdp_mini.gathered_storage import free_storage, refill_storage, restore_version, version_of
+from fsdp_mini.mixed_precision import MixedPrecisionPolicy
+from fsdp_mini.torch_internals import dtensor_spec
+
 __all__ = ["FSDPParam"]
 
 
@@ -47,13 +53,13 @@ class FSDPParam:
     """One original parameter: where it lives in the module, its padded dim-0 shard, its gathered copy."""
 
     def __init__(self, name: str, owners: list[tuple[nn.Module, str]], param: nn.Parameter, mesh, shard_rank: int,
-                 shard_size: int, param_dtype: torch.dtype | None, device: torch.device):
-        """`param_dtype`: the mixed-precision policy's (None: gather and compute in the parameter's dtype)."""
+                 shard_size: int, mp_policy: MixedPrecisionPolicy, device: torch.device):
+        """`mp_policy`: the unit's `MixedPrecisionPolicy` (which dtype the parameter is gathered in)."""
         if param.dim() == 0:
             raise ValueError(f"parameter {name} is a 0-dim tensor: per-parameter sharding splits dim 0, "
                              f"so give it at least one dimension (e.g. shape (1,))")
         self.name, self.owners, self.mesh, self.device = name, owners, mesh, device
-        self.param_dtype = param_dtype
+        self.mp_policy = mp_policy
         self.shape = param.shape
         self.n = shard_size
         self.rows = param.shape[0]
@@ -88,14 +94,14 @@ class FSDPParam:
         """Derive what depends on the sharded parameter's dtype: the compute dtype (the policy's, for a
         floating-point parameter), the AllGather's input, the gradient's spec, the gathered bytes."""
         self.dtype = self.sharded.dtype
-        compute = self.param_dtype if (self.param_dtype is not None and self.dtype.is_floating_point) else self.dtype
+        compute = self.mp_policy.compute_dtype(self.dtype)
         if self.unsharded is not None and self.unsharded.dtype != compute:
             self.unsharded, self.grad_hooked = None, False  # recreated in the new dtype at the next gather
         self.compute_dtype = compute
         # what each step's gradient DTensor is built from: the parameter's own spec (mesh, placements, global
         # shape), so a new gradient costs one constructor call instead of `DTensor.from_local`'s checks and
         # autograd function (~20x slower on CPU, paid per parameter per step). FSDP2 does the same.
-        self.grad_spec = self.sharded._spec
+        self.grad_spec = dtensor_spec(self.sharded)
         self.flat_shard = self.padded_shard.view(-1)  # the AllGather's input when no dtype cast is needed
         self.nbytes = math.prod(self.shape) * torch.empty((), dtype=self.compute_dtype).element_size()
 
@@ -159,19 +165,19 @@ class FSDPParam:
             self.unsharded_flat = tensor.view(-1)
             self.copy_out_views: dict[tuple[int, torch.dtype], CopyOutViews] = {}
         else:
-            self.unsharded.untyped_storage().resize_(self.nbytes)
+            refill_storage(self.unsharded, self.nbytes)
             if self.unsharded.requires_grad != self.requires_grad:
                 self.unsharded.requires_grad_(self.requires_grad)
 
     def free_unsharded(self) -> None:
-        self.unsharded.untyped_storage().resize_(0)
+        free_storage(self.unsharded)
 
     def copy_out(self, gathered: torch.Tensor, offset: int, length: int) -> None:
         """Fill the gathered parameter from the AllGather's output, viewed as (n, per-rank length) in the
         flat buffer's dtype: this parameter's padded chunk is elements [offset, offset + length) of every
         rank's row. Chunks in rank order are the rows in order, padding last, so the parameter is its
         first chunks whole and then the start of the next one: one or two strided copies, no temporary."""
-        version = self.unsharded._version
+        version = version_of(self.unsharded)
         dst = self.copy_out_views.get((length, gathered.dtype)) or self._make_copy_out_views(length, gathered.dtype)
         block = gathered.narrow(1, offset, length)  # (n, length): row r is rank r's chunk
         whole = dst.whole.shape[0]
@@ -179,7 +185,7 @@ class FSDPParam:
         if dst.tail is not None:
             dst.tail.copy_(block[whole, :dst.tail.numel()])
         # the values are those autograd saved in forward: restore the counter, as the flat design does
-        torch._C._autograd._unsafe_set_version_counter((self.unsharded,), (version,))
+        restore_version(self.unsharded, version)
 
     def _make_copy_out_views(self, length: int, dtype: torch.dtype) -> "CopyOutViews":
         flat = self.unsharded_flat.view(dtype)  # a unit with several dtypes travels as bytes
@@ -249,6 +255,26 @@ class FSDPParam:
 
     def has_unsharded_grad(self) -> bool:
         return self.accumulated_grad is not None or (self.unsharded is not None and self.unsharded.grad is not None)
+
+    # --- full state dict -----------------------------------------------------------------------------
+
+    def gather_full(self) -> torch.Tensor:
+        """The whole parameter, on CPU, in its own dtype: an AllGather of the padded chunks over the shard
+        dimension of the mesh (collective), padding cut off."""
+        group = self.mesh.get_group(self.mesh.ndim - 1) if self.n > 1 else None
+        full = torch.empty((self.n * self.chunk_rows, *self.shape[1:]), dtype=self.dtype,
+                           device=self.padded_shard.device)
+        if group is None:
+            full.copy_(self.padded_shard)
+        else:
+            with scope("full_state_dict"):
+                C.all_gather_into_tensor(full.view(-1), self.padded_shard.reshape(-1), group=group)
+        return full[:self.rows].to("cpu", copy=True)
+
+    def load_full(self, full: torch.Tensor) -> None:
+        """Copy this rank's rows of the whole parameter into its shard (no communication)."""
+        with torch.no_grad():
+            self.padded_shard[:self.local_rows].copy_(full[self.row_start:self.row_start + self.local_rows])
 
     def __repr__(self) -> str:
         return (f"FSDPParam({self.name}, shape={tuple(self.shape)}, rows {self.local_rows}/{self.chunk_rows} "

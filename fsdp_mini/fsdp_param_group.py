@@ -28,10 +28,12 @@ import torch.distributed as dist
 from fsdp_mini import collectives as C
 from fsdp_mini.comm_log import scope
 from fsdp_mini.fsdp_param import FSDPParam
+from fsdp_mini.grad_reduction import GradReduction
 from fsdp_mini.memory import MemoryTracker
 from fsdp_mini.states import ReduceStage, ShardedState, TrainingState
+from fsdp_mini.torch_internals import chunk_cat_into
 
-__all__ = ["MeshInfo", "FSDPParamGroup", "GroupReduction"]
+__all__ = ["MeshInfo", "FSDPParamGroup"]
 
 
 @dataclass(frozen=True)
@@ -55,18 +57,6 @@ class MeshInfo:
 
 
 @dataclass
-class GroupReduction:
-    """One ReduceScatter in flight (and then its AllReduce across replicas): the parameters it covers,
-    its output (this rank's chunks), its input (freed once scattered) and the work to wait for."""
-
-    params: list[FSDPParam]
-    stage: ReduceStage
-    work: object
-    output: torch.Tensor
-    input: torch.Tensor | None
-
-
-@dataclass
 class PostForwardShards:
     """`reshard_after_forward=k`: the group of k ranks that share the gathered parameters between forward
     and backward, this rank's index in it, and its 1/k share of each parameter (flat, padded)."""
@@ -86,10 +76,10 @@ class FSDPParamGroup:
         self.params, self.label, self.mesh_info, self.impl, self.tracker = params, label, mesh_info, impl, tracker
         self.reduce_dtype = reduce_dtype
         self.post_forward = post_forward  # None: reshard fully after forward, or not at all (see the state)
-        self.state = ShardedState.SHARDED
+        self.sharded_state = ShardedState.SHARDED
         self.training_state = TrainingState.IDLE
         self._gather: tuple[object, torch.Tensor, list[int]] | None = None  # (work, output, lengths)
-        self.reductions: list[GroupReduction] = []
+        self.reductions: list[GradReduction] = []
         self.divide_factor: float | None = None  # set_gradient_divide_factor: sum, then divide by it
         self.requires_all_reduce = True  # HSDP: False holds the chunks back from the replica all-reduce
         self.partial_outputs: dict[tuple[int, ...], torch.Tensor] = {}  # those chunks, per reduction
@@ -121,9 +111,9 @@ class FSDPParamGroup:
 
     def unshard(self, async_op: bool = False) -> None:
         """Start gathering (from the full shard group, or from the post-forward group of k ranks)."""
-        if self.state in (ShardedState.UNSHARDED, ShardedState.UNSHARDING):
+        if self.sharded_state in (ShardedState.UNSHARDED, ShardedState.UNSHARDING):
             return
-        from_post_forward = self.state is ShardedState.SHARDED_POST_FORWARD
+        from_post_forward = self.sharded_state is ShardedState.SHARDED_POST_FORWARD
         if from_post_forward:
             inputs, group, n = self.post_forward.shards, self.post_forward.group, self.post_forward.size
         else:
@@ -142,7 +132,7 @@ class FSDPParamGroup:
             with scope(self.label):
                 work = C.all_gather_into_tensor(output.view(-1), row, group=group, async_op=True, impl=self.impl)
         self._gather = (work, output, lengths)
-        self.state = ShardedState.UNSHARDING
+        self.sharded_state = ShardedState.UNSHARDING
         if from_post_forward:  # the 1/k shares are the AllGather's input now (`row`), no longer kept
             self.tracker.free(self.post_forward.kept_bytes, self.label)
             self.post_forward.shards, self.post_forward.kept_bytes = [], 0
@@ -165,21 +155,21 @@ class FSDPParamGroup:
             if p.requires_grad and not p.grad_hooked:
                 p.unsharded.register_post_accumulate_grad_hook(lambda _, p=p: self._on_grad(p))
                 p.grad_hooked = True
-        self.state = ShardedState.UNSHARDED
+        self.sharded_state = ShardedState.UNSHARDED
 
     def reshard(self) -> None:
         """Free the gathered parameters; the module sees the sharded ones again."""
         self.wait_for_unshard()
-        if self.state is ShardedState.UNSHARDED:
+        if self.sharded_state is ShardedState.UNSHARDED:
             for p in self.params:
                 p.free_unsharded()
             self.tracker.free(self.nbytes, self.label)
-        if self.state is ShardedState.SHARDED_POST_FORWARD:
+        if self.sharded_state is ShardedState.SHARDED_POST_FORWARD:
             self.tracker.free(self.post_forward.kept_bytes, self.label)
             self.post_forward.shards, self.post_forward.kept_bytes = [], 0
         for p in self.params:
             p.to_sharded()
-        self.state = ShardedState.SHARDED
+        self.sharded_state = ShardedState.SHARDED
 
     def reshard_post_forward(self) -> None:
         """After forward with `reshard_after_forward=k`: keep a 1/k share of each gathered parameter, so
@@ -193,7 +183,7 @@ class FSDPParamGroup:
             p.to_sharded()
         self.tracker.free(self.nbytes, self.label)
         self.tracker.alloc(pf.kept_bytes, self.label)
-        self.state = ShardedState.SHARDED_POST_FORWARD
+        self.sharded_state = ShardedState.SHARDED_POST_FORWARD
 
     # --- gradients -----------------------------------------------------------------------------------
 
@@ -227,7 +217,7 @@ class FSDPParamGroup:
                 with scope(self.label):
                     work = C.reduce_scatter_tensor(output, full, self._reduce_op, group=group, async_op=True,
                                                    impl=self.impl)
-            self.reductions.append(GroupReduction(params, ReduceStage.SCATTERING, work, output, full))
+            self.reductions.append(GradReduction(ReduceStage.SCATTERING, work, output, full, params))
 
     def start_replica_reduce(self) -> None:
         """Once the ReduceScatters are done: free their inputs and, with replicas (HSDP), start averaging
@@ -235,27 +225,19 @@ class FSDPParamGroup:
         replicas (`requires_all_reduce` False: gradient accumulation that reduce-scatters in the node but
         crosses nodes once)."""
         for r in self.reductions:
-            if r.stage is not ReduceStage.SCATTERING:
-                continue
-            if r.work is not None:
-                r.work.wait()
-            r.work, r.input, r.stage = None, None, ReduceStage.ACROSS_REPLICAS
-            if self.mesh_info.replica_group is None or not self.requires_all_reduce:
+            if not r.finish_scatter() or self.mesh_info.replica_group is None or not self.requires_all_reduce:
                 continue
             held = self.partial_outputs.pop(_key(r.params), None)
             if held is not None:
                 r.output += held
-            with scope(self.label):
-                r.work = C.all_reduce(r.output, self._reduce_op, group=self.mesh_info.replica_group,
-                                      async_op=True, impl=self.impl)
+            r.start_replica_reduce(self.mesh_info.replica_group, self._reduce_op, self.label, self.impl)
 
     def wait_for_grads(self) -> None:
         """Finish every reduction and give each sharded parameter its gradient (a DTensor); with replicas
         and `requires_all_reduce` False, keep the chunks for the next all-reduce instead."""
         self.start_replica_reduce()
         for r in self.reductions:
-            if r.work is not None:
-                r.work.wait()
+            r.wait()
             if self.mesh_info.replica_group is not None and not self.requires_all_reduce:
                 key = _key(r.params)
                 if key in self.partial_outputs:
@@ -292,7 +274,7 @@ class FSDPParamGroup:
         self.training_state = TrainingState.IDLE
 
     def __repr__(self) -> str:
-        return f"FSDPParamGroup({self.label}, {len(self.params)} params, {self.state.name})"
+        return f"FSDPParamGroup({self.label}, {len(self.params)} params, {self.sharded_state.name})"
 
 
 def _key(params: list[FSDPParam]) -> tuple[int, ...]:
@@ -310,7 +292,7 @@ def chunk_cat(grads: list[torch.Tensor], params: list[FSDPParam], out: torch.Ten
         return
     if len({g.dtype for g in kept}) > 1:
         kept = [g.to(out.dtype) for g in kept]
-    torch._chunk_cat(kept, dim=0, num_chunks=out.shape[0], out=out)
+    chunk_cat_into(kept, out.shape[0], out)
 
 
 def post_forward_shards(mesh_info: MeshInfo, k: int) -> PostForwardShards:

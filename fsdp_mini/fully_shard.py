@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import functools
 import weakref
-from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -47,15 +46,17 @@ from fsdp_mini import collectives as C
 from fsdp_mini.data_parallel import broadcast_from_rank0, check_same_everywhere, check_same_values
 from fsdp_mini.flight_recorder import RECORDER
 from fsdp_mini.fsdp_param import FSDPParam
+from fsdp_mini.full_state import check_full_state_dict
 from fsdp_mini.fsdp_param_group import FSDPParamGroup, MeshInfo, post_forward_shards
 from fsdp_mini.memory import MemoryTracker, optimizer_state_bytes, tensor_bytes
-from fsdp_mini.mixed_precision import MixedPrecisionPolicy, cast_floating
+from fsdp_mini.mixed_precision import MixedPrecisionPolicy
 from fsdp_mini.nested import map_tensors, tensors_in
-from fsdp_mini.runtime import get_device
-from fsdp_mini.states import ShardedState, TrainingState
+from fsdp_mini.runtime import get_device, require_distributed
+from fsdp_mini.states import TrainingState
+from fsdp_mini.torch_internals import queue_after_backward
 
 __all__ = ["fully_shard", "FSDPModule", "FSDPState", "UnshardHandle", "register_fsdp_forward_method", "state_of",
-           "default_mesh", "gathered_memory", "memory_stats"]
+           "default_mesh", "gathered_memory", "memory_stats", "full_state_dict", "load_full_state_dict"]
 
 _STATES: "weakref.WeakKeyDictionary[nn.Module, FSDPState]" = weakref.WeakKeyDictionary()
 _MANAGED: dict[int, tuple[weakref.ref, str]] = {}  # id(original parameter) -> (the parameter, its unit's label)
@@ -286,8 +287,7 @@ class FSDPState:
         if self.is_root is None:
             self._lazy_init()
         root = self.root
-        if self.mp.param_dtype is not None and self.mp.cast_forward_inputs:
-            args, kwargs = cast_floating((args, kwargs), self.mp.param_dtype)
+        args, kwargs = self.mp.cast_inputs(args, kwargs)
         if self is root:  # the collectives until the root's post-forward belong to forward
             RECORDER.in_forward(True)
         if self not in root.forward_order:  # first run of this unit (a unit skipped so far joins late)
@@ -366,9 +366,7 @@ class FSDPState:
             self.group.reshard()
         elif self.group is not None and self.group.post_forward is not None:
             self.group.reshard_post_forward()
-        if self.mp.output_dtype is not None:
-            out = map_tensors(lambda t: t.to(self.mp.output_dtype) if t.is_floating_point() else t, out)
-        return out
+        return self.mp.cast_output(out)
 
     # --- backward ----------------------------------------------------------------------------------
 
@@ -376,7 +374,7 @@ class FSDPState:
         root = self.root
         if not root.backward_queued:
             root.backward_queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(root._finish_backward)
+            queue_after_backward(root._finish_backward)
         group = self.group
         if group is None or group.training_state is TrainingState.PRE_BACKWARD:
             return
@@ -455,9 +453,7 @@ def fully_shard(module: nn.Module | list[nn.Module], *, mesh=None, reshard_after
     nothing is checked for them.
     Collective over the mesh (every rank calls it in the same order); bad input is a ValueError first.
     """
-    if not dist.is_initialized():
-        raise RuntimeError("fully_shard needs torch.distributed: run under fsdp_mini.launch or torchrun and call "
-                           "fsdp_mini.init() first")
+    require_distributed("fully_shard")
     modules = list(module) if isinstance(module, (list, tuple)) else [module]
     if not modules:
         raise ValueError("fully_shard was given an empty list of modules")
@@ -498,7 +494,7 @@ def fully_shard(module: nn.Module | list[nn.Module], *, mesh=None, reshard_after
         fsdp_params = []
         for name, owners, p in params:
             fsdp_params.append(FSDPParam(name, owners, p, mesh, mesh_info.shard_rank, mesh_info.shard_size,
-                                         mp.param_dtype, device))
+                                         mp, device))
             _MANAGED[id(p)] = (weakref.ref(p), label)
         reduce_dtype = mp.reduce_dtype or mp.param_dtype
         pf = post_forward_shards(mesh_info, post_forward) if post_forward else None
@@ -542,6 +538,53 @@ def _register_state_dict_hooks(state: "FSDPState") -> None:
         module.register_state_dict_pre_hook(to_sharded)
         module.register_load_state_dict_pre_hook(to_sharded)
         module.register_load_state_dict_post_hook(adopt(owned))
+
+
+def _params_by_tensor(model: nn.Module) -> dict[int, FSDPParam]:
+    """id(sharded parameter) -> its FSDPParam, for every unit in `model`."""
+    out = {}
+    for m in model.modules():
+        if isinstance(m, FSDPModule) and state_of(m).group is not None:
+            out.update({id(p.sharded): p for p in state_of(m).group.params})
+    return out
+
+
+def _reshard_all(model: nn.Module) -> None:
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()  # the module then shows its sharded parameters, under their names
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The per-parameter design's full state dict: the model's own keys, each parameter gathered whole
+    (`FSDPParam.gather_full`, once even when tied), everything on CPU. Collective."""
+    _reshard_all(model)
+    by_id, gathered, out = _params_by_tensor(model), {}, {}
+    for name, t in model.state_dict(keep_vars=True).items():
+        p = by_id.get(id(t))
+        if p is None:  # a buffer, or a parameter outside every unit (replicated)
+            out[name] = t.detach().to("cpu", copy=True)
+            continue
+        if id(p) not in gathered:
+            gathered[id(p)] = p.gather_full()
+        out[name] = gathered[id(p)]
+    return out
+
+
+def load_full_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
+    """Load a full state dict (strict, checked before anything is copied); each rank keeps its rows of
+    each parameter (`FSDPParam.load_full`). No communication."""
+    _reshard_all(model)
+    own = model.state_dict(keep_vars=True)
+    check_full_state_dict({name: tuple(t.shape) for name, t in own.items()}, state_dict)
+    by_id = _params_by_tensor(model)
+    with torch.no_grad():
+        for name, t in own.items():
+            p = by_id.get(id(t))
+            if p is None:
+                t.copy_(state_dict[name])
+            else:
+                p.load_full(state_dict[name])
 
 
 def register_fsdp_forward_method(module: nn.Module, method_name: str) -> None:

@@ -34,6 +34,7 @@ import torch.nn as nn
 from fsdp_mini.fsdp import FSDP
 from fsdp_mini.fully_shard import FSDPModule, gathered_memory, state_of
 from fsdp_mini.memory import MemoryChange, format_bytes, optimizer_state_bytes, tensor_bytes
+from fsdp_mini.torch_internals import in_backward
 
 __all__ = ["MemoryLedger", "MemoryBudgetExceeded", "LedgerSnapshot", "KINDS", "PHASES"]
 
@@ -192,7 +193,7 @@ class MemoryLedger:
         if self._in_step:
             phase = "optimizer step"
         else:
-            phase = "backward" if torch._C._current_graph_task_id() != -1 else "forward"
+            phase = "backward" if in_backward() else "forward"
         blocks = [label for label in self._gathered if label != "root"]
         prefetch = self._gathered[blocks[-1]] if len(blocks) >= 2 else 0
         return LedgerSnapshot(phase, {

@@ -18,18 +18,19 @@ __all__ = ["MixedPrecision", "MixedPrecisionPolicy", "cast_floating"]
 
 
 @dataclass(frozen=True)
-class MixedPrecision:
-    """`param_dtype`: dtype of gathered parameters and of compute (None: the parameters' own dtype).
-    `reduce_dtype`: dtype in which gradients are reduced (None: `param_dtype`).
-    `cast_forward_inputs`: cast floating-point inputs of the root forward to `param_dtype`.
-    `output_dtype`: cast the root forward's floating-point outputs to it (None: leave them).
+class _Precision:
+    """What both designs' policies share: the two dtypes, their check, and the rule for each parameter.
     Only floating-point parameters are cast: an integer or complex parameter keeps its dtype, as in
     PyTorch (a bf16 copy of token ids or of a complex rotation would be silently wrong)."""
 
     param_dtype: torch.dtype | None = None
     reduce_dtype: torch.dtype | None = None
-    cast_forward_inputs: bool = True
-    output_dtype: torch.dtype | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("param_dtype", "reduce_dtype", "output_dtype"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, torch.dtype) and value.is_floating_point):
+                raise ValueError(f"{type(self).__name__}.{name} must be a floating-point torch.dtype, got {value!r}")
 
     def compute_dtype(self, dtype: torch.dtype) -> torch.dtype:
         """The dtype a parameter of `dtype` is gathered and computed in."""
@@ -39,34 +40,42 @@ class MixedPrecision:
         """The dtype the gradient of a parameter of `dtype` is reduced in."""
         return (self.reduce_dtype or self.compute_dtype(dtype)) if dtype.is_floating_point else dtype
 
-    def __post_init__(self) -> None:
-        for name in ("param_dtype", "reduce_dtype", "output_dtype"):
-            value = getattr(self, name)
-            if value is not None and not (isinstance(value, torch.dtype) and value.is_floating_point):
-                raise ValueError(f"MixedPrecision.{name} must be a floating-point torch.dtype, got {value!r}")
+    def cast_inputs(self, args, kwargs):
+        """Forward's floating-point inputs in `param_dtype`, when it is set and `cast_forward_inputs` says so."""
+        if self.param_dtype is not None and self.cast_forward_inputs:
+            return cast_floating((args, kwargs), self.param_dtype)
+        return args, kwargs
+
+    def cast_output(self, out):
+        """Forward's floating-point outputs in `output_dtype`, when it is set."""
+        return out if self.output_dtype is None else cast_floating(out, self.output_dtype)
 
 
 @dataclass(frozen=True)
-class MixedPrecisionPolicy:
+class MixedPrecision(_Precision):
+    """The flat design's policy (`FSDP(mixed_precision=...)`), PyTorch FSDP1's fields.
+
+    `param_dtype`: dtype of gathered parameters and of compute (None: the parameters' own dtype).
+    `reduce_dtype`: dtype in which gradients are reduced (None: `param_dtype`).
+    `cast_forward_inputs`: cast floating-point inputs of the root forward to `param_dtype`.
+    `output_dtype`: cast the root forward's floating-point outputs to it (None: leave them)."""
+
+    cast_forward_inputs: bool = True
+    output_dtype: torch.dtype | None = None
+
+
+@dataclass(frozen=True)
+class MixedPrecisionPolicy(_Precision):
     """The per-parameter design's policy (`fully_shard(mp_policy=...)`), PyTorch FSDP2's fields.
 
     `param_dtype`: dtype of the gathered parameters and of compute (None: each parameter's own).
     `reduce_dtype`: dtype of the gradient reduction (None: `param_dtype`, or the parameter's own).
     `output_dtype`: cast the module's floating-point outputs to it (None: leave them).
     `cast_forward_inputs`: cast the module's floating-point inputs to `param_dtype`.
-    Only floating-point parameters are cast: an integer or complex parameter keeps its dtype.
     """
 
-    param_dtype: torch.dtype | None = None
-    reduce_dtype: torch.dtype | None = None
     output_dtype: torch.dtype | None = None
     cast_forward_inputs: bool = True
-
-    def __post_init__(self) -> None:
-        for name in ("param_dtype", "reduce_dtype", "output_dtype"):
-            value = getattr(self, name)
-            if value is not None and not (isinstance(value, torch.dtype) and value.is_floating_point):
-                raise ValueError(f"MixedPrecisionPolicy.{name} must be a floating-point torch.dtype, got {value!r}")
 
 
 def cast_floating(obj, dtype: torch.dtype):

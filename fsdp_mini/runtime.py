@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from fsdp_mini.flight_recorder import FLIGHT_DIR_ENV, RECORDER, record_path
 
-__all__ = ["init", "finish", "get_device", "under_torchrun", "local_world_size", "default_backend",
+__all__ = ["init", "finish", "get_device", "under_torchrun", "require_distributed", "local_world_size", "default_backend",
            "check_backend", "BACKENDS"]
 
 BACKENDS = ("gloo", "nccl")
@@ -92,6 +92,14 @@ def init(backend: str | None = None, timeout: float = 600.0) -> tuple[int, int]:
             os.makedirs(folder, exist_ok=True)
             RECORDER.attach(record_path(folder, dist.get_rank()))
     return dist.get_rank(), dist.get_world_size()
+
+
+def require_distributed(what: str) -> None:
+    """Stop with a clear error, before any collective, when `torch.distributed` is not initialised: every
+    distributed wrapper (DDP, ZeRO, both FSDP designs, sharded checkpoints) starts with this check."""
+    if not dist.is_initialized():
+        raise RuntimeError(f"{what} needs torch.distributed, which is not initialised: run under fsdp_mini.launch "
+                           "or torchrun and call fsdp_mini.init() first")
 
 
 def under_torchrun() -> bool:

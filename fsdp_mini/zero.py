@@ -23,6 +23,7 @@ import torch.nn as nn
 from fsdp_mini.collectives import AVG, IMPLS, all_gather_into_tensor, reduce_scatter_tensor
 from fsdp_mini.flat_param import FlatLayout, flatten, unflatten_views
 from fsdp_mini.memory import optimizer_state_bytes
+from fsdp_mini.runtime import require_distributed
 
 __all__ = ["ZeroRedundancyOptimizer"]
 
@@ -51,8 +52,7 @@ class ZeroRedundancyOptimizer:
         unique = {id(p): p for p in params if p.requires_grad}  # tied weights once; frozen ones skipped
         if not unique:
             raise ValueError("no parameters that require grad: nothing to optimize")
-        if not dist.is_initialized():
-            raise RuntimeError("torch.distributed is not initialised: run inside launch() or call init() first")
+        require_distributed("ZeroRedundancyOptimizer")
         self.group, self.impl = group, impl
         n, rank = dist.get_world_size(group), dist.get_rank(group)
 

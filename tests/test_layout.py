@@ -157,6 +157,35 @@ def heavy_imports(root: Path, package: str) -> list[str]:
     return sorted(m for m in loaded if m.split(".")[0] in HEAVY or is_course(m, package))
 
 
+# The two FSDP designs are siblings: neither engine's import closure reaches the other's modules.
+FLAT_DESIGN = {"fsdp", "flat_param_handle", "flat_param", "plan"}
+PER_PARAMETER_DESIGN = {"fully_shard", "fsdp_param", "fsdp_param_group"}
+
+
+def closure(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module `start` imports, directly or through others (itself included)."""
+    seen, todo = set(), [start]
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo.extend(graph.get(name, ()))
+    return seen
+
+
+def design_crossings(root: Path, package: str, designs: dict[str, set[str]]) -> list[str]:
+    """For each design (entry module -> its modules, short names): the other designs' modules its entry
+    module's import closure reaches."""
+    graph = import_graph(root, package)
+    out = []
+    for entry, own in designs.items():
+        reached = closure(graph, f"{package}.{entry}")
+        for other, theirs in designs.items():
+            if other != entry:
+                out += [f"{entry} reaches {m}" for m in sorted(f"{package}.{t}" for t in theirs) if m in reached]
+    return out
+
+
 # --- a package with one violation of each kind: every check must find its own ----------------------
 
 def _write(root: Path, files: dict[str, str]) -> None:
@@ -195,6 +224,15 @@ def test_the_checks_find_deliberate_violations(bad_package):
                                                    "pkg/engine.py:7 reads pkg.helpers._internal"]
 
 
+def test_the_design_check_finds_a_design_reaching_the_other(bad_package):
+    _write(bad_package, {"pkg/flat.py": "from pkg import dispatch\n", "pkg/dispatch.py": "import pkg.per_param\n",
+                         "pkg/per_param.py": "from pkg import helpers\n"})
+    designs = {"flat": {"flat"}, "per_param": {"per_param"}}
+    assert design_crossings(bad_package, "pkg", designs) == ["flat reaches pkg.per_param"]
+    (bad_package / "pkg/flat.py").write_text("from pkg import helpers\n")
+    assert design_crossings(bad_package, "pkg", designs) == []
+
+
 def test_the_light_import_check_sees_a_heavy_import(bad_package):
     (bad_package / "pkg/__init__.py").write_text("from pkg.course import plots\n")
     pytest.importorskip("matplotlib")
@@ -213,6 +251,16 @@ def test_no_import_cycles():
 
 def test_no_module_reaches_into_another_modules_private_names():
     assert private_reaches(ROOT, "fsdp_mini") == []
+
+
+def test_the_two_fsdp_designs_do_not_import_each_other():
+    # fsdp.py (flat, FSDP1's design) and fully_shard.py (per-parameter, FSDP2's) share only the common
+    # mechanics (collectives, states, gathered_storage, grad_reduction, full_state, ...), never a design module
+    designs = {"fsdp": FLAT_DESIGN, "fully_shard": PER_PARAMETER_DESIGN}
+    assert design_crossings(ROOT, "fsdp_mini", designs) == []
+    graph = import_graph(ROOT, "fsdp_mini")
+    shared = closure(graph, "fsdp_mini.fsdp") & closure(graph, "fsdp_mini.fully_shard")
+    assert not {f"fsdp_mini.{m}" for m in FLAT_DESIGN | PER_PARAMETER_DESIGN} & shared
 
 
 def test_import_fsdp_mini_loads_neither_matplotlib_nor_ipython_nor_the_course():

@@ -72,19 +72,19 @@ def _states(strategy):
     cfg = GPTConfig(n_layer=2)
     model = FSDP(GPT(cfg), strategy, wrap=(Block,))
     x, y = (local_rows(t, dist.get_rank(), dist.get_world_size()) for t in make_batch(cfg, 4, 0))
-    seen = {"after construction": [h.state for h in model.handles]}
+    seen = {"after construction": [h.sharded_state for h in model.handles]}
     loss = model(x, y)
-    seen["after forward"] = [h.state for h in model.handles]
+    seen["after forward"] = [h.sharded_state for h in model.handles]
     stages = []
 
     def hook(grad):  # a gradient of blocks.0: blocks.1 (backward's first unit) has been reduced by then
         stages.append([h.reduction.stage if h.reduction else None for h in model.handles])
-        stages.append([u.state for u in model.units])
+        stages.append([u.training_state for u in model.units])
 
     model.units[1].handles[0].leaves[0].register_hook(hook)
     loss.backward()
-    seen["after backward"] = [h.state for h in model.handles]
-    seen["units after backward"] = [u.state for u in model.units]
+    seen["after backward"] = [h.sharded_state for h in model.handles]
+    seen["units after backward"] = [u.training_state for u in model.units]
     return seen, stages
 
 

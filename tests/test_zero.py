@@ -193,5 +193,5 @@ def test_bad_inputs_are_value_errors_before_any_communication(kwargs, message):
 def test_needs_an_initialised_process_group():
     if dist.is_initialized():
         pytest.skip("torch.distributed is initialised in this process")
-    with pytest.raises(RuntimeError, match="not initialised"):
+    with pytest.raises(RuntimeError, match="needs torch.distributed, which is not initialised"):
         ZeroRedundancyOptimizer([nn.Parameter(torch.ones(3))], torch.optim.SGD, lr=0.1)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from fsdp_mini.memory import decimal_scale
 
-__all__ = ["LANGUAGES", "set_language", "get_language", "tr", "num", "size"]
+__all__ = ["LANGUAGES", "set_language", "get_language", "tr", "num", "size", "plural"]
 
 LANGUAGES = ("en", "ru")
 _current = "en"
@@ -52,3 +52,22 @@ def size(nbytes: float) -> str:
     value, unit = decimal_scale(nbytes, len(units))
     return f"{num(value, 1)} {units[unit]}"
 
+
+
+def plural(n: float, one: str, few: str, many: str) -> str:
+    """The form of a word that agrees with the number `n` in the lesson's language (the word only, not the
+    number). Russian has three forms: `one` for 1, 21, 101 (1 токен), `few` for 2-4, 22-24 (3 токена),
+    `many` for 0, 5-20, 25-30, 111-114 (10 164 токенов), and `few` for a fraction (1,5 токена).
+    English uses `one` for exactly 1 and `many` otherwise (`few` is ignored). Pass each form through
+    `tr` when the English and Russian words differ:
+    `plural(n, tr("token", "токен"), tr("tokens", "токена"), tr("tokens", "токенов"))`."""
+    if _current != "ru":
+        return one if n == 1 else many
+    if not float(n).is_integer():
+        return few
+    n = abs(int(n))
+    if n % 10 == 1 and n % 100 != 11:
+        return one
+    if 2 <= n % 10 <= 4 and not 12 <= n % 100 <= 14:
+        return few
+    return many
