@@ -33,7 +33,7 @@ from fsdp_mini.memory import MemoryTracker
 from fsdp_mini.states import ReduceStage, ShardedState, TrainingState
 from fsdp_mini.torch_internals import chunk_cat_into
 
-__all__ = ["MeshInfo", "FSDPParamGroup"]
+__all__ = ["MeshInfo", "FSDPParamGroup", "ReductionQueue"]
 
 
 @dataclass(frozen=True)
@@ -68,14 +68,51 @@ class PostForwardShards:
     kept_bytes: int = 0
 
 
+@dataclass
+class ReductionQueue:
+    """The units whose gradient reduction is in flight, in the order backward started them; one per root,
+    shared by every unit under it (FSDP2's `FSDPCommContext` plays this part). When a unit's ReduceScatter
+    is issued, the previous one's is done by now: its replica AllReduce starts, and its input is freed."""
+
+    groups: list = field(default_factory=list)
+
+    def add(self, group: "FSDPParamGroup") -> None:
+        if self.groups:
+            self.groups[-1].start_replica_reduce()
+        self.groups.append(group)
+
+    def wait_all(self) -> None:
+        for group in self.groups:
+            group.wait_for_grads()
+        self.groups = []
+
+
 class FSDPParamGroup:
-    """The parameters that one `fully_shard(module)` call manages, and their collectives."""
+    """The parameters that one `fully_shard(module)` call manages, their collectives, and their life in a
+    step: the group decides when backward is done with it (`maybe_post_backward`), as in FSDP2.
+
+    When is a unit's backward over? When every trainable parameter has its gradient *and* the gradients
+    with respect to the unit's inputs have been computed (frozen parameters are still needed until then,
+    e.g. a LoRA layer's base weight for the input gradient). The first is counted by hooks on the gathered
+    parameters, the second by the unit's state on the inputs that require grad (`hooked_calls`,
+    `inputs_grad_ready`); a unit whose inputs need no gradient (the first one) ends on its parameters alone,
+    and the end of backward mops up."""
 
     def __init__(self, params: list[FSDPParam], label: str, mesh_info: MeshInfo, reduce_dtype: torch.dtype | None,
-                 impl: str, tracker: MemoryTracker, post_forward: PostForwardShards | None):
+                 impl: str, tracker: MemoryTracker, reshard_after_forward: bool, post_forward: PostForwardShards | None):
         self.params, self.label, self.mesh_info, self.impl, self.tracker = params, label, mesh_info, impl, tracker
         self.reduce_dtype = reduce_dtype
-        self.post_forward = post_forward  # None: reshard fully after forward, or not at all (see the state)
+        # after forward: free the gathered parameters (True), keep them (False), or keep a 1/k share
+        # (`post_forward`, with `reshard_after_forward` False)
+        self.reshard_after_forward = reshard_after_forward
+        self.post_forward = post_forward
+        self.reshard_after_backward = True
+        self.requires_gradient_sync = True
+        self.is_root = False  # set by the root's lazy initialisation, with `in_flight`
+        self.in_flight: ReductionQueue | None = None
+        # this step's forward calls that hooked their inputs, and how many of those backward has finished
+        self.hooked_calls = 0
+        self.finished_calls = 0
         self.sharded_state = ShardedState.SHARDED
         self.training_state = TrainingState.IDLE
         self._gather: tuple[object, torch.Tensor, list[int]] | None = None  # (work, output, lengths)
@@ -84,7 +121,6 @@ class FSDPParamGroup:
         self.requires_all_reduce = True  # HSDP: False holds the chunks back from the replica all-reduce
         self.partial_outputs: dict[tuple[int, ...], torch.Tensor] = {}  # those chunks, per reduction
         self.grads_ready = 0
-        self.on_all_grads_ready = None  # set by the unit's state: called when backward finished this unit
 
     @property
     def trainable(self) -> list[FSDPParam]:
@@ -191,8 +227,32 @@ class FSDPParamGroup:
         if not p.grad_ready:
             p.grad_ready = True
             self.grads_ready += 1
-            if self.grads_ready == len(self.trainable) and self.on_all_grads_ready is not None:
-                self.on_all_grads_ready(self)
+            self.maybe_post_backward()
+
+    def inputs_grad_ready(self) -> None:
+        """Backward has computed the gradients of one forward call's inputs."""
+        self.finished_calls += 1
+        self.maybe_post_backward()
+
+    def maybe_post_backward(self) -> None:
+        """The one place that decides backward is done with this unit: every trainable parameter has its
+        gradient and every hooked forward call its input gradients."""
+        if self.training_state is TrainingState.IDLE:
+            return
+        if self.grads_ready == len(self.trainable) and self.finished_calls == self.hooked_calls:
+            self.post_backward()
+
+    def post_backward(self) -> None:
+        """Backward is done with this unit: start its reduction (or keep its gradients unreduced, without
+        gradient sync), and free its parameters (the root's stay until the end of backward)."""
+        self.training_state = TrainingState.IDLE
+        if self.requires_gradient_sync:
+            self.reduce_grads()
+            self.in_flight.add(self)
+        else:
+            self.accumulate_unsynced()
+        if not self.is_root and self.reshard_after_backward:
+            self.reshard()
 
     def reduce_grads(self) -> None:
         """Start the ReduceScatter (AVG) of the unit's unsharded gradients into this rank's chunks: one per
@@ -268,7 +328,7 @@ class FSDPParamGroup:
         return any(p.has_unsharded_grad() for p in self.params)
 
     def reset_backward(self) -> None:
-        self.grads_ready = 0
+        self.grads_ready = self.hooked_calls = self.finished_calls = 0
         for p in self.params:
             p.grad_ready = False
         self.training_state = TrainingState.IDLE

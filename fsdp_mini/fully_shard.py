@@ -47,7 +47,7 @@ from fsdp_mini.data_parallel import broadcast_from_rank0, check_same_everywhere,
 from fsdp_mini.flight_recorder import RECORDER
 from fsdp_mini.fsdp_param import FSDPParam
 from fsdp_mini.full_state import check_full_state_dict
-from fsdp_mini.fsdp_param_group import FSDPParamGroup, MeshInfo, post_forward_shards
+from fsdp_mini.fsdp_param_group import FSDPParamGroup, MeshInfo, ReductionQueue, post_forward_shards
 from fsdp_mini.memory import MemoryTracker, optimizer_state_bytes, tensor_bytes
 from fsdp_mini.mixed_precision import MixedPrecisionPolicy
 from fsdp_mini.nested import map_tensors, tensors_in
@@ -137,15 +137,16 @@ class FSDPModule:
         """False: backward keeps accumulating unsharded gradients without communication (gradient
         accumulation); the first backward with True reduces all of it. `recurse`: every unit below too."""
         for state in _states_below(self, recurse):
-            state.requires_gradient_sync = bool(requires_gradient_sync)
+            if state.group is not None:
+                state.group.requires_gradient_sync = bool(requires_gradient_sync)
 
     def set_reshard_after_forward(self, reshard_after_forward: bool, *, recurse: bool = True) -> None:
         """Change whether units free their parameters after forward (True) or keep them (False)."""
         for state in _states_below(self, recurse):
             if not isinstance(reshard_after_forward, bool):
                 raise ValueError("set_reshard_after_forward takes True or False")
-            state.reshard_after_forward = reshard_after_forward
             if state.group is not None:
+                state.group.reshard_after_forward = reshard_after_forward
                 state.group.post_forward = None
 
     def _apply(self, *args, **kwargs):
@@ -179,7 +180,8 @@ class FSDPModule:
         """False: keep the parameters gathered after backward (with gradient accumulation, the next
         micro-batch's forward then needs no AllGather), at the cost of holding them; True (default) frees."""
         for state in _states_below(self, recurse):
-            state.reshard_after_backward = bool(reshard_after_backward)
+            if state.group is not None:
+                state.group.reshard_after_backward = bool(reshard_after_backward)
 
     def set_gradient_divide_factor(self, factor: float) -> None:
         """Divide the summed gradients by `factor` instead of averaging over the ranks (e.g. by the global
@@ -229,23 +231,17 @@ class _InputsGradReady(torch.autograd.Function):
 
 
 class FSDPState:
-    """The hooks of one `fully_shard`ed module, and (for the root) the step's bookkeeping.
-
-    When is a unit's backward over? When every trainable parameter has its gradient *and* the gradients
-    with respect to the unit's inputs have been computed (frozen parameters are still needed until then,
-    e.g. a LoRA layer's base weight for the input gradient). The first is counted by hooks on the
-    gathered parameters, the second by `_InputsGradReady` on the inputs that require grad; a unit whose
-    inputs need no gradient (the first one) ends on its parameters alone, and the end of backward mops up."""
+    """The hooks of one `fully_shard`ed module, and (for the root) the step's bookkeeping. The unit's
+    parameters, their settings and their life in a step are its `FSDPParamGroup`'s (None for a module
+    with no parameters of its own); the state routes the module's hooks to it, and routes the inputs
+    that require grad through `_InputsGradReady`, which tells the group when their gradients are done."""
 
     def __init__(self, module: nn.Module, group: FSDPParamGroup | None, mp: MixedPrecisionPolicy,
-                 reshard_after_forward: bool | int, modules: list[nn.Module] | None = None):
+                 modules: list[nn.Module] | None = None):
         self.module, self.group, self.mp = module, group, mp
         # `fully_shard([a, b])`: one unit over several modules; its post-forward waits for the last of them
         self.modules = modules or [module]
         self.to_run_forward: set[int] = set()  # ids of this pass's modules that have not run forward yet
-        self.reshard_after_forward = reshard_after_forward
-        self.reshard_after_backward = True
-        self.requires_gradient_sync = True
         self.is_last_backward = True  # the root's: wait for the reductions at the end of backward
         self.forward_prefetch: list[FSDPState] | None = None  # None: the next unit in the recorded order
         self.backward_prefetch: list[FSDPState] | None = None
@@ -254,12 +250,7 @@ class FSDPState:
         # the root's bookkeeping
         self.forward_order: list[FSDPState] = []
         self.backward_queued = False
-        self.pending: list[FSDPParamGroup] = []  # groups whose reduction is in flight, in issue order
-        # this step's forward calls that hooked their inputs, and how many of those backward has finished
-        self.hooked_calls = 0
-        self.finished_calls = 0
-        if group is not None:
-            group.on_all_grads_ready = self._maybe_post_backward
+        self.reductions = ReductionQueue()  # the root's: every unit's reduction in flight
 
     # --- lazy initialisation at the root -----------------------------------------------------------
 
@@ -272,6 +263,7 @@ class FSDPState:
             state = _STATES.get(m)
             if state is not None and state.group is not None and id(state) not in labelled:
                 state.group.label = path or "root"  # a unit over several modules: the first one's path
+                state.group.is_root, state.group.in_flight = state is self, self.reductions
                 labelled.add(id(state))
             if state is not None and state is not self:
                 if state.is_root:
@@ -328,20 +320,12 @@ class FSDPState:
         flat = [t for t in tensors_in((args, kwargs)) if t.requires_grad]
         if not flat:
             return args, kwargs
-        self.hooked_calls += 1
+        self.group.hooked_calls += 1
         replaced = dict(zip(map(id, flat), _InputsGradReady.apply(self, *flat)))
         return map_tensors(lambda t: replaced.get(id(t), t), (args, kwargs))
 
     def inputs_grad_ready(self) -> None:
-        self.finished_calls += 1
-        self._maybe_post_backward(self.group)
-
-    def _maybe_post_backward(self, group: FSDPParamGroup) -> None:
-        if group is None or group.training_state is TrainingState.IDLE:
-            return
-        grads_done = group.grads_ready == len(group.trainable)
-        if grads_done and self.finished_calls == self.hooked_calls:
-            self._post_backward(group)
+        self.group.inputs_grad_ready()
 
     def post_forward(self, module, args, out):
         if self.group is not None and self.group.training_state is TrainingState.PRE_BACKWARD:
@@ -362,7 +346,7 @@ class FSDPState:
                 for state in root.forward_order:
                     if state.group is not None:
                         state.group.reshard()
-        elif self.group is not None and (not grad_outputs or self.reshard_after_forward is True):
+        elif self.group is not None and (not grad_outputs or self.group.reshard_after_forward):
             self.group.reshard()
         elif self.group is not None and self.group.post_forward is not None:
             self.group.reshard_post_forward()
@@ -392,20 +376,6 @@ class FSDPState:
         i = order.index(self) if self in order else 0
         return [order[i - 1]] if i > 0 else []
 
-    def _post_backward(self, group: FSDPParamGroup) -> None:
-        """Backward is done with this unit: start its reduction, free its parameters."""
-        root = self.root
-        group.training_state = TrainingState.IDLE
-        if self.requires_gradient_sync:
-            group.reduce_grads()
-            if root.pending:
-                root.pending[-1].start_replica_reduce()
-            root.pending.append(group)
-        else:
-            group.accumulate_unsynced()
-        if not self.is_root and self.reshard_after_backward:
-            group.reshard()
-
     def _finish_backward(self) -> None:
         """End of backward: reduce what post-backward did not (unused parameters, accumulated gradients),
         wait for every reduction, free every gathered unit."""
@@ -413,19 +383,16 @@ class FSDPState:
             group = state.group
             if group is None:
                 continue
-            if state.requires_gradient_sync and group not in self.pending and group.has_unsharded_grads():
+            if group.requires_gradient_sync and group not in self.reductions.groups and group.has_unsharded_grads():
                 group.reduce_grads()
-                self.pending.append(group)
-            elif not state.requires_gradient_sync:
+                self.reductions.groups.append(group)
+            elif not group.requires_gradient_sync:
                 group.accumulate_unsynced()
         if self.is_last_backward:
-            for group in self.pending:
-                group.wait_for_grads()
-            self.pending = []
+            self.reductions.wait_all()
         for state in self.forward_order:
-            state.hooked_calls = state.finished_calls = 0
             if state.group is not None:
-                if state.reshard_after_backward:
+                if state.group.reshard_after_backward:
                     state.group.reshard()
                 state.group.reset_backward()
         self.backward_queued = False
@@ -499,9 +466,9 @@ def fully_shard(module: nn.Module | list[nn.Module], *, mesh=None, reshard_after
         reduce_dtype = mp.reduce_dtype or mp.param_dtype
         pf = post_forward_shards(mesh_info, post_forward) if post_forward else None
         tracker = _TRACKERS.setdefault(id(mesh), MemoryTracker())
-        group = FSDPParamGroup(fsdp_params, label, mesh_info, reduce_dtype, impl, tracker, pf)
-    state = FSDPState(modules[0], group, mp,
-                      reshard_after_forward if isinstance(reshard_after_forward, bool) else False, modules)
+        group = FSDPParamGroup(fsdp_params, label, mesh_info, reduce_dtype, impl, tracker,
+                               reshard_after_forward is True, pf)
+    state = FSDPState(modules[0], group, mp, modules)
     if group is not None:
         _register_state_dict_hooks(state)
     for m in modules:
