@@ -106,6 +106,7 @@ class FSDPParamGroup:
         # (`post_forward`, with `reshard_after_forward` False)
         self.reshard_after_forward = reshard_after_forward
         self.post_forward = post_forward
+        self.auto_reshard_after_forward = False  # `fully_shard(reshard_after_forward=None)`: the root keeps
         self.reshard_after_backward = True
         self.requires_gradient_sync = True
         self.is_root = False  # set by the root's lazy initialisation, with `in_flight`

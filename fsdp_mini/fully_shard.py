@@ -148,6 +148,7 @@ class FSDPModule:
             if state.group is not None:
                 state.group.reshard_after_forward = reshard_after_forward
                 state.group.post_forward = None
+                state.group.auto_reshard_after_forward = False
 
     def _apply(self, *args, **kwargs):
         """`module.to(dtype)`, `.double()`, `.to_empty(device=...)`: reshard first, convert, then adopt the
@@ -264,6 +265,8 @@ class FSDPState:
             if state is not None and state.group is not None and id(state) not in labelled:
                 state.group.label = path or "root"  # a unit over several modules: the first one's path
                 state.group.is_root, state.group.in_flight = state is self, self.reductions
+                if state is self and state.group.auto_reshard_after_forward:
+                    state.group.reshard_after_forward = False  # FSDP2's default for the root
                 labelled.add(id(state))
             if state is not None and state is not self:
                 if state.is_root:
@@ -346,7 +349,8 @@ class FSDPState:
                 for state in root.forward_order:
                     if state.group is not None:
                         state.group.reshard()
-        elif self.group is not None and (not grad_outputs or self.group.reshard_after_forward):
+                return self.mp.cast_output(out)
+        if self.group is not None and (not grad_outputs or self.group.reshard_after_forward):
             self.group.reshard()
         elif self.group is not None and self.group.post_forward is not None:
             self.group.reshard_post_forward()
@@ -398,7 +402,7 @@ class FSDPState:
         self.backward_queued = False
 
 
-def fully_shard(module: nn.Module | list[nn.Module], *, mesh=None, reshard_after_forward: bool | int = True,
+def fully_shard(module: nn.Module | list[nn.Module], *, mesh=None, reshard_after_forward: bool | int | None = None,
                 mp_policy: MixedPrecisionPolicy | None = None, ignored_params: set | None = None,
                 impl: str = "builtin", sync_module_states: bool = False) -> nn.Module | list[nn.Module]:
     """Shard `module`'s parameters (those not in an already sharded submodule) dim-0-wise over `mesh`.
@@ -408,6 +412,8 @@ def fully_shard(module: nn.Module | list[nn.Module], *, mesh=None, reshard_after
     first of them runs forward and freed after the last), and returns the list, as in FSDP2.
     `reshard_after_forward`: True frees the gathered parameters after forward (ZeRO-3), False keeps them
     until backward is done (ZeRO-2), an int k keeps a 1/k share, so backward gathers from k ranks only.
+    None (the default, as in FSDP2) is True for every unit but the root, which keeps its parameters:
+    backward needs them first. An explicit True on the root frees them too, as FSDP2 does.
     `mp_policy`: `MixedPrecisionPolicy`. `impl`: "builtin" (torch.distributed) or "ring" (fsdp_mini's).
     `ignored_params`: parameters left alone, whole on every rank and never reduced (e.g. norms kept
     replicated; their gradients are the caller's to all-reduce), as FSDP2's argument of the same name.
@@ -467,7 +473,8 @@ def fully_shard(module: nn.Module | list[nn.Module], *, mesh=None, reshard_after
         pf = post_forward_shards(mesh_info, post_forward) if post_forward else None
         tracker = _TRACKERS.setdefault(id(mesh), MemoryTracker())
         group = FSDPParamGroup(fsdp_params, label, mesh_info, reduce_dtype, impl, tracker,
-                               reshard_after_forward is True, pf)
+                               reshard_after_forward in (None, True), pf)
+        group.auto_reshard_after_forward = reshard_after_forward is None
     state = FSDPState(modules[0], group, mp, modules)
     if group is not None:
         _register_state_dict_hooks(state)
@@ -586,11 +593,11 @@ def _check_mesh(mesh) -> None:
 
 
 def _check_reshard_after_forward(value, shard_size: int) -> int | None:
-    """None for True/False; k for an int, checked to divide the shard group."""
-    if isinstance(value, bool):
+    """None for True/False/None; k for an int, checked to divide the shard group."""
+    if value is None or isinstance(value, bool):
         return None
     if not isinstance(value, int) or value < 1 or shard_size % value:
-        raise ValueError(f"reshard_after_forward must be True, False or a positive divisor of the shard group "
+        raise ValueError(f"reshard_after_forward must be None, True, False or a positive divisor of the shard group "
                          f"size {shard_size}, got {value!r}")
     return value
 

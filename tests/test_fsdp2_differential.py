@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from collections import namedtuple
 
+import functools
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -349,6 +351,46 @@ def test_set_reshard_after_backward_false_keeps_units_gathered_for_the_next_micr
         assert a == b and "DTensor" not in a[0].values() and a[1] == 3  # backward's three, forward's none
 
     _assert_same(launch(_both, 2, args=(_keep_after_backward,), timeout=120), compare)
+
+
+class _WithRootParam(nn.Module):
+    """Three layers (the units) and a scale owned by the root itself, so the root has parameters."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = _mlp()
+        self.scale = nn.Parameter(torch.full((6,), 0.5))
+
+    def forward(self, x):
+        return self.layers(x) * self.scale
+
+
+def _root_reshard(name, root_value):
+    fully_shard, _ = _impl(name)
+    from tests.test_pytorch_claims import _Collectives
+
+    model = _WithRootParam()
+    for layer in model.layers:
+        fully_shard(layer)
+    model = fully_shard(model, **({} if root_value == "default" else {"reshard_after_forward": root_value}))
+    model(_batch(dist.get_rank())).sum().backward()  # the first step records the order
+    with fsdp_mini.CommLog() as ours, _Collectives() as theirs:
+        model(_batch(dist.get_rank(), seed=1)).sum().backward()
+    gathers = len([r for r in ours.records if r.op == "all_gather"]) + len(theirs.ops("all_gather"))
+    return gathers, _grads(model)
+
+
+@pytest.mark.parametrize("root_value, gathers", [("default", 7), (True, 8), (False, 7)])
+def test_the_root_keeps_its_parameters_by_default_and_frees_them_when_told(root_value, gathers, no_orphans):
+    # FSDP2: reshard_after_forward=None (the default) is True for every unit but the root; an explicit True
+    # on the root frees it after forward too, and backward gathers it again (torch/distributed/fsdp/
+    # _fully_shard/_fully_shard.py, the docstring of reshard_after_forward; _fsdp_state.py, _lazy_init)
+    def compare(a, b):
+        assert a[0] == b[0] == gathers  # three layers twice, the root once (twice when freed)
+        _same_tensors(a[1], b[1])
+
+    _assert_same(launch(_both, 2, args=(functools.partial(_root_reshard, root_value=root_value),),
+                        timeout=120), compare)
 
 
 def _partly_sharded():

@@ -40,9 +40,10 @@ def mesh_for(kind: str):
 
 
 def shard_gpt(model, mesh=None, reshard_after_forward=True, impl="builtin", mp_policy=None):
+    """Each block with `reshard_after_forward`, the root with FSDP2's default (None: it keeps its parameters)."""
     for block in model.blocks:
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, impl=impl, mp_policy=mp_policy)
-    return fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward, impl=impl, mp_policy=mp_policy)
+    return fully_shard(model, mesh=mesh, impl=impl, mp_policy=mp_policy)
 
 
 def full_sd(model) -> dict[str, torch.Tensor]:
@@ -439,7 +440,7 @@ def test_bad_input_gets_a_clear_error(no_orphans):
     assert "parameter 1.weight is shared with another unit" in out["shared"]
     assert "mesh must be a torch.distributed.device_mesh.DeviceMesh, got str" in out["mesh_type"]
     assert "mesh must be 1-D (shard) or 2-D (replicate, shard), got 3 dimensions" in out["mesh_3d"]
-    assert "reshard_after_forward must be True, False or a positive divisor of the shard group size 4, got 3" \
+    assert "reshard_after_forward must be None, True, False or a positive divisor of the shard group size 4, got 3" \
         in out["reshard_k"]
     assert "mp_policy must be a MixedPrecisionPolicy, got dtype" in out["mp"]
     assert "MixedPrecisionPolicy.param_dtype must be a floating-point torch.dtype" in out["mp_int"]

@@ -2,12 +2,14 @@
 
     NO_SHARD             torch.nn.parallel.DistributedDataParallel
     SHARD_GRAD_OP        fully_shard(unit, reshard_after_forward=False) for each unit, then the root
-    FULL_SHARD           fully_shard(unit, reshard_after_forward=True)
+    FULL_SHARD           fully_shard(unit, reshard_after_forward=True) for each unit, then the root
     HYBRID_SHARD         fully_shard on a 2-D DeviceMesh (replicate, shard): FULL_SHARD in each row
     _HYBRID_SHARD_ZERO2  the same mesh with reshard_after_forward=False
 
 `fully_shard` is FSDP2 (torch.distributed.fsdp), which shards each parameter on dim 0 as a DTensor
 instead of flattening a unit into one buffer; the collectives per unit and the numbers are the same.
+The root gets FSDP2's default (`reshard_after_forward=None`: it keeps its parameters after forward, since
+backward needs them first), which is what FSDP1 and `fsdp_mini.FSDP` do with their root unit.
 """
 from __future__ import annotations
 
@@ -59,7 +61,7 @@ def shard_per_parameter(module: nn.Module, sharding_strategy, wrap=(), shard_siz
     wrap = tuple(wrap) if not isinstance(wrap, type) else (wrap,)
     for sub in [m for name, m in module.named_modules() if name and isinstance(m, wrap)]:
         fully_shard(sub, mesh=mesh, reshard_after_forward=reshard)
-    fully_shard(module, mesh=mesh, reshard_after_forward=reshard)
+    fully_shard(module, mesh=mesh)  # the root keeps its parameters for backward, as FSDP1's does
     return module
 
 
