@@ -1,7 +1,8 @@
 """One flat parameter of one FSDP unit: its shard, its gathered buffer, and the three state changes.
 
-    unshard():       shard ──AllGather──▶ padded buffer; the module's parameters are views into it
-    reshard():       free the padded buffer's storage (the views stay, pointing at no memory)
+    unshard():       shard ──AllGather──▶ `unsharded`, the whole flat buffer (padding included); the
+                     module's parameters are views into it
+    reshard():       free `unsharded`'s storage (the views stay, pointing at no memory)
     reduce_grads():  the views' gradients ──flatten──▶ ReduceScatter (+ AllReduce across replicas) ──▶ shard.grad
 
 Each has its wait (`wait_for_unshard`, `wait_for_grads`), and the names are FSDP2's
@@ -11,7 +12,7 @@ designs read alike.
 Under NO_SHARD there is nothing to scatter: the flat gradients go to `GradBuckets` (DDP's buckets) instead.
 
 The shard is the `nn.Parameter` the optimizer sees. The module's original parameters are replaced by
-plain leaf tensors that are views of the padded buffer, created once and reused every step, so autograd
+plain leaf tensors that are views of `unsharded`, created once and reused every step, so autograd
 puts their gradients in `.grad` and gradient accumulation (`no_sync`) works as in a plain module.
 
 Freeing frees the storage, not the tensor (`fsdp_mini.gathered_storage`, shared with the per-parameter
@@ -63,12 +64,12 @@ class FlatParamHandle:
         # With nothing to gather and nothing to cast (NO_SHARD in full precision) the parameters are
         # views of the shard itself: DDP keeps the whole model, so there is nothing to free.
         self.aliased = groups.shard_size == 1 and compute_dtype == full.dtype
-        self.padded = self.shard.detach() if self.aliased else full.to(compute_dtype)  # `full` is ours now
-        self.leaves = [v.requires_grad_(requires_grad) for v in unflatten_views(self.padded, layout)]
+        self.unsharded = self.shard.detach() if self.aliased else full.to(compute_dtype)  # `full` is ours now
+        self.leaves = [v.requires_grad_(requires_grad) for v in unflatten_views(self.unsharded, layout)]
         for leaf, owners_of_leaf in zip(self.leaves, owners):
             for module, name in owners_of_leaf:
                 setattr(module, name, leaf)
-        self.nbytes = 0 if self.aliased else self.padded.numel() * self.padded.element_size()
+        self.nbytes = 0 if self.aliased else self.unsharded.numel() * self.unsharded.element_size()
         self.sharded_state = ShardedState.UNSHARDED
         self.gather: PendingGather | None = None
         self.reduction: GradReduction | None = None
@@ -81,16 +82,16 @@ class FlatParamHandle:
         """Start gathering the full parameters (if they are not there already); `wait_for_unshard` ends it."""
         if self.sharded_state is not ShardedState.SHARDED:
             return
-        refill_storage(self.padded, self.nbytes)
+        refill_storage(self.unsharded, self.nbytes)
         self.tracker.alloc(self.nbytes, self.label)
-        version = version_of(self.padded)
+        version = version_of(self.unsharded)
         src = self.shard.detach().to(self.compute_dtype)
         if self.groups.shard is None:
-            self.padded.copy_(src)
+            self.unsharded.copy_(src)
             work = None
         else:
             with scope(self.label):
-                work = C.all_gather_into_tensor(self.padded, src, group=self.groups.shard, async_op=True,
+                work = C.all_gather_into_tensor(self.unsharded, src, group=self.groups.shard, async_op=True,
                                                 impl=self.impl)
         self.gather, self.sharded_state = PendingGather(work, version, src), ShardedState.UNSHARDING
         if not async_op:
@@ -102,7 +103,7 @@ class FlatParamHandle:
             return
         if self.gather.work is not None:
             self.gather.work.wait()
-        restore_version(self.padded, self.gather.version)
+        restore_version(self.unsharded, self.gather.version)
         self.gather, self.sharded_state = None, ShardedState.UNSHARDED
 
     def reshard(self) -> None:
@@ -112,7 +113,7 @@ class FlatParamHandle:
         if self.aliased:
             return
         if self.sharded_state is ShardedState.UNSHARDED:
-            free_storage(self.padded)
+            free_storage(self.unsharded)
             self.tracker.free(self.nbytes, self.label)
         self.sharded_state = ShardedState.SHARDED
 

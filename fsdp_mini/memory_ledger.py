@@ -151,7 +151,7 @@ class MemoryLedger:
         if self._gathered_ptrs is not None:
             return self._gathered_ptrs
         if isinstance(self.model, FSDP):
-            tensors = [h.padded for h in self.model.handles]
+            tensors = [h.unsharded for h in self.model.handles]
         else:
             tensors = [p.unsharded for m in self.model.modules() if isinstance(m, FSDPModule)
                        and state_of(m).group is not None for p in state_of(m).group.params if p.unsharded is not None]
