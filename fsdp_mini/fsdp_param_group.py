@@ -122,6 +122,7 @@ class FSDPParamGroup:
         self.requires_all_reduce = True  # HSDP: False holds the chunks back from the replica all-reduce
         self.partial_outputs: dict[tuple[int, ...], torch.Tensor] = {}  # those chunks, per reduction
         self.grads_ready = 0
+        self.expected_grads: int | None = None
 
     @property
     def trainable(self) -> list[FSDPParam]:
@@ -240,7 +241,9 @@ class FSDPParamGroup:
         gradient and every hooked forward call its input gradients."""
         if self.training_state is TrainingState.IDLE:
             return
-        if self.grads_ready == len(self.trainable) and self.finished_calls == self.hooked_calls:
+        if self.expected_grads is None:  # read once per backward: the parameters that require grad now
+            self.expected_grads = len(self.trainable)
+        if self.grads_ready == self.expected_grads and self.finished_calls == self.hooked_calls:
             self.post_backward()
 
     def post_backward(self) -> None:
@@ -330,6 +333,7 @@ class FSDPParamGroup:
 
     def reset_backward(self) -> None:
         self.grads_ready = self.hooked_calls = self.finished_calls = 0
+        self.expected_grads = None
         for p in self.params:
             p.grad_ready = False
         self.training_state = TrainingState.IDLE
