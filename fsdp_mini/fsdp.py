@@ -34,6 +34,7 @@ what each strategy implies (reshard after forward, shard-group size) is `fsdp_mi
 """
 from __future__ import annotations
 
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -41,6 +42,7 @@ from functools import partial
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.tensor import DTensor
 
 from fsdp_mini import collectives as C
 from fsdp_mini.comm_log import scope
@@ -48,17 +50,18 @@ from fsdp_mini.data_parallel import (GradientSync, broadcast_from_rank0, check_s
                                      check_same_fingerprints, fingerprint)
 from fsdp_mini.flat_param import flatten
 from fsdp_mini.flight_recorder import RECORDER
-from fsdp_mini.full_state import check_full_state_dict
 from fsdp_mini.flat_param_handle import FlatParamHandle
+from fsdp_mini.full_state import check_full_state_dict
 from fsdp_mini.grad_buckets import GradBuckets, check_bucket_cap_mb
 from fsdp_mini.groups import make_groups
 from fsdp_mini.memory import MemoryTracker, optimizer_state_bytes, tensor_bytes
 from fsdp_mini.mixed_precision import MixedPrecision
 from fsdp_mini.nested import tensors_in
 from fsdp_mini.plan import FlatParamPlan, Plan, plan_units
+from fsdp_mini.replaced_params import mark_replaced
 from fsdp_mini.runtime import get_device, require_distributed
 from fsdp_mini.states import TrainingState
-from fsdp_mini.strategy import ShardingStrategy, as_strategy, reshard_after_forward, shard_group_size
+from fsdp_mini.strategy import ShardingStrategy, as_strategy, is_hybrid, reshard_after_forward, shard_group_size
 from fsdp_mini.torch_internals import queue_after_backward
 
 __all__ = ["FSDP", "FSDPUnit", "ExecutionOrder"]
@@ -135,6 +138,9 @@ class FSDP(GradientSync, nn.Module):
         require_distributed("FSDP")
         if isinstance(module, FSDP) or any(isinstance(m, FSDP) for m in module.modules()):
             raise ValueError("module is already wrapped in FSDP")
+        if any(isinstance(p, DTensor) for p in module.parameters()):
+            raise ValueError("module has DTensor parameters (fully_shard, or another DTensor parallelism, sharded "
+                             "it already): the two FSDP designs do not mix; wrap the plain model")
         if mixed_precision is not None and not isinstance(mixed_precision, MixedPrecision):
             raise ValueError(f"mixed_precision must be a MixedPrecision, got {type(mixed_precision).__name__}")
         C.check_impl(impl)
@@ -144,6 +150,9 @@ class FSDP(GradientSync, nn.Module):
         self.prefetch, self.impl, self.device = prefetch, impl, get_device()
         self.reshard_after_forward = reshard_after_forward(self.strategy)
         size = shard_group_size(self.strategy, dist.get_world_size(), shard_size)
+        if is_hybrid(self.strategy) and shard_size is None and size == dist.get_world_size() > 1:
+            warnings.warn(f"{self.strategy.name} on one node: the shard group is all {size} ranks (LOCAL_WORLD_SIZE), "
+                          f"so this is FULL_SHARD; pass shard_size= to shard within smaller groups", stacklevel=2)
         plan = plan_units(module, wrap)
         check_same_everywhere((self.strategy.name, size, plan.signature()), "model, wrap set or strategy",
                               " (every rank must build the same FSDP)", device=self.device)
@@ -154,6 +163,7 @@ class FSDP(GradientSync, nn.Module):
         self.memory = MemoryTracker()
         self.grad_buckets = GradBuckets(self.groups.replica, impl, bucket_cap_mb)
         initial_values: list[tuple[str, torch.Tensor]] = []  # fingerprints of each unit before it is sharded
+        originals = list(module.parameters())
         self.units = self._materialise(plan, param_init_fn, initial_values)
         buffers = [(name, b) for name, b in module.named_buffers()]
         if self.sync_module_states:
@@ -161,6 +171,7 @@ class FSDP(GradientSync, nn.Module):
         else:
             check_same_fingerprints(initial_values + [(n, fingerprint(b)) for n, b in buffers], device=self.device)
         self._flat_params = nn.ParameterList([h.shard for h in self.handles])
+        mark_replaced(originals)  # an optimizer built before wrapping fails at its first step
         self.state_dict_keys: tuple[str, ...] = plan.state_dict_keys
         self.forward_order, self.backward_order = ExecutionOrder(), ExecutionOrder()
         self._backward_queued = False
@@ -353,11 +364,15 @@ class FSDP(GradientSync, nn.Module):
             for unit in self.units:
                 unit.reshard()
 
-    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False
+                        ) -> torch.Tensor:
         """Clip the global gradient norm, computed over all shards, as `torch.nn.utils.clip_grad_norm_`
         would on the unsharded model; returns the norm. Call it after backward, before the step. One
         AllReduce of one number over the shard group (SUM of |g|^p, or MAX for the infinity norm),
-        through `fsdp_mini.collectives`, so CommLog sees it and `impl` applies."""
+        through `fsdp_mini.collectives`, so CommLog sees it and `impl` applies. `error_if_nonfinite`:
+        raise, as PyTorch does, when the norm is nan or inf (every rank sees the same norm, so every rank
+        raises) instead of scaling the gradients by it. (With `fully_shard` the gradients are DTensors:
+        `torch.nn.utils.clip_grad_norm_(model.parameters(), ...)` does the same there.)"""
         grads = [h.shard.grad for h in self.handles if h.requires_grad and h.shard.grad is not None]
         norm_type = float(norm_type)
         if not grads:
@@ -370,6 +385,10 @@ class FSDP(GradientSync, nn.Module):
             with scope("clip_grad_norm_"):
                 C.all_reduce(local, op, group=self.groups.shard, impl=self.impl)
         total = local[0] if op == C.MAX else local[0].pow(1.0 / norm_type)
+        if error_if_nonfinite and not torch.isfinite(total):
+            raise RuntimeError(f"The total norm of order {norm_type} for gradients from `parameters` is non-finite, "
+                               f"so it cannot be clipped. To disable this error and scale the gradients by the "
+                               f"non-finite norm anyway, set `error_if_nonfinite=False`")
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         for g in grads:
             g.mul_(coef.to(g.dtype))

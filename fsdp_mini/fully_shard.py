@@ -43,14 +43,15 @@ import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
 from fsdp_mini import collectives as C
-from fsdp_mini.data_parallel import broadcast_from_rank0, check_same_everywhere, check_same_values
+from fsdp_mini.data_parallel import GradientSync, broadcast_from_rank0, check_same_everywhere, check_same_values
 from fsdp_mini.flight_recorder import RECORDER
 from fsdp_mini.fsdp_param import FSDPParam
-from fsdp_mini.full_state import check_full_state_dict
 from fsdp_mini.fsdp_param_group import FSDPParamGroup, MeshInfo, ReductionQueue, post_forward_shards
+from fsdp_mini.full_state import check_full_state_dict
 from fsdp_mini.memory import MemoryTracker, optimizer_state_bytes, tensor_bytes
 from fsdp_mini.mixed_precision import MixedPrecisionPolicy
 from fsdp_mini.nested import map_tensors, tensors_in
+from fsdp_mini.replaced_params import mark_replaced
 from fsdp_mini.runtime import get_device, require_distributed
 from fsdp_mini.states import TrainingState
 from fsdp_mini.torch_internals import queue_after_backward
@@ -435,6 +436,10 @@ def fully_shard(module: nn.Module | list[nn.Module], *, mesh=None, reshard_after
             raise ValueError(f"fully_shard takes an nn.Module or a list of them, got {type(m).__name__}")
         if isinstance(m, FSDPModule):
             raise ValueError(f"fully_shard was already applied to this {type(m).__name__}")
+        flat = next((sub for sub in m.modules() if isinstance(sub, GradientSync)), None)
+        if flat is not None:
+            raise ValueError(f"fully_shard was given a module wrapped by {type(flat).__name__} (fsdp_mini's flat "
+                             f"FSDP or DDP): the two designs do not mix; apply fully_shard to the plain model")
     mp = mp_policy if mp_policy is not None else MixedPrecisionPolicy()
     if not isinstance(mp, MixedPrecisionPolicy):
         raise ValueError(f"mp_policy must be a MixedPrecisionPolicy, got {type(mp_policy).__name__}")
@@ -469,6 +474,7 @@ def fully_shard(module: nn.Module | list[nn.Module], *, mesh=None, reshard_after
             fsdp_params.append(FSDPParam(name, owners, p, mesh, mesh_info.shard_rank, mesh_info.shard_size,
                                          mp, device))
             _MANAGED[id(p)] = (weakref.ref(p), label)
+        mark_replaced([p for _, _, p in params])  # an optimizer built before this fails at its first step
         reduce_dtype = mp.reduce_dtype or mp.param_dtype
         pf = post_forward_shards(mesh_info, post_forward) if post_forward else None
         tracker = _TRACKERS.setdefault(id(mesh), MemoryTracker())
@@ -588,6 +594,9 @@ def _check_mesh(mesh) -> None:
         raise ValueError(f"mesh must be a torch.distributed.device_mesh.DeviceMesh, got {type(mesh).__name__}")
     if mesh.ndim not in (1, 2):
         raise ValueError(f"mesh must be 1-D (shard) or 2-D (replicate, shard), got {mesh.ndim} dimensions")
+    if dist.get_rank() not in mesh.mesh.flatten().tolist():
+        raise ValueError(f"rank {dist.get_rank()} is not in the mesh {mesh.mesh.tolist()}: every rank that calls "
+                         f"fully_shard must be in its mesh")
     if mesh.device_type != get_device().type:
         raise ValueError(f"mesh is on {mesh.device_type!r} but this rank computes on {get_device().type!r}")
 

@@ -1,0 +1,106 @@
+"""Issue 23 §3: the mistakes users make get a clear error (or a warning), before any collective where they can.
+
+Each test runs the mistake on gloo ranks and checks the message names the problem."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from fsdp_mini import FSDP, fully_shard, launch
+from fsdp_mini.replaced_params import OptimizerBuiltBeforeWrapping
+
+
+def _message(fn) -> str:
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the message is what is tested
+        return f"{type(e).__name__}: {e}"
+    return "no error"
+
+
+def _mixing_designs():
+    torch.manual_seed(0)
+    flat_then_per_param = _message(lambda: fully_shard(FSDP(nn.Sequential(nn.Linear(4, 4)))))
+    torch.manual_seed(0)
+    per_param_then_flat = _message(lambda: FSDP(fully_shard(nn.Sequential(nn.Linear(4, 4)))))
+    return flat_then_per_param, per_param_then_flat
+
+
+def test_mixing_the_two_designs_says_so(no_orphans):
+    for a, b in launch(_mixing_designs, 2, timeout=120):
+        assert "ValueError" in a and "the two designs do not mix" in a and "FSDP" in a
+        assert "ValueError" in b and "DTensor parameters" in b and "do not mix" in b
+
+
+def _outside_the_mesh():
+    from torch.distributed.device_mesh import DeviceMesh
+
+    mesh = DeviceMesh("cpu", [0, 1])  # rank 2 is not in it
+    if dist.get_rank() == 2:
+        return _message(lambda: fully_shard(nn.Linear(4, 4), mesh=mesh))
+    return None
+
+
+def test_a_rank_outside_the_mesh_gets_a_value_error_before_any_collective(no_orphans):
+    # rank 2 returns at once: had it entered a collective with ranks 0-1 absent, launch would time out
+    out = launch(_outside_the_mesh, 3, timeout=60)
+    assert out[2] == "ValueError: rank 2 is not in the mesh [0, 1]: every rank that calls fully_shard must be in its mesh"
+
+
+def _optimizer_first(design):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)  # the mistake: before wrapping
+    model = FSDP(model) if design == "flat" else fully_shard(model)
+    model(torch.ones(2, 4)).sum().backward()
+    wrong = _message(optimizer.step)
+    right = _message(torch.optim.SGD(model.parameters(), lr=0.1).step)
+    return wrong, right
+
+
+@pytest.mark.parametrize("design", ["flat", "per-parameter"])
+def test_an_optimizer_built_before_wrapping_fails_at_its_first_step(design, no_orphans):
+    for wrong, right in launch(_optimizer_first, 2, args=(design,), timeout=120):
+        assert wrong.startswith(OptimizerBuiltBeforeWrapping.__name__) and "built before the model was wrapped" in wrong
+        assert right == "no error"
+
+
+def _hybrid_on_one_node():
+    torch.manual_seed(0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        FSDP(nn.Linear(4, 4), "HYBRID_SHARD")
+        FSDP(nn.Linear(4, 4), "HYBRID_SHARD", shard_size=1)
+    return [str(w.message) for w in caught]
+
+
+def test_hybrid_shard_on_one_node_warns_that_it_is_full_shard(no_orphans):
+    for messages in launch(_hybrid_on_one_node, 2, timeout=120):
+        assert len(messages) == 1 and "HYBRID_SHARD on one node" in messages[0] and "FULL_SHARD" in messages[0]
+
+
+def _nonfinite_clip():
+    torch.manual_seed(0)
+    flat = FSDP(nn.Linear(4, 4))
+    flat(torch.ones(2, 4)).sum().backward()
+    flat.handles[0].shard.grad[0] = float("nan") if dist.get_rank() == 0 else 0.0
+    raised = _message(lambda: flat.clip_grad_norm_(1.0, error_if_nonfinite=True))
+    quiet = _message(lambda: flat.clip_grad_norm_(1.0))
+    torch.manual_seed(0)
+    per_param = fully_shard(nn.Linear(4, 4))
+    per_param(torch.ones(2, 4)).sum().backward()
+    per_param.weight.grad.to_local()[0, 0] = float("inf")
+    torch_raised = _message(lambda: torch.nn.utils.clip_grad_norm_(per_param.parameters(), 1.0,
+                                                                  error_if_nonfinite=True))
+    return raised, quiet, torch_raised
+
+
+def test_clip_grad_norm_takes_error_if_nonfinite_in_both_designs(no_orphans):
+    for raised, quiet, torch_raised in launch(_nonfinite_clip, 2, timeout=120):
+        assert raised.startswith("RuntimeError: The total norm of order 2.0") and "non-finite" in raised
+        assert quiet == "no error"  # the default scales by the non-finite norm, as PyTorch's
+        assert torch_raised.startswith("RuntimeError: The total norm of order 2.0") and "non-finite" in torch_raised
