@@ -163,9 +163,9 @@ def one_collective_problem(collectives, op: str, nbytes: int, world: int, rank: 
     if len(collectives) != 1 or collectives[0][0] != op:
         return tr(f"world {world}, rank {rank}: a unit needs exactly one {name} (through fsdp_mini.collectives, "
                   f"so that CommLog sees it); CommLog saw: {seen}",
-                  f"мир из {world}, ранг {rank}: юниту нужен ровно один {name} (через fsdp_mini.collectives, "
+                  f"число рангов {world}, ранг {rank}: юниту нужен ровно один {name} (через fsdp_mini.collectives, "
                   f"чтобы его видел CommLog); CommLog увидел: {seen}")
     if collectives[0][1] != nbytes:
         return tr(f"world {world}: the {name} moved {num(collectives[0][1])} B, not {what[0]} {num(nbytes)} B",
-                  f"мир из {world}: {name} передал {num(collectives[0][1])} Б, а не {num(nbytes)} Б {what[1]}")
+                  f"число рангов {world}: {name} передал {num(collectives[0][1])} Б, а не {num(nbytes)} Б {what[1]}")
     return ""

@@ -295,17 +295,17 @@ def _comm_problem(result: RankResult, world: int, rank: int, what: str, count_hi
         total = sum(b for _, b in seen)
         if ops not in ([], ["all_reduce"]):
             return tr(f"world {world}, rank {rank}, step {step}: DDP only needs AllReduces, CommLog saw {ops}",
-                      f"мир из {world}, ранг {rank}, шаг {step}: DDP нужны только AllReduce, CommLog увидел {ops}")
+                      f"число рангов {world}, ранг {rank}, шаг {step}: DDP нужны только AllReduce, CommLog увидел {ops}")
         if len(seen) != buckets:
             hint = count_hint(len(seen), buckets) if count_hint else ""
             return tr(f"world {world}, rank {rank}, step {step}: {what}, CommLog saw {len(seen)} completed "
                       f"AllReduce calls for {buckets} buckets{hint}",
-                      f"мир из {world}, ранг {rank}, шаг {step}: {what} CommLog увидел завершённых вызовов "
+                      f"число рангов {world}, ранг {rank}, шаг {step}: {what} CommLog увидел завершённых вызовов "
                       f"AllReduce: {len(seen)}, а бакетов {buckets}{hint}")
         if total != nbytes:
             return tr(f"world {world}, rank {rank}, step {step}: the AllReduces carried {num(total)} B, the model's "
                       f"gradients are {num(nbytes)} B",
-                      f"мир из {world}, ранг {rank}, шаг {step}: AllReduce передали {num(total)} Б, а градиенты "
+                      f"число рангов {world}, ранг {rank}, шаг {step}: AllReduce передали {num(total)} Б, а градиенты "
                       f"модели занимают {num(nbytes)} Б")
     return ""
 
@@ -322,7 +322,7 @@ def _parity_problem(result: RankResult, world: int, rank: int) -> str:
                         if summed_not_averaged(g, first[name], world) else _first_grad_hint(result, name))
                 return tr(f"world {world}, rank {rank}: after the first backward, the gradient of {name} is not the "
                           f"whole batch's gradient{hint}",
-                          f"мир из {world}, ранг {rank}: после первого backward градиент {name} не равен градиенту "
+                          f"число рангов {world}, ранг {rank}: после первого backward градиент {name} не равен градиенту "
                           f"всего батча{hint}")
     if result.first_step is not None:
         moved, due = (torch.cat([d[n].reshape(-1) for n in sorted(result.first_step)])
@@ -334,14 +334,14 @@ def _parity_problem(result: RankResult, world: int, rank: int) -> str:
                        f"микробатчей сложены, а не усреднены)") if summed_not_averaged(moved, due, MICRO) else "")
             return tr(f"world {world}, rank {rank}: the first optimizer step moved the weights differently from one "
                       f"process's first step on the whole batch{hint}",
-                      f"мир из {world}, ранг {rank}: первый шаг оптимизатора сдвинул веса не так, как первый шаг "
+                      f"число рангов {world}, ранг {rank}: первый шаг оптимизатора сдвинул веса не так, как первый шаг "
                       f"одного процесса на всём батче{hint}")
     for name, w in want.items():
         if not torch.allclose(result.state[name], w, rtol=1e-5, atol=1e-6):
             gap = (result.state[name] - w).abs().max().item()
             return tr(f"world {world}, rank {rank}: after {STEPS} SGD steps, {name} differs from one process's "
                       f"training on the whole batch by up to {gap:.1e}",
-                      f"мир из {world}, ранг {rank}: после {STEPS} шагов SGD {name} отличается от обучения в одном "
+                      f"число рангов {world}, ранг {rank}: после {STEPS} шагов SGD {name} отличается от обучения в одном "
                       f"процессе на всём батче на величину до {gap:.1e}")
     return ""
 
@@ -371,7 +371,7 @@ def _judge(run, args, what: str, count_hint=None) -> Verdict:
                 return Verdict.wrong(problem)
     return Verdict.right(tr("At worlds 2, 3 and 4 every rank trains like one process, with one AllReduce per "
                             "bucket per step.",
-                            "В мирах из 2, 3 и 4 рангов каждый ранг обучается как один процесс, с одним "
+                            "При 2, 3 и 4 рангах каждый ранг обучается как один процесс, с одним "
                             "AllReduce на бакет за шаг."))
 
 

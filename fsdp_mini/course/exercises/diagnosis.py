@@ -184,7 +184,7 @@ SCENARIOS = {
     "agree": (("two ranks that agree", "два согласных ранга"), None, ((), ())),
     "tie in a pair": (("two ranks tie: one issued #2, the other nothing", "ничья двух рангов: один выдал #2, "
                        "другой ничего"), None, ((), ())),
-    "tie across groups": (("a pair and the world diverge at the same number", "пара и весь мир расходятся на "
+    "tie across groups": (("a pair and the world diverge at the same number", "пара и все ранги расходятся на "
                            "одном номере"), None, ((), ())),
     "healthy": (("every rank the same", "все ранги одинаково"), _healthy, (range(WORLD), [0])),
     "skipped unit": (("a unit skipped on one rank", "юнит пропущен на одном ранге"), _skipped_unit,

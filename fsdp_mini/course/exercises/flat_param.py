@@ -269,13 +269,13 @@ def _judge_unshard(fn) -> Verdict:
                             tr("differs from what FSDP's handle holds after its unshard",
                                "отличается от того, что держит handle FSDP после своего unshard"))
                     return Verdict.wrong(tr(f"world {world}, rank {rank}: parameter {p.names[0]} {what}",
-                                            f"мир из {world}, ранг {rank}: параметр {p.names[0]} {what}"))
+                                            f"число рангов {world}, ранг {rank}: параметр {p.names[0]} {what}"))
             if not o.shared_storage:
                 return Verdict.wrong(tr(
                     f"world {world}, rank {rank}: the values are right, but the parameters do not share one "
                     f"storage: each is a copy, so the unit's gathered memory doubles and freeing the flat buffer "
                     f"would not free them",
-                    f"мир из {world}, ранг {rank}: значения верны, но параметры не делят одно хранилище: каждый — "
+                    f"число рангов {world}, ранг {rank}: значения верны, но параметры не делят одно хранилище: каждый — "
                     f"копия, так что память собранного юнита удваивается, а освобождение плоского буфера их не "
                     f"освободит"))
             if o.storage_nbytes != layout.padded_numel * 4 or o.offsets != tuple(p.offset for p in layout.params):
@@ -283,7 +283,7 @@ def _judge_unshard(fn) -> Verdict:
                     f"world {world}, rank {rank}: the parameters share a storage of {num(o.storage_nbytes)} B at "
                     f"offsets {list(o.offsets)}: they should be views of the gathered flat buffer itself "
                     f"({num(layout.padded_numel * 4)} B), where the layout places them",
-                    f"мир из {world}, ранг {rank}: параметры делят хранилище в {num(o.storage_nbytes)} Б со "
+                    f"число рангов {world}, ранг {rank}: параметры делят хранилище в {num(o.storage_nbytes)} Б со "
                     f"смещениями {list(o.offsets)}: они должны быть видами самого собранного плоского буфера "
                     f"({num(layout.padded_numel * 4)} Б), там, где их располагает раскладка"))
             problem = _collectives_verdict(o, "all_gather", world, rank)
@@ -291,7 +291,7 @@ def _judge_unshard(fn) -> Verdict:
                 return Verdict.wrong(problem)
     return Verdict.right(tr("At worlds 2, 3 and 4 your views hold what FSDP's handle holds, in one padded buffer "
                             "filled by one AllGather.",
-                            "В мирах из 2, 3 и 4 ваши виды содержат то же, что handle FSDP, в одном буфере с "
+                            "При 2, 3 и 4 рангах ваши виды содержат то же, что handle FSDP, в одном буфере с "
                             "паддингом, заполненном одним AllGather."))
 
 
@@ -313,7 +313,7 @@ def _judge_reduce(fn) -> Verdict:
                 return Verdict.wrong(tr(
                     f"world {world}, rank {rank}: FSDP's gradient shard has {want.numel()} elements, yours "
                     f"has shape {tuple(got.shape)}{floor}",
-                    f"мир из {world}, ранг {rank}: шард градиента у FSDP — {want.numel()} элементов, у вас "
+                    f"число рангов {world}, ранг {rank}: шард градиента у FSDP — {want.numel()} элементов, у вас "
                     f"форма {tuple(got.shape)}{floor}"))
             if not torch.allclose(got, want, rtol=1e-5, atol=1e-6):
                 hint = (tr(f" ({num(float(world), 1)} times FSDP's: a ReduceScatter sums unless asked to average)",
@@ -323,13 +323,13 @@ def _judge_reduce(fn) -> Verdict:
                 return Verdict.wrong(tr(
                     f"world {world}, rank {rank}: your gradient shard is not the shard.grad FSDP produces for "
                     f"the same data{hint}",
-                    f"мир из {world}, ранг {rank}: ваш шард градиента не равен shard.grad, который FSDP получает "
+                    f"число рангов {world}, ранг {rank}: ваш шард градиента не равен shard.grad, который FSDP получает "
                     f"на тех же данных{hint}"))
             problem = _collectives_verdict(o, "reduce_scatter", world, rank)
             if problem:
                 return Verdict.wrong(problem)
     return Verdict.right(tr("At worlds 2, 3 and 4 each rank's shard is FSDP's shard.grad, from one ReduceScatter.",
-                            "В мирах из 2, 3 и 4 шард каждого ранга равен shard.grad у FSDP, и получен одним "
+                            "При 2, 3 и 4 рангах шард каждого ранга равен shard.grad у FSDP, и получен одним "
                             "ReduceScatter."))
 
 

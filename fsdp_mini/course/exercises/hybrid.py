@@ -116,7 +116,7 @@ def _reduce_scatter_sums(grad, shard_group, replica_group):
 
 def _as_groups(out, world: int, shard_size: int, what: str) -> tuple[list[list[int]] | None, str]:
     """The learner's list of groups if it is one (lists of ints that cover every rank once), else a problem."""
-    where = tr(f"world {world}, shard_size {shard_size}: ", f"мир из {world}, shard_size {shard_size}: ")
+    where = tr(f"world {world}, shard_size {shard_size}: ", f"число рангов {world}, shard_size {shard_size}: ")
     if not isinstance(out, (list, tuple)) or not all(
             isinstance(g, (list, tuple)) and all(isinstance(r, int) for r in g) for g in out):
         return None, where + tr(f"the {what} should be a list of lists of ranks",
@@ -135,7 +135,7 @@ def _as_groups(out, world: int, shard_size: int, what: str) -> tuple[list[list[i
 
 def _grid_problem(fn, world: int, shard_size: int) -> str:
     """"" when `fn` gives the grid's groups for (world, shard_size), else which group breaks which rule."""
-    where = tr(f"world {world}, shard_size {shard_size}: ", f"мир из {world}, shard_size {shard_size}: ")
+    where = tr(f"world {world}, shard_size {shard_size}: ", f"число рангов {world}, shard_size {shard_size}: ")
     out = fn(world, shard_size)
     if not isinstance(out, (list, tuple)) or len(out) != 2:
         return where + tr("return two lists: (shard groups, replica groups)",
@@ -223,7 +223,7 @@ def _judge_groups_for(fn) -> Verdict:
             return Verdict.wrong(tr(
                 f"world 4 on 2 nodes: after a ReduceScatter in your shard groups and an AllReduce in your replica "
                 f"groups, rank {rank} does not hold the global average of its shard",
-                f"мир из 4 на 2 узлах: после ReduceScatter в ваших группах шардирования и AllReduce в ваших "
+                f"4 ранга на 2 узлах: после ReduceScatter в ваших группах шардирования и AllReduce в ваших "
                 f"группах реплик ранг {rank} не хранит глобальное среднее своего шарда"))
     return Verdict.right(tr(
         f"Your groups are fsdp_mini's grid for all {len(GRID_CASES)} layouts (up to 16 nodes of 8), and on 4 real "
@@ -252,7 +252,7 @@ def _comm_problem(seen, world: int, shard_size: int, rank: int) -> str:
     the shard in the replica group; else what it saw that HYBRID_SHARD does not do."""
     replicas, grad_bytes = world // shard_size, shard_size * _ROWS_PER_RANK * 4
     where = tr(f"world {world} ({replicas} nodes of {shard_size}), rank {rank}: ",
-               f"мир из {world} ({replicas} узла по {shard_size}), ранг {rank}: ")
+               f"число рангов {world} ({replicas} узла по {shard_size}), ранг {rank}: ")
     names = {"all_reduce": "AllReduce", "reduce_scatter": "ReduceScatter", "all_gather": "AllGather"}
     listed = ", ".join(tr(f"{names.get(op, op)} over {size} ranks ({num(b)} B)",
                           f"{names.get(op, op)} по {size} рангам ({num(b)} Б)") for op, size, b in seen) \
@@ -327,7 +327,7 @@ def _judge_hybrid_reduce(fn) -> Verdict:
             raise NotYet
         want = global_average_shards(world, shard_size)
         where = tr(f"world {world} ({world // shard_size} nodes of {shard_size}), ",
-                   f"мир из {world} ({world // shard_size} узла по {shard_size}), ")
+                   f"число рангов {world} ({world // shard_size} узла по {shard_size}), ")
         for rank, (got, seen) in enumerate(outcomes):
             expected = want[rank % shard_size]
             if not isinstance(got, torch.Tensor) or got.shape != expected.shape:

@@ -405,12 +405,12 @@ def _deadlock(world: int) -> Verdict:
     return Verdict.wrong(tr(
         f"world {world}: the ranks were still waiting after {_TIMEOUT_S} s, a send or recv without its "
         f"partner on the other rank (a deadlock)",
-        f"мир из {world}: ранги всё ещё ждали через {_TIMEOUT_S} с: send или recv без пары на другом ранге "
+        f"число рангов {world}: ранги всё ещё ждали через {_TIMEOUT_S} с: send или recv без пары на другом ранге "
         f"(взаимная блокировка)"))
 
 
 def _raised(world: int, case: str, raised: _Raised) -> Verdict:
-    return Verdict.wrong(tr(f"world {world}, {case}: your function failed on ", f"мир из {world}, {case}: ваша "
+    return Verdict.wrong(tr(f"world {world}, {case}: your function failed on ", f"число рангов {world}, {case}: ваша "
                             f"функция упала, ") + raised.message)
 
 
@@ -469,12 +469,12 @@ def _not_p2p(world: int, rank: int, case: _Case) -> str:
     if case.collectives:
         return tr(f"world {world}, rank {rank} called the builtin {case.collectives[0]}: here the collective is "
                   f"yours to build, from dist.send / dist.recv (or isend / irecv) only",
-                  f"мир из {world}, ранг {rank} вызвал встроенный {case.collectives[0]}: здесь коллективную операцию "
+                  f"число рангов {world}, ранг {rank} вызвал встроенный {case.collectives[0]}: здесь коллективную операцию "
                   f"строите вы, только из dist.send / dist.recv (или isend / irecv)")
     if case.library_ops:
         return tr(f"world {world}, rank {rank} called a collective of fsdp_mini.collectives: here the collective "
                   f"is yours to build, from dist.send / dist.recv (or isend / irecv) only",
-                  f"мир из {world}, ранг {rank} вызвал коллективную операцию из fsdp_mini.collectives: здесь её "
+                  f"число рангов {world}, ранг {rank} вызвал коллективную операцию из fsdp_mini.collectives: здесь её "
                   f"строите вы, только из dist.send / dist.recv (или isend / irecv)")
     return ""
 
@@ -514,7 +514,7 @@ def _judge_broadcast(fn) -> Verdict:
                     what = tr(f"rank {rank} holds values that are no rank's tensor",
                               f"у ранга {rank} значения, которых нет ни у одного ранга")
                 return Verdict.wrong(tr(f"world {world}, src {src}, shape {shape}: ",
-                                        f"мир из {world}, src {src}, форма {shape}: ") + what)
+                                        f"число рангов {world}, src {src}, форма {shape}: ") + what)
             s = want.numel() * want.element_size()
             extra = [q for q in range(world) if received[q] != (0 if q == src else s)]
             if extra:
@@ -522,11 +522,11 @@ def _judge_broadcast(fn) -> Verdict:
                 return Verdict.wrong(tr(
                     f"world {world}, src {src}: rank {q} was sent {_in_s(received[q], s)} (S = {num(s)} B, the "
                     f"tensor); a broadcast sends each other rank the tensor once and src nothing",
-                    f"мир из {world}, src {src}: рангу {q} отправлено {_in_s(received[q], s)} (S = {num(s)} Б, "
+                    f"число рангов {world}, src {src}: рангу {q} отправлено {_in_s(received[q], s)} (S = {num(s)} Б, "
                     f"тензор); broadcast отправляет каждому другому рангу тензор один раз, а src — ничего"))
     return Verdict.right(tr("Every rank got src's tensor, for every src, at worlds 2, 3 and 4; each rank was sent "
                             "it once.",
-                            "Каждый ранг получил тензор src при любом src в мирах из 2, 3 и 4; каждому рангу он "
+                            "Каждый ранг получил тензор src при любом src при 2, 3 и 4 рангах; каждому рангу он "
                             "отправлен один раз."))
 
 
@@ -551,7 +551,7 @@ def _judge_all_reduce(fn) -> Verdict:
                     what = (tr(" (it holds ", " (у него ") + _sum_text(ranks, world) + ")") if ranks else ""
                     return Verdict.wrong(tr(
                         f"world {world}, shape {shape}: rank {rank} does not end with dist.all_reduce's sum{what}",
-                        f"мир из {world}, форма {shape}: у ранга {rank} в конце не сумма dist.all_reduce{what}"))
+                        f"число рангов {world}, форма {shape}: у ранга {rank} в конце не сумма dist.all_reduce{what}"))
             s = pattern.numel() * pattern.element_size()
             sent = [sum(b for _, b in outcomes[i][rank][0].sends) for rank in range(world)]
             through_0 = (sorted(outcomes[i][0][0].sends) == [(q, s) for q in range(1, world)]
@@ -562,12 +562,12 @@ def _judge_all_reduce(fn) -> Verdict:
                     f"world {world}: right sums, but the ranks sent [{per_rank}] (S = {num(s)} B); the obvious way "
                     f"goes all through rank 0: each other rank sends it its tensor once, and it sends the sum back "
                     f"to each",
-                    f"мир из {world}: суммы верны, но ранги отправили [{per_rank}] (S = {num(s)} Б); очевидный "
+                    f"число рангов {world}: суммы верны, но ранги отправили [{per_rank}] (S = {num(s)} Б); очевидный "
                     f"способ идёт целиком через ранг 0: каждый другой ранг один раз отправляет ему свой тензор, а он "
                     f"каждому отправляет сумму"))
     return Verdict.right(tr("The sums equal dist.all_reduce's at worlds 2, 3 and 4. Rank 0 sent (n - 1) × S, "
                             "3 × S at 4 ranks, every other rank S: rank 0's link is the bottleneck.",
-                            "Суммы совпадают с dist.all_reduce в мирах из 2, 3 и 4. Ранг 0 отправил (n - 1) × S, "
+                            "Суммы совпадают с dist.all_reduce при 2, 3 и 4 рангах. Ранг 0 отправил (n - 1) × S, "
                             "на 4 рангах 3 × S, каждый другой ранг — S: узкое место — канал ранга 0."))
 
 
@@ -585,22 +585,22 @@ def _ring_traffic(world: int, rank: int, case: _Case, length: int, total: int, e
     if far:
         return tr(f"world {world}, length {length}: rank {rank} sent to rank {far[0]}, which is not its neighbour "
                   f"in the ring (ranks {left} and {right})",
-                  f"мир из {world}, длина {length}: ранг {rank} отправлял рангу {far[0]}, а это не его сосед по "
+                  f"число рангов {world}, длина {length}: ранг {rank} отправлял рангу {far[0]}, а это не его сосед по "
                   f"кольцу (ранги {left} и {right})")
     if len(peers) > 1:
         return tr(f"world {world}, length {length}: rank {rank} sent to both neighbours; a ring sends one way",
-                  f"мир из {world}, длина {length}: ранг {rank} отправлял обоим соседям; кольцо передаёт в одну "
+                  f"число рангов {world}, длина {length}: ранг {rank} отправлял обоим соседям; кольцо передаёт в одну "
                   f"сторону")
     if not peers:
         return tr(f"world {world}, length {length}: rank {rank} sent nothing",
-                  f"мир из {world}, длина {length}: ранг {rank} ничего не отправил")
+                  f"число рангов {world}, длина {length}: ранг {rank} ничего не отправил")
     direction = 1 if peers[0] == right else -1
     sent = sum(b for _, b in case.sends)
     want = expected_bytes[direction]
     if sent != want:
         return tr(f"world {world}, length {length} (S = {num(total)} B): rank {rank} sent {num(sent)} B in "
                   f"{len(case.sends)} messages; on the ring it sends n - 1 chunks, {num(want)} B here",
-                  f"мир из {world}, длина {length} (S = {num(total)} Б): ранг {rank} отправил {num(sent)} Б в "
+                  f"число рангов {world}, длина {length} (S = {num(total)} Б): ранг {rank} отправил {num(sent)} Б в "
                   f"{len(case.sends)} сообщениях; по кольцу он отправляет n - 1 чанков, здесь {num(want)} Б")
     return ""
 
@@ -620,7 +620,7 @@ def _judge_reduce_scatter(fn) -> Verdict:
                 if problem:
                     return Verdict.wrong(problem)
                 got = case.result
-                where = tr(f"world {world}, length {length}: rank {rank} ", f"мир из {world}, длина {length}: ранг {rank} ")
+                where = tr(f"world {world}, length {length}: rank {rank} ", f"число рангов {world}, длина {length}: ранг {rank} ")
                 if not isinstance(got, torch.Tensor):
                     return Verdict.wrong(where + tr(f"returned {got}, not a tensor", f"вернул {got}, а не тензор"))
                 if got.shape != want.shape:
@@ -652,7 +652,7 @@ def _judge_reduce_scatter(fn) -> Verdict:
                     return Verdict.wrong(problem)
     return Verdict.right(tr("Every rank ended with its chunk of dist.all_reduce's sum, at worlds 2, 3 and 4, "
                             "sending (n - 1)/n of the tensor to one neighbour.",
-                            "Каждый ранг закончил со своим чанком суммы dist.all_reduce в мирах из 2, 3 и 4, "
+                            "Каждый ранг закончил со своим чанком суммы dist.all_reduce при 2, 3 и 4 рангах, "
                             "отправив одному соседу (n - 1)/n тензора."))
 
 
@@ -669,7 +669,7 @@ def _judge_all_gather(fn) -> Verdict:
                 problem = _not_p2p(world, rank, case)
                 if problem:
                     return Verdict.wrong(problem)
-                where = tr(f"world {world}, length {length}: on rank {rank}, ", f"мир из {world}, длина {length}: "
+                where = tr(f"world {world}, length {length}: on rank {rank}, ", f"число рангов {world}, длина {length}: "
                            f"на ранге {rank} ")
                 for j, (got, mine) in enumerate(zip(case.result, want)):
                     if torch.equal(got, mine):
@@ -690,7 +690,7 @@ def _judge_all_gather(fn) -> Verdict:
                     return Verdict.wrong(problem)
     return Verdict.right(tr("Every rank ended with every rank's chunk, at worlds 2, 3 and 4, sending (n - 1)/n of "
                             "the result to one neighbour.",
-                            "Каждый ранг получил чанки всех рангов в мирах из 2, 3 и 4, отправив одному соседу "
+                            "Каждый ранг получил чанки всех рангов при 2, 3 и 4 рангах, отправив одному соседу "
                             "(n - 1)/n результата."))
 
 

@@ -344,7 +344,7 @@ def _rows_of(mine: torch.Tensor, full: torch.Tensor) -> list[int]:
 def _dim0_problem(fn, full: torch.Tensor, wants: list[torch.Tensor], world: int) -> str:
     """"" when `fn` gives every rank of `world` the shard fully_shard keeps (`wants`), else what is wrong."""
     shape, n_rows = tuple(full.shape), full.shape[0]
-    where = tr(f"world {world}, parameter of shape {shape}", f"мир из {world}, параметр формы {shape}")
+    where = tr(f"world {world}, parameter of shape {shape}", f"число рангов {world}, параметр формы {shape}")
     mine = []
     for rank in range(world):
         try:
@@ -438,7 +438,7 @@ def _diverged_verdict(world: int, op: str, message: str) -> Verdict:
     return Verdict.wrong(tr(
         f"world {world}: the ranks called {op} with inputs of different sizes ({message}); a collective needs "
         f"the same number of elements from every rank, also from a rank whose chunks have fewer rows, or none",
-        f"мир из {world}: ранги вызвали {op} со входами разного размера ({message}); коллективной операции "
+        f"число рангов {world}: ранги вызвали {op} со входами разного размера ({message}); коллективной операции "
         f"нужно одинаковое число элементов от каждого ранга, в том числе от ранга, у чьих чанков меньше строк "
         f"или нет ни одной"))
 
@@ -462,7 +462,7 @@ def _judge_unshard(fn) -> Verdict:
                     return Verdict.wrong(tr(
                         f"world {world}, rank {rank}: parameter {i} should come back with shape {tuple(want.shape)}, "
                         f"it has {tuple(got.shape)}",
-                        f"мир из {world}, ранг {rank}: параметр {i} должен вернуться формы {tuple(want.shape)}, "
+                        f"число рангов {world}, ранг {rank}: параметр {i} должен вернуться формы {tuple(want.shape)}, "
                         f"а у него {tuple(got.shape)}") + (hint if padded else ""))
                 if not torch.equal(got, want):
                     bad = (got != want).reshape(want.shape[0], -1).any(dim=1).nonzero().flatten().tolist()
@@ -476,13 +476,13 @@ def _judge_unshard(fn) -> Verdict:
                     return Verdict.wrong(tr(
                         f"world {world}, rank {rank}: parameter {i} {tuple(want.shape)} is wrong in rows {bad[:6]}"
                         f"{'...' if len(bad) > 6 else ''}, the rows that ranks {owners} hold",
-                        f"мир из {world}, ранг {rank}: параметр {i} {tuple(want.shape)} неверен в строках {bad[:6]}"
+                        f"число рангов {world}, ранг {rank}: параметр {i} {tuple(want.shape)} неверен в строках {bad[:6]}"
                         f"{'...' if len(bad) > 6 else ''}, тех, что хранят ранги {owners}") + hint)
             problem = _collectives_verdict(outcome, "all_gather", world, rank)
             if problem:
                 return Verdict.wrong(problem)
     return Verdict.right(tr("Every rank rebuilt every parameter with one AllGather, at worlds 2, 3 and 4.",
-                            "Каждый ранг собрал каждый параметр одним AllGather в мирах из 2, 3 и 4."))
+                            "Каждый ранг собрал каждый параметр одним AllGather при 2, 3 и 4 рангах."))
 
 
 # --- exercise 3: reduce_grads ----------------------------------------------------------------------------
@@ -508,7 +508,7 @@ def _judge_reduce_grads(fn) -> Verdict:
                     return Verdict.wrong(tr(
                         f"world {world}, rank {rank}: its chunk of gradient {i} {tuple(avg.shape)} has shape "
                         f"{tuple(want.shape)} (the rows the rank keeps, padding dropped); yours is {tuple(got.shape)}",
-                        f"мир из {world}, ранг {rank}: его чанк градиента {i} {tuple(avg.shape)} имеет форму "
+                        f"число рангов {world}, ранг {rank}: его чанк градиента {i} {tuple(avg.shape)} имеет форму "
                         f"{tuple(want.shape)} (строки, которые хранит ранг, без паддинга); у вас {tuple(got.shape)}"))
                 if not torch.allclose(got, want, rtol=1e-5, atol=1e-6):
                     hint = (tr(f" ({num(float(world), 1)} times the average: a ReduceScatter sums unless asked to "
@@ -525,7 +525,7 @@ def _judge_reduce_grads(fn) -> Verdict:
                     return Verdict.wrong(tr(
                         f"world {world}, rank {rank}: its chunk of gradient {i} {tuple(avg.shape)} is not the "
                         f"average of every rank's rows{hint}",
-                        f"мир из {world}, ранг {rank}: его чанк градиента {i} {tuple(avg.shape)} не равен среднему "
+                        f"число рангов {world}, ранг {rank}: его чанк градиента {i} {tuple(avg.shape)} не равен среднему "
                         f"этих строк по всем рангам{hint}"))
             problem = _collectives_verdict(outcome, "reduce_scatter", world, rank)
             if problem:

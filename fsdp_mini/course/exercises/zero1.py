@@ -250,7 +250,7 @@ def _memory_problem(results: list[RankResult], world: int, opt_name: str) -> str
     if len(set(sizes)) > 1:
         return tr(f"world {world}: the shards differ in size across ranks ({sizes} elements), and a ReduceScatter "
                   f"hands every rank an equal slice of the flat buffer",
-                  f"мир из {world}: шарды на рангах разного размера ({sizes} элементов), а ReduceScatter выдаёт "
+                  f"число рангов {world}: шарды на рангах разного размера ({sizes} элементов), а ReduceScatter выдаёт "
                   f"каждому рангу равный срез плоского буфера")
     if sizes[0] * world < numel:
         floor = tr(f": a share of {num(numel)} // {world} rounds down, and the flat buffer must be padded to a "
@@ -259,7 +259,7 @@ def _memory_problem(results: list[RankResult], world: int, opt_name: str) -> str
                    f"кратного {world}, вмещающего все параметры" if sizes[0] == numel // world else "")
         return tr(f"world {world}: {world} shards of {num(sizes[0])} elements hold {num(world * sizes[0])} of the "
                   f"{num(numel)} parameters; the remainder, {num(numel - world * sizes[0])}, belongs to no rank{floor}",
-                  f"мир из {world}: {world} шарда по {num(sizes[0])} элементов вмещают {num(world * sizes[0])} из "
+                  f"число рангов {world}: {world} шарда по {num(sizes[0])} элементов вмещают {num(world * sizes[0])} из "
                   f"{num(numel)} параметров; остаток, {num(numel - world * sizes[0])}, не достаётся ни одному "
                   f"рангу{floor}")
     for rank, r in enumerate(results):
@@ -269,7 +269,7 @@ def _memory_problem(results: list[RankResult], world: int, opt_name: str) -> str
             return tr(f"world {world}, rank {rank}: your shard does not hold elements {num(rank * sizes[0])} to "
                       f"{num((rank + 1) * sizes[0] - 1)} of the flat, padded buffer, the slice a ReduceScatter hands "
                       f"rank {rank}{strided}",
-                      f"мир из {world}, ранг {rank}: в вашем шарде не элементы с {num(rank * sizes[0])} по "
+                      f"число рангов {world}, ранг {rank}: в вашем шарде не элементы с {num(rank * sizes[0])} по "
                       f"{num((rank + 1) * sizes[0] - 1)} плоского буфера с паддингом — а именно этот срез "
                       f"ReduceScatter выдаёт рангу {rank}{strided}")
     _, full = one_process(opt_name)
@@ -282,7 +282,7 @@ def _memory_problem(results: list[RankResult], world: int, opt_name: str) -> str
             return tr(f"world {world}, rank {rank}: {opt_name} holds {num(r.state_bytes)} B of state on this rank, "
                       f"one process holds {num(full)} B for the whole model: a rank should hold about 1/{world} of "
                       f"it{more}",
-                      f"мир из {world}, ранг {rank}: {opt_name} держит на этом ранге {num(r.state_bytes)} Б состояния, "
+                      f"число рангов {world}, ранг {rank}: {opt_name} держит на этом ранге {num(r.state_bytes)} Б состояния, "
                       f"один процесс на всю модель — {num(full)} Б; рангу положено около 1/{world} этого{more}")
     return ""
 
@@ -295,13 +295,13 @@ def _comm_problem(results: list[RankResult], world: int) -> str:
             if ops != ["reduce_scatter", "all_gather"]:
                 return tr(f"world {world}, rank {rank}, step {step}: a ZeRO-1 step needs one ReduceScatter, then one "
                           f"AllGather (through fsdp_mini.collectives); CommLog saw {ops}",
-                          f"мир из {world}, ранг {rank}, шаг {step}: шагу ZeRO-1 нужны один ReduceScatter и затем "
+                          f"число рангов {world}, ранг {rank}, шаг {step}: шагу ZeRO-1 нужны один ReduceScatter и затем "
                           f"один AllGather (через fsdp_mini.collectives); CommLog увидел {ops}")
             for op, nbytes in seen:
                 if nbytes != padded:
                     return tr(f"world {world}, rank {rank}: the {op} carried {num(nbytes)} B, not the padded flat "
                               f"buffer's {num(padded)} B",
-                              f"мир из {world}, ранг {rank}: {op} передал {num(nbytes)} Б, а не {num(padded)} Б "
+                              f"число рангов {world}, ранг {rank}: {op} передал {num(nbytes)} Б, а не {num(padded)} Б "
                               f"плоского буфера с паддингом")
     return ""
 
@@ -320,7 +320,7 @@ def _gradient_problem(results: list[RankResult], world: int, opt_name: str) -> s
                        f"усреднить)") if summed_not_averaged(r.first_grad, want, world) else "")
             return tr(f"world {world}, rank {rank}, {opt_name}: after the first step, shard.grad is not this rank's "
                       f"slice of the whole batch's gradient{hint}",
-                      f"мир из {world}, ранг {rank}, {opt_name}: после первого шага shard.grad — не срез этого ранга "
+                      f"число рангов {world}, ранг {rank}, {opt_name}: после первого шага shard.grad — не срез этого ранга "
                       f"из градиента всего батча{hint}")
     return ""
 
@@ -333,7 +333,7 @@ def _parity_problem(results: list[RankResult], world: int, opt_name: str) -> str
                 gap = (r.state[name] - w).abs().max().item()
                 return tr(f"world {world}, rank {rank}, {opt_name}: after {STEPS} steps {name} differs from one "
                           f"process's training on the whole batch by up to {gap:.1e}",
-                          f"мир из {world}, ранг {rank}, {opt_name}: после {STEPS} шагов {name} отличается от "
+                          f"число рангов {world}, ранг {rank}, {opt_name}: после {STEPS} шагов {name} отличается от "
                           f"обучения в одном процессе на всём батче на величину до {gap:.1e}")
     return ""
 
@@ -350,7 +350,7 @@ def _judge(shard_fn, step_fn) -> Verdict:
                     f"world {world}, rank {raised[0]}: your function raised {raised[1]}: the padding came out "
                     f"negative, so {world} shards of your size hold fewer elements than the parameters have (a "
                     f"share rounded down)",
-                    f"мир из {world}, ранг {raised[0]}: ваша функция выбросила {raised[1]}: паддинг получился "
+                    f"число рангов {world}, ранг {raised[0]}: ваша функция выбросила {raised[1]}: паддинг получился "
                     f"отрицательным, то есть {world} шарда вашего размера вмещают меньше элементов, чем есть "
                     f"параметров (доля округлена вниз)"))
             problem = (_memory_problem(results, world, opt_name) or _comm_problem(results, world)
@@ -359,7 +359,7 @@ def _judge(shard_fn, step_fn) -> Verdict:
                 return Verdict.wrong(problem)
     return Verdict.right(tr("At worlds 2, 3 and 4, with SGD and AdamW, every rank trains like one process, keeps "
                             "1/n of the optimizer state, and sends one ReduceScatter and one AllGather per step.",
-                            "В мирах из 2, 3 и 4 рангов, с SGD и AdamW, каждый ранг обучается как один процесс, "
+                            "При 2, 3 и 4 рангах, с SGD и AdamW, каждый ранг обучается как один процесс, "
                             "хранит 1/n состояния оптимизатора и делает за шаг один ReduceScatter и один AllGather."))
 
 
