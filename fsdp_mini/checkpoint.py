@@ -1,7 +1,7 @@
 """Sharded checkpoints through torch.distributed.checkpoint (DCP): every rank writes only what it holds.
 
-    save_checkpoint("ckpt/step_100", model, optimizer)   # collective: every rank calls it
-    load_checkpoint("ckpt/step_100", model, optimizer)   # at any world size, with any strategy
+    save_checkpoint("ckpt/step_100", model, optimizer, extra_state={"step": 100})  # collective: every rank
+    extra = load_checkpoint("ckpt/step_100", model, optimizer)  # any world size and strategy; {"step": 100}
 
 A full state dict (`fsdp_mini.state_dict`) gathers the whole model onto every rank: simple, but the
 model must fit on one rank, and the ranks wait while it is written. A sharded checkpoint writes what
@@ -43,9 +43,17 @@ stored per original parameter too (every parameter of a flat shard shares its st
 hyperparameters (without their 'params') are one pickled object, `optim.param_groups`. A fresh optimizer
 has no state tensors to load into, so `load_checkpoint` first creates them as
 torch.distributed.checkpoint.state_dict does: one `step()` on zero gradients with lr 0.
+
+What cannot go wrong silently (`fsdp_mini.checkpoint_integrity`): a save writes into a staging directory
+and renames it into place only when it is complete, so a crash leaves the old checkpoint or the new one,
+never a mix; every piece written is checksummed, and a load verifies the checksums before it fills any
+tensor, so damaged files are an error naming the file and the piece, never wrong weights. The rest of a
+training run's state (the step, the LR scheduler's `state_dict()`, RNG states) travels in `extra_state`,
+saved per rank beside the tensors: a resume needs no side file.
 """
 from __future__ import annotations
 
+import io
 import math
 import os
 import warnings
@@ -61,15 +69,19 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from torch.distributed.tensor import DTensor
 
+from fsdp_mini.checkpoint_integrity import (CheckpointError, CorruptCheckpointError, IncompleteCheckpointError,
+                                            open_checkpoint, save_atomically, verify_pieces)
 from fsdp_mini.fully_shard import FSDPModule
 from fsdp_mini.runtime import local_world_size, require_distributed
 from fsdp_mini.torch_internals import (Shard, ShardedTensor, ShardedTensorMetadata, ShardMetadata,
                                        TensorProperties)
 
-__all__ = ["save_checkpoint", "load_checkpoint", "sharded_state_dict"]
+__all__ = ["save_checkpoint", "load_checkpoint", "sharded_state_dict", "CheckpointError", "CorruptCheckpointError",
+           "IncompleteCheckpointError"]
 
 OPTIM_PREFIX = "optim."
 PARAM_GROUPS_KEY = "optim.param_groups"
+EXTRA_STATE_PREFIX = "extra_state/rank"  # + the rank that saved it; a '/' no module's state-dict key contains
 
 
 @contextmanager
@@ -333,28 +345,59 @@ def _planner_kwargs() -> dict[str, bool]:
     return {"flatten_state_dict": False, "flatten_sharded_tensors": False}
 
 
-def save_checkpoint(path: str | os.PathLike, model, optimizer=None, *, overwrite: bool = False) -> None:
-    """Write a sharded checkpoint of `model` (and `optimizer`'s state) to the directory `path`.
+def _check_extra_state(extra_state) -> None:
+    """Before any collective: the training state must be a dict that torch.save can write."""
+    if not isinstance(extra_state, dict):
+        raise TypeError(f"extra_state must be a dict (e.g. {{'step': ..., 'scheduler': sched.state_dict()}}), "
+                        f"got {type(extra_state).__name__}")
+    try:
+        torch.save(extra_state, io.BytesIO())
+    except Exception as exc:  # noqa: BLE001 - whatever pickling raises, said before any rank writes
+        raise TypeError(f"extra_state cannot be saved: {type(exc).__name__}: {exc}") from exc
+
+
+def save_checkpoint(path: str | os.PathLike, model, optimizer=None, *, overwrite: bool = False,
+                    extra_state: dict[str, Any] | None = None) -> None:
+    """Write a sharded checkpoint of `model` (and `optimizer`'s state, and `extra_state`) to the directory `path`.
 
     Collective: every rank must call it. Each rank writes a file of its pieces (replicated pieces once,
     by one of their replicas) and rank 0 the metadata that says where every piece of every parameter
     is. Nothing is gathered: no rank ever holds more than its shards.
-    An existing checkpoint at `path` is an error unless `overwrite`: writing over it in place, a crash
-    halfway would leave neither the old checkpoint nor the new one (PyTorch's future default, too).
+
+    extra_state: the rest of the training state, a dict torch.save can write (the step, the LR
+    scheduler's `state_dict()`, `torch.get_rng_state()`, ...). Each rank's is saved, and
+    `load_checkpoint` returns it.
+
+    Nothing is written into `path` itself until the end. The ranks write into `.NAME.saving` beside it;
+    each rank checksums (CRC-32) every piece it wrote, and rank 0, once every rank has written, writes
+    `manifest.json` (the checksums of the pieces and of the metadata). Then rank 0 commits: it renames
+    an old checkpoint at `path` to `.NAME.replaced`, renames `.NAME.saving` to `path`, and deletes the old
+    one; every rank returns once this is done. A crash before the first rename leaves the old checkpoint
+    (or none) at `path`, untouched; after the second, the new one, complete. Between the two, `path` is
+    absent and the old checkpoint whole under `.NAME.replaced`: loading `path` says so, and the next save
+    puts the old one back first. Never a mix of the two.
+    A checkpoint at `path` is a FileExistsError (before any collective) unless `overwrite`; so is a
+    directory holding other files, which replacing it would delete. An empty directory is fine.
     """
     sd = sharded_state_dict(model, optimizer)
-    with _quiet(), warnings.catch_warnings(), _as_runtime_error("saving", path):
-        warnings.filterwarnings("ignore", message="Detected an existing checkpoint", category=UserWarning)
-        dcp.save(sd, storage_writer=dcp.FileSystemWriter(os.fspath(path), overwrite=overwrite),
-                 planner=DefaultSavePlanner(**_planner_kwargs()))
+    if extra_state is not None:
+        _check_extra_state(extra_state)
+        sd[f"{EXTRA_STATE_PREFIX}{dist.get_rank()}"] = extra_state
+
+    def write(writer) -> None:
+        with _quiet(), _as_runtime_error("saving", path):
+            dcp.save(sd, storage_writer=writer, planner=DefaultSavePlanner(**_planner_kwargs()))
+
+    save_atomically(path, write, overwrite=overwrite)
 
 
-def _check_against_checkpoint(path, sd: dict[str, Any]) -> None:
+def _check_against_checkpoint(path, metadata, sd: dict[str, Any]) -> None:
     """Compare keys and shapes with the checkpoint's metadata before reading anything, so a different
     model fails with every mismatch named (and the model untouched) rather than with DCP's first one."""
-    saved = dcp.FileSystemReader(os.fspath(path)).read_metadata().state_dict_metadata
+    saved = metadata.state_dict_metadata
     missing = [k for k in sd if k not in saved]
-    unexpected = sorted(k for k in saved if not k.startswith(OPTIM_PREFIX) and k not in sd)  # file order varies
+    unexpected = sorted(k for k in saved if not k.startswith((OPTIM_PREFIX, EXTRA_STATE_PREFIX))
+                        and k not in sd)  # file order varies
     shapes = []
     for key, value in sd.items():
         md = saved.get(key)
@@ -380,6 +423,17 @@ def _check_against_checkpoint(path, sd: dict[str, Any]) -> None:
         raise ValueError(f"checkpoint {os.fspath(path)} does not match the model: {', '.join(problems)}{hint}")
 
 
+def _extra_state_key(metadata) -> str | None:
+    """The key of the extra_state this rank gets back: its own when the checkpoint was saved at this
+    world size, else rank 0's (per-rank state such as an RNG's cannot follow the ranks to a new world
+    size, and the step or a scheduler's state is the same on every rank); None when none was saved."""
+    saved = {k for k in metadata.state_dict_metadata if k.startswith(EXTRA_STATE_PREFIX)}
+    if not saved:
+        return None
+    own = f"{EXTRA_STATE_PREFIX}{dist.get_rank()}"
+    return own if len(saved) == dist.get_world_size() and own in saved else f"{EXTRA_STATE_PREFIX}0"
+
+
 def _init_optimizer_state(optimizer) -> None:
     """Create a fresh optimizer's state tensors, so that DCP has something to load into: one step on
     zero gradients with every lr at 0, which leaves the parameters as they are (as
@@ -402,21 +456,35 @@ def _init_optimizer_state(optimizer) -> None:
             p.grad = grad
 
 
-def load_checkpoint(path: str | os.PathLike, model, optimizer=None) -> None:
+def load_checkpoint(path: str | os.PathLike, model, optimizer=None, *, verify: bool = True) -> dict[str, Any]:
     """Fill `model`'s shards (and `optimizer`'s state and hyperparameters) in place from a checkpoint
-    written by `save_checkpoint`, at any world size and with any strategy.
+    written by `save_checkpoint`, at any world size and with any strategy; return its `extra_state`.
 
     Collective: every rank must call it. Each rank reads only the parts of the saved pieces that overlap
     its own shard. Strict: a ValueError names every key missing from the checkpoint, every parameter of
     the checkpoint this model lacks, and every shape that differs, before anything is read. Optimizer
     keys in the checkpoint are ignored when `optimizer` is None.
+
+    Verified before any tensor is filled: the manifest, the metadata and every piece this load reads
+    are checked against the checksums of the save (each file by one rank). Damage is a
+    CorruptCheckpointError naming the file and the piece; a save that never completed (no metadata, or
+    `path` missing beside an interrupted save's leftovers) an IncompleteCheckpointError; both leave the
+    model and the optimizer as they were. `verify=False` skips the checksums, e.g. to load a checkpoint
+    written by plain `dcp.save`, which has no manifest.
+
+    Returns the `extra_state` this rank saved (at another world size, rank 0's), {} when none was.
     """
-    _check_against_checkpoint(path, _state_dict(model, None, saving=False)[0])  # the model first: untouched
+    opened = open_checkpoint(path, verify=verify)  # every rank, no collective: a damaged one fails here
+    _check_against_checkpoint(path, opened.metadata, _state_dict(model, None, saving=False)[0])  # the model first
+    verify_pieces(opened, wanted=lambda key: optimizer is not None or not key.startswith(OPTIM_PREFIX))
     if optimizer is not None:
         _state_dict(model, optimizer, saving=False)  # the optimizer's parameters are the model's, before stepping it
         _init_optimizer_state(optimizer)
     sd, prepare, finish = _state_dict(model, optimizer, saving=False)
-    _check_against_checkpoint(path, sd)
+    _check_against_checkpoint(path, opened.metadata, sd)
+    extra_key = _extra_state_key(opened.metadata)
+    if extra_key is not None:
+        sd[extra_key] = None  # an object: DCP puts the unpickled dict here
     for step in prepare:
         step()
     if not isinstance(model, FSDPModule):
@@ -426,3 +494,4 @@ def load_checkpoint(path: str | os.PathLike, model, optimizer=None) -> None:
                  planner=DefaultLoadPlanner(**_planner_kwargs()))
         for step in finish:
             step()
+    return {} if extra_key is None else sd[extra_key]
