@@ -14,23 +14,33 @@ collective where they differ:
 `fsdp_mini.collectives` records into `RECORDER` (one per process; about 10 microseconds per
 collective, under 1% of a step, so it is always on), which mirrors itself into a memory-mapped file:
 under `fsdp_mini.launch` in the launch's folder, whose records the caller reads when a rank fails or the
-ranks time out (the verdict is the first line of its error); under torchrun in `$FSDP_MINI_FLIGHT_DIR`
-when it is set (`fsdp_mini.init()` attaches it), and `python -m fsdp_mini diagnose DIR` prints the same
-verdict from the files, also for ranks that were killed or hang.
+ranks time out (the verdict is in its error); under torchrun in a folder of its own per run
+(`default_folder`, or `$FSDP_MINI_FLIGHT_DIR` when it is set), which `fsdp_mini.init()` attaches and names
+in the error of a rank that fails (`install_verdict_hook`). `python -m fsdp_mini diagnose DIR` prints the
+same verdict from the files, also for ranks that were killed or hang.
+
+Every file starts with a header naming its run (an id all ranks of a run share), its rank and the world
+size: a folder used by several runs (a 3-rank job, then a 2-rank job) holds files of both, and the
+verdict is made from the newest run's files alone; the others are named as stale, never mixed in.
 """
 from __future__ import annotations
 
 import json
 import mmap
 import os
+import sys
+import tempfile
 import threading
+import time
+import uuid
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fsdp_mini.torch_internals import in_backward
 
-__all__ = ["Entry", "FlightRecorder", "RECORDER", "find_divergence", "diagnose", "load_records", "record_path",
-           "FLIGHT_DIR_ENV", "CAPACITY"]
+__all__ = ["Entry", "FlightRecorder", "RECORDER", "find_divergence", "diagnose", "load_records", "load_run", "Run",
+           "record_path", "new_run_id", "default_folder", "install_verdict_hook", "failure_note", "FLIGHT_DIR_ENV",
+           "CAPACITY"]
 
 CAPACITY = 64  # collectives kept per rank: a few steps of a small model; divergence shows up at once
 FLIGHT_DIR_ENV = "FSDP_MINI_FLIGHT_DIR"
@@ -81,12 +91,16 @@ class FlightRecorder:
         self._map: mmap.mmap | None = None
         self.enabled = True  # False only to measure what recording costs (the bench's `:norecord` cases)
 
-    def attach(self, path: str) -> None:
-        """Mirror the record into `path` (created, `capacity` slots of `_SLOT` bytes)."""
+    def attach(self, path: str, run: str = "", rank: int | None = None, world: int | None = None) -> None:
+        """Mirror the record into `path`: a header slot naming the run (`run`, shared by every rank of
+        one run: `new_run_id`), `rank` and `world`, then `capacity` slots of `_SLOT` bytes."""
+        size = (self.capacity + 1) * _SLOT
+        header = json.dumps({"run": run, "rank": rank, "world": world, "started": time.time()}).encode()
         with open(path, "wb") as f:
-            f.truncate(self.capacity * _SLOT)
+            f.truncate(size)
+            f.write(header[:_SLOT].ljust(_SLOT, b" "))
         with open(path, "r+b") as f:
-            self._map = mmap.mmap(f.fileno(), self.capacity * _SLOT)
+            self._map = mmap.mmap(f.fileno(), size)
 
     def issue(self, op: str, group: tuple[int, ...], tensors, label: str) -> "_Token | None":
         """Record a collective at issue time; returns the token that `complete` takes. On the hot path
@@ -119,7 +133,7 @@ class FlightRecorder:
                 f'"shapes": {[list(s) for s in shapes]}, "dtype": "{dtype}", "label": {json.dumps(label)}, '
                 f'"phase": "{phase}", "done": false}}').encode()
         if len(data) < _SLOT:  # an entry too long to fit is left out of the file, not the memory
-            start = token.slot * _SLOT
+            start = (token.slot + 1) * _SLOT  # slot 0 is the header
             self._map[start:start + _SLOT] = data.ljust(_SLOT, b" ")
             token.done_at = start + len(data) - len(b"false}")
 
@@ -162,26 +176,75 @@ def record_path(folder: str, rank: int) -> str:
     return os.path.join(folder, f"rank{rank}.flight")
 
 
-def load_records(folder: str) -> dict[int, list[Entry]]:
-    """Every rank's record in `folder` (files `rank<r>.flight`), each in issue order. A slot that does
-    not parse (never written, or being written as the process died) is skipped."""
-    out = {}
-    for name in sorted(os.listdir(folder)):
-        if not (name.startswith("rank") and name.endswith(".flight")):
+def new_run_id() -> str:
+    """A fresh run id: its start time (so that ids sort by age), then random hex (unique)."""
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:8]
+
+
+def default_folder(run: str) -> str:
+    """Where a torchrun job's ranks write their records when FSDP_MINI_FLIGHT_DIR is not set: a folder
+    per run under the temporary directory (each node's own; about 33 KB per rank)."""
+    return os.path.join(tempfile.gettempdir(), "fsdp_mini_flight", run)
+
+
+@dataclass(frozen=True)
+class Run:
+    """The records of one run found in a folder, and the files of other runs that were left out."""
+
+    run: str  # the run id ("" for files written without one)
+    world: int | None  # the world size the ranks wrote in their headers (None: not written)
+    records: dict[int, list[Entry]] = field(default_factory=dict)  # rank -> entries, in issue order
+    stale: dict[str, tuple[str, int | None]] = field(default_factory=dict)  # file -> (its run, its world)
+
+    def missing(self) -> list[int]:
+        """Ranks of this run's world with no record file here (a rank that never started, another node's)."""
+        return [r for r in range(self.world or 0) if r not in self.records]
+
+
+def _read_file(path: str) -> tuple[dict, list[Entry]]:
+    """(header, entries in issue order) of one record file; a file without a header (written before runs
+    had ids) gets an empty one. A slot that does not parse (never written, or being written as the process
+    died) is skipped."""
+    with open(path, "rb") as f:
+        data = f.read()
+    header, rows = {}, []
+    for start in range(0, len(data), _SLOT):
+        try:
+            row = json.loads(data[start:start + _SLOT])
+        except ValueError:
             continue
-        with open(os.path.join(folder, name), "rb") as f:
-            data = f.read()
-        rows = []
-        for start in range(0, len(data), _SLOT):
-            try:
-                row = json.loads(data[start:start + _SLOT])
-            except ValueError:
-                continue
+        if "run" in row:
+            header = row
+        else:
             rows.append(row)
-        rows.sort(key=lambda row: row.pop("n"))
-        out[int(name[4:-7])] = [Entry(**{**row, "group": tuple(row["group"]),
-                                         "shapes": tuple(tuple(x) for x in row["shapes"])}) for row in rows]
-    return out
+    rows.sort(key=lambda row: row.pop("n"))
+    return header, [Entry(**{**row, "group": tuple(row["group"]), "shapes": tuple(tuple(x) for x in row["shapes"])})
+                    for row in rows]
+
+
+def load_run(folder: str) -> Run:
+    """The newest run's records in `folder` (files `rank<r>.flight`); files of other runs are left out and
+    listed in `Run.stale`. The newest run is the one whose header says it started last."""
+    runs: dict[str, dict] = {}
+    for name in sorted(os.listdir(folder)):
+        if not (name.startswith("rank") and name.endswith(".flight") and name[4:-7].isdigit()):
+            continue
+        header, entries = _read_file(os.path.join(folder, name))
+        run = runs.setdefault(header.get("run", ""), {"started": 0.0, "world": None, "files": {}})
+        run["started"] = max(run["started"], header.get("started") or 0.0)
+        run["world"] = header.get("world") or run["world"]
+        run["files"][name] = entries
+    if not runs:
+        return Run("", None)
+    newest = max(runs, key=lambda r: (runs[r]["started"], len(runs[r]["files"])))
+    stale = {name: (run, info["world"]) for run, info in runs.items() if run != newest for name in info["files"]}
+    chosen = runs[newest]
+    return Run(newest, chosen["world"], {int(name[4:-7]): e for name, e in chosen["files"].items()}, stale)
+
+
+def load_records(folder: str) -> dict[int, list[Entry]]:
+    """Every rank's record of the newest run in `folder` (see `load_run`), each in issue order."""
+    return load_run(folder).records
 
 
 def _ranks(ranks) -> str:
@@ -237,17 +300,82 @@ def _describe(seq: int, at: dict[int, Entry | None], by_rank: dict[int, dict[int
     return parts[0] + " while " + " and ".join(parts[1:]) + where
 
 
+def _waiting(records: dict[int, list[Entry]]) -> dict[int, Entry]:
+    """Each rank's last collective that had not completed when the record was read, if any."""
+    waiting = {r: next((e for e in reversed(es) if not e.done), None) for r, es in records.items()}
+    return {r: e for r, e in waiting.items() if e is not None}
+
+
+def _notes(run: Run) -> list[str]:
+    """What the verdict did not use: files of other runs, ranks of this run with no file."""
+    notes = []
+    by_run: dict[tuple[str, int | None], list[str]] = {}
+    for name, key in sorted(run.stale.items(), key=lambda kv: int(kv[0][4:-7])):
+        by_run.setdefault(key, []).append(name)
+    for (other, world), names in by_run.items():
+        of = f" of {world} ranks" if world else ""
+        notes.append(f"(ignored {', '.join(names)}: from an earlier run{of}, {other or 'without a run id'})")
+    if run.missing():
+        notes.append(f"(no record of {_ranks(run.missing())}; this run had {run.world} ranks)")
+    return notes
+
+
 def diagnose(folder: str) -> str:
-    """The verdict from the ranks' record files in `folder` (what `python -m fsdp_mini diagnose` prints)."""
-    records = load_records(folder)
+    """The verdict from the ranks' record files in `folder` (what `python -m fsdp_mini diagnose` prints):
+    its first line is the verdict on the newest run; lines after it, if any, name what was left out."""
+    run = load_run(folder)
+    records = run.records
     if not records:
         return f"no flight records (rank<r>.flight) in {folder}"
-    verdict = find_divergence(records, world=max(records) + 1)
+    verdict = find_divergence(records, world=run.world or max(records) + 1)
+    if not verdict:
+        stuck = _waiting(records)
+        if not stuck:
+            verdict = f"ranks {sorted(records)} agree on every recorded collective, and none is waiting in one"
+        else:
+            verdict = ("the ranks agree on every recorded collective; waiting: "
+                       + "; ".join(f"rank {r} in {e.describe()}" for r, e in sorted(stuck.items())))
+    return "\n".join([verdict, *_notes(run)])
+
+
+def failure_note(folder: str, rank: int) -> str:
+    """What a rank that fails should add to its error, from the records in `folder`: the divergence
+    verdict when the ranks diverged, or where it waited when it failed inside a collective; then where the
+    records are. "" when the records say nothing about this failure (an error outside any collective on
+    ranks that agree)."""
+    run = load_run(folder)
+    if not run.records:
+        return ""
+    verdict = find_divergence(run.records, world=run.world or max(run.records) + 1)
     if verdict:
-        return verdict
-    waiting = {r: next((e for e in reversed(es) if not e.done), None) for r, es in records.items()}
-    stuck = {r: e for r, e in waiting.items() if e is not None}
-    if not stuck:
-        return f"ranks {sorted(records)} agree on every recorded collective, and none is waiting in one"
-    return ("the ranks agree on every recorded collective; waiting: "
-            + "; ".join(f"rank {r} in {e.describe()}" for r, e in sorted(stuck.items())))
+        first = f"ranks diverged: {verdict}"
+    elif rank in _waiting(run.records):
+        first = (f"the ranks agree on every recorded collective; rank {rank} failed in "
+                 f"{_waiting(run.records)[rank].describe()} (a peer died or stalls inside it?)")
+    else:
+        return ""
+    return "\n".join([f"fsdp_mini: {first}",
+                      f"fsdp_mini: this run's flight records are in {folder} (python -m fsdp_mini diagnose {folder})"])
+
+
+def install_verdict_hook(folder: str, rank: int) -> None:
+    """Make an uncaught exception of this rank (a collective's timeout, a peer's closed connection) also
+    say what the flight records in `folder` say (`failure_note`): under torchrun each rank that fails
+    prints the verdict with its traceback, not only gloo's "Timed out waiting". Wraps the current
+    `sys.excepthook` (torch.distributed's, which prefixes each line with the rank)."""
+    previous = sys.excepthook
+
+    def hook(exc_type, exc, tb):
+        try:
+            note = failure_note(folder, rank)
+        except Exception:  # noqa: BLE001 - the records are a help; the original error must still be shown
+            note = ""
+        if note and hasattr(exc, "add_note"):  # Python 3.11+: printed under the error's message
+            exc.add_note(note)
+            note = ""
+        previous(exc_type, exc, tb)
+        if note:
+            sys.stderr.write(note + "\n")
+            sys.stderr.flush()
+
+    sys.excepthook = hook

@@ -10,10 +10,12 @@ Why so much care about failure: in distributed code the usual failure is not an 
 One rank raises, the others wait forever in their next collective. Here the first error (with its rank
 and original traceback) is raised in the caller within seconds and every other rank is killed; a
 collective that some rank skipped ends in a `LaunchTimeout` after `timeout` seconds that shows where each
-stuck rank was waiting. No child outlives `launch`.
+stuck rank was waiting. A rank that died without a word (killed by a signal, `os._exit`) is named first,
+by its signal or exit code. No child outlives `launch`.
 
 Under `torchrun` the same worker runs unchanged: call `fsdp_mini.init()` first and end the script with
 `fsdp_mini.finish()` (both in `fsdp_mini.runtime`, which is all a rank needs; this module is the caller's).
+A function that ends with `finish()` also works here: the rank's result is then None.
 
 Rendezvous uses a `file://` store in a fresh temporary folder rather than a TCP port: no port can
 collide between launches in a row or in parallel, and it avoids a 5 s reverse-DNS stall that TCPStore
@@ -21,7 +23,6 @@ showed in a few percent of runs on our machines.
 """
 from __future__ import annotations
 
-import ctypes
 import datetime
 import faulthandler
 import os
@@ -32,6 +33,7 @@ import sys
 import tempfile
 import time
 import traceback
+from dataclasses import dataclass
 from multiprocessing import get_context
 from multiprocessing.connection import wait
 from typing import Any, Callable, Sequence
@@ -39,8 +41,8 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from fsdp_mini.flight_recorder import RECORDER, find_divergence, load_records, record_path
-from fsdp_mini.runtime import check_backend
+from fsdp_mini.flight_recorder import RECORDER, find_divergence, load_run, new_run_id, record_path
+from fsdp_mini.runtime import check_backend, die_with_parent, mark_launched
 
 __all__ = ["launch", "LaunchError", "LaunchTimeout"]
 _LOG_TAIL_LINES = 40
@@ -49,24 +51,18 @@ _PG_TIMEOUT_MARGIN_S = 30.0
 
 
 class LaunchError(RuntimeError):
-    """A rank failed. `.rank` is the first rank that failed; `.remote_traceback` is its traceback."""
+    """A rank failed. `.rank` is the first rank that failed; `.remote_traceback` is its traceback;
+    `.verdict` is where the ranks' collectives diverged ("ranks diverged: ...", "" when they agree)."""
 
-    def __init__(self, message: str, rank: int | None = None, remote_traceback: str = ""):
+    def __init__(self, message: str, rank: int | None = None, remote_traceback: str = "", verdict: str = ""):
         super().__init__(message)
         self.rank = rank
         self.remote_traceback = remote_traceback
+        self.verdict = verdict
 
 
 class LaunchTimeout(LaunchError, TimeoutError):
     """Ranks did not finish within `timeout` seconds: usually ranks that disagree on collectives."""
-
-
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (Ctrl-C'd notebook, killed test)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: the parent's `finally` still cleans up
-        pass
 
 
 def _redirect_output(folder: str, rank: int) -> None:
@@ -81,19 +77,27 @@ def _redirect_output(folder: str, rank: int) -> None:
         os.close(log)
 
 
-def _child(fn, args, rank, world_size, local_world_size, backend, timeout, folder, capture, conn):
-    _die_with_parent()
+def _child(fn, args, rank, world_size, local_world_size, backend, timeout, folder, run, capture, conn):
+    die_with_parent()  # a Ctrl-C'd notebook, a killed test: no rank outlives the caller
+    mark_launched()  # `fsdp_mini.finish()` now ends `fn`, not this process
     os.setpgrp()  # own process group: the parent can kill grandchildren (e.g. DataLoader workers)
     if capture:
         _redirect_output(folder, rank)
     # Python-level streams onto fds 1/2: a forked Jupyter kernel's own streams must not be used here.
     sys.stdout = open(1, "w", buffering=1, closefd=False)
     sys.stderr = open(2, "w", buffering=1, closefd=False)
+    if faulthandler.is_enabled():
+        # The caller's fatal-error handler (pytest enables one) writes to a copy of the caller's stderr
+        # taken before the fork: a rank that aborts (gloo aborts on mismatched sizes) would print its
+        # "Fatal Python error: Aborted" and every thread's stack into the caller's terminal, even when
+        # the failure is expected and reported. Onto this rank's stderr instead: with capture, its log,
+        # whose last lines are in the LaunchError that names the rank.
+        faulthandler.enable(file=sys.stderr, all_threads=True)
     # Dump every thread's Python stack on SIGUSR1: the parent asks before killing a hung rank.
     faulthandler.register(signal.SIGUSR1, file=2, all_threads=True)
     # The collectives this rank issues, mirrored into a file the parent reads if ranks diverge.
     RECORDER.reset()
-    RECORDER.attach(record_path(folder, rank))
+    RECORDER.attach(record_path(folder, rank), run=run, rank=rank, world=world_size)
     os.environ.update(
         RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank % local_world_size),
         LOCAL_WORLD_SIZE=str(local_world_size), GROUP_RANK=str(rank // local_world_size),
@@ -109,12 +113,20 @@ def _child(fn, args, rank, world_size, local_world_size, backend, timeout, folde
             # Longer than the caller's deadline, so that a hang is reported by the caller, with stacks.
             timeout=datetime.timedelta(seconds=timeout + _PG_TIMEOUT_MARGIN_S),
         )
-        result = fn(*args)
+        try:
+            result = fn(*args)
+        except SystemExit as exc:  # `fsdp_mini.finish(code)` or `sys.exit(code)` at the end of `fn`
+            if exc.code not in (None, 0):
+                raise
+            result = None
         try:
             payload = pickle.dumps(("ok", result))
         except Exception as exc:  # noqa: BLE001 - say which rank returned what
             raise TypeError(f"the return value of rank {rank} cannot be pickled: {exc}") from exc
         ok = True
+    except SystemExit as exc:  # a non-zero exit code: the rank ended on purpose, and says so
+        payload = pickle.dumps(("exit", time.time(), exc.code, traceback.format_exc()))
+        ok = False
     except BaseException as exc:  # noqa: BLE001 - everything is reported to the parent
         payload = pickle.dumps(("error", time.time(), f"{type(exc).__name__}: {exc}", traceback.format_exc()))
         ok = False
@@ -193,10 +205,40 @@ def _kill(procs) -> None:
         p.join(5)
 
 
-def _failure_message(rank: int, headline: str, remote_tb: str, folder: str, capture: bool) -> str:
-    parts = [f"rank {rank} failed: {headline}"]
-    if remote_tb:
-        parts.append(f"--- traceback of rank {rank} ---\n{remote_tb.rstrip()}")
+@dataclass(frozen=True)
+class _Failure:
+    """How one rank failed, as the caller learnt it."""
+
+    at: float  # when (the rank's clock); 0.0 for a rank that died without a word: the likeliest cause
+    headline: str  # one sentence that names the rank
+    remote_traceback: str = ""
+    ended: bool = False  # killed from outside or exited: the cause, said before the divergence verdict
+
+
+# Signals a process raises on itself when it crashes (gloo aborts on mismatched sizes): usually inside a
+# collective that went wrong, so the divergence verdict, when there is one, comes before the signal.
+_CRASHES = {signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL}
+
+
+def _ended_silently(rank: int, exitcode: int | None) -> _Failure:
+    """A rank whose process ended without a report: killed by a signal (negative exit code) or exited."""
+    if exitcode is not None and exitcode < 0:
+        try:
+            sig = signal.Signals(-exitcode)
+        except ValueError:
+            return _Failure(0.0, f"rank {rank} was killed by signal {-exitcode}", ended=True)
+        return _Failure(0.0, f"rank {rank} was killed by signal {-exitcode} ({sig.name})", ended=sig not in _CRASHES)
+    return _Failure(0.0, f"rank {rank} exited with code {exitcode} without reporting (os._exit?)", ended=True)
+
+
+def _failure_message(failure: _Failure, rank: int, verdict: str, folder: str, capture: bool) -> str:
+    """The first line names the cause: the rank's own end when it was killed or exited, else where the
+    ranks diverged (an exception or a crash in a collective is usually its consequence), else the rank's
+    error."""
+    first = [failure.headline, verdict] if failure.ended else [verdict, failure.headline]
+    parts = [line for line in first if line]
+    if failure.remote_traceback:
+        parts.append(f"--- traceback of rank {rank} ---\n{failure.remote_traceback.rstrip()}")
     if capture:
         for name in ("stdout", "stderr"):
             tail = _tail(folder, rank, name)
@@ -237,6 +279,7 @@ def launch(
     _warm_lazy_imports()
     ctx = get_context("fork")  # explicit: Python 3.14 changes the default start method
     folder = tempfile.mkdtemp(prefix="fsdp_mini_launch_")
+    run = new_run_id()  # every rank's flight record names this launch
     procs, conns = [], []
     sys.stdout.flush()
     sys.stderr.flush()
@@ -246,7 +289,7 @@ def launch(
             p = ctx.Process(
                 target=_child, name=f"fsdp_mini-rank{rank}", daemon=True,
                 args=(fn, tuple(args), rank, world_size, local_world_size, backend, timeout,
-                      folder, capture_output, send_end),
+                      folder, run, capture_output, send_end),
             )
             p.start()
             send_end.close()
@@ -267,7 +310,7 @@ def _collect(procs, conns, timeout, folder, capture) -> list[Any]:
     """Wait for every rank's report; raise on the first failure or at the deadline."""
     world_size = len(procs)
     results: dict[int, Any] = {}
-    errors: dict[int, tuple[float, str, str]] = {}
+    errors: dict[int, _Failure] = {}
     pending = {c: r for r, c in enumerate(conns)}
     sentinels = {p.sentinel: r for r, p in enumerate(procs)}
     deadline = time.monotonic() + timeout
@@ -290,39 +333,43 @@ def _collect(procs, conns, timeout, folder, capture) -> list[Any]:
                 msg = None
             if msg is None:
                 procs[rank].join(1)
-                # A silent death is the likeliest cause of the others' errors: sort it first (time 0).
-                errors[rank] = (0.0, f"process exited with code {procs[rank].exitcode} "
-                                "without reporting (killed, segfault or os._exit?)", "")
+                errors[rank] = _ended_silently(rank, procs[rank].exitcode)
             elif msg[0] == "ok":
                 results[rank] = msg[1]
+            elif msg[0] == "exit":
+                _, at, code, remote_tb = msg
+                errors[rank] = _Failure(at, f"rank {rank} exited with code {code} (fsdp_mini.finish or sys.exit)",
+                                        remote_tb, ended=True)
             else:
-                errors[rank] = msg[1:]
+                _, at, headline, remote_tb = msg
+                errors[rank] = _Failure(at, f"rank {rank} failed: {headline}", remote_tb)
         if errors and first_error_at is None:
             first_error_at = time.monotonic()
     if errors:
         # The rank that failed first is the cause; the others typically report "Connection closed by peer".
-        rank = min(errors, key=lambda r: errors[r][0])
-        _, headline, remote_tb = errors[rank]
+        rank = min(errors, key=lambda r: errors[r].at)
+        failure = errors[rank]
+        verdict = _divergence(folder, len(procs))
+        msg = _failure_message(failure, rank, verdict, folder, capture)
         others = sorted(set(errors) - {rank})
-        msg = _failure_message(rank, headline, remote_tb, folder, capture)
         if others:
             msg += f"\n(ranks {others} failed after it; ranks still running were killed)"
-        verdict = _divergence(folder, len(procs))
-        raise LaunchError((f"{verdict}\n" if verdict else "") + msg, rank=rank, remote_traceback=remote_tb)
+        raise LaunchError(msg, rank=rank, remote_traceback=failure.remote_traceback, verdict=verdict)
     if pending:
         verdict = _divergence(folder, len(procs))
         error = _timeout_error(procs, sorted(pending.values()), sorted(results), timeout, folder, capture)
         if verdict:
-            error = LaunchTimeout(f"{verdict}\n{error}", rank=error.rank)
+            error = LaunchTimeout(f"{verdict}\n{error}", rank=error.rank, verdict=verdict)
         raise error
     return [results[r] for r in range(world_size)]
 
 
 def _divergence(folder: str, world_size: int) -> str:
     """The first collective where the ranks differ, from the flight records every rank mirrors into
-    `folder` (readable even for a rank that aborted or hangs): the first line of a failure's message."""
+    `folder` (readable even for a rank that aborted or hangs): the first line of a failure's message,
+    or its second, under the rank that was killed or exited."""
     try:
-        verdict = find_divergence(load_records(folder), world=world_size)
+        verdict = find_divergence(load_run(folder).records, world=world_size)
     except (OSError, ValueError, KeyError, TypeError):  # no verdict: the rest of the message stands
         return ""
     return f"ranks diverged: {verdict}" if verdict else ""

@@ -3,18 +3,26 @@
 Everything a training script calls in its own process, whoever started it (`fsdp_mini.launch` from a
 notebook, `torchrun` from a shell, or a plain `python script.py` as a world of one):
 
-    rank, world = fsdp_mini.init()      # reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT (env://)
+    rank, world = fsdp_mini.init(timeout=60)  # reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT (env://)
     device = fsdp_mini.get_device()     # cuda:LOCAL_RANK under NCCL, cpu under gloo
     ...
     fsdp_mini.finish()                  # under torchrun: end the rank without interpreter shutdown
 
 The names of the environment variables are torchrun's (`torch.distributed.run`), and this module is the
 one place that reads them, so that the engine, the launcher and checkpoints agree on what a node is.
+
+Under torchrun, `init()` also does for a rank what `launch` does for its children: the rank dies with
+its agent (a killed torchrun leaves no training processes behind), and its collectives are recorded in a
+folder of its own run, so that a rank that times out says where the ranks diverged
+(`fsdp_mini.flight_recorder`).
 """
 from __future__ import annotations
 
+import ctypes
 import datetime
+import enum
 import os
+import signal
 import sys
 import tempfile
 from typing import Any
@@ -22,10 +30,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from fsdp_mini.flight_recorder import FLIGHT_DIR_ENV, RECORDER, record_path
+from fsdp_mini.flight_recorder import (FLIGHT_DIR_ENV, RECORDER, default_folder, install_verdict_hook, new_run_id,
+                                       record_path)
 
 __all__ = ["init", "finish", "get_device", "under_torchrun", "require_distributed", "local_world_size", "default_backend",
-           "check_backend", "BACKENDS"]
+           "check_backend", "BACKENDS", "Launcher", "launcher", "mark_launched", "die_with_parent", "RankFinished"]
 
 BACKENDS = ("gloo", "nccl")
 
@@ -67,19 +76,62 @@ def check_backend(backend: str | None, world_size: int = 1, ranks_per_node: int 
     return backend
 
 
-def init(backend: str | None = None, timeout: float = 600.0) -> tuple[int, int]:
-    """Initialise `torch.distributed` from torchrun's environment and return `(rank, world_size)`.
+class Launcher(enum.Enum):
+    """What started this process as a rank; `finish()` and `init()` act on it."""
 
-    Inside `launch` (already initialised) this only returns the rank. Under `torchrun` it reads RANK,
-    WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT (the `env://` convention). Run as a plain script
-    (none of them set) it forms a world of one process, so the same script works everywhere. With
-    FSDP_MINI_FLIGHT_DIR set, each rank's flight record is mirrored there (`fsdp_mini.flight_recorder`).
+    SCRIPT = "a plain script"        # nothing: `init()` forms a world of one
+    TORCHRUN = "torchrun"            # torchrun's agent, or another launcher of the env:// convention
+    LAUNCH = "fsdp_mini.launch"      # forked by `launch`, which owns the rank's start and end
+
+
+_launched = False  # set in the ranks that `launch` forks (`mark_launched`)
+
+
+def mark_launched() -> None:
+    """Called by `launch` in each rank it forks: `finish()` then ends the rank's function, not the process."""
+    global _launched
+    _launched = True
+
+
+def launcher() -> Launcher:
+    """What started this rank (see `Launcher`)."""
+    if _launched:
+        return Launcher.LAUNCH
+    return Launcher.TORCHRUN if under_torchrun() else Launcher.SCRIPT
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (a Ctrl-C'd notebook under `launch`, a killed
+    torchrun agent): a rank without its launcher would otherwise train on, or wait in a collective, forever."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the launcher's own clean-up still runs
+        pass
+
+
+def init(backend: str | None = None, timeout: float = 600.0) -> tuple[int, int]:
+    """Initialise `torch.distributed` from torchrun's environment; return `(rank, world_size)`.
+
+    Under `torchrun` it reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT (the `env://`
+    convention). Run as a plain script (none of them set) it forms a world of one process, so the same
+    script works everywhere. Inside `launch`, or when the process group exists already, it changes
+    nothing (`timeout` does not apply) and returns `(rank, world_size)` all the same.
+
+    timeout: seconds a collective may wait for its peers before it fails. A hang (a rank that skipped a
+        collective) then ends in an error after `timeout`, and under torchrun that error says where the
+        ranks diverged: each rank's flight record is mirrored into a folder of this run (FSDP_MINI_FLIGHT_DIR
+        when set, else one under the temporary directory), which the error names.
+    Under torchrun the rank also dies with its agent (`die_with_parent`).
     """
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     if not dist.is_initialized():
         backend = check_backend(backend)
         kwargs: dict[str, Any] = {"timeout": datetime.timedelta(seconds=timeout)}
         if "RANK" in os.environ:
             kwargs["init_method"] = "env://"
+            if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun's agent: no orphan if it dies
+                die_with_parent()
         else:  # a plain `python script.py`: a world of one, no port needed
             folder = tempfile.mkdtemp(prefix="fsdp_mini_")
             kwargs.update(init_method=f"file://{folder}/store", rank=0, world_size=1)
@@ -87,11 +139,27 @@ def init(backend: str | None = None, timeout: float = 600.0) -> tuple[int, int]:
         if backend == "nccl":
             torch.cuda.set_device(local_rank())
         dist.init_process_group(backend, **kwargs)
-        folder = os.environ.get(FLIGHT_DIR_ENV)
-        if folder:  # mirror this rank's collectives there, for `python -m fsdp_mini diagnose DIR`
-            os.makedirs(folder, exist_ok=True)
-            RECORDER.attach(record_path(folder, dist.get_rank()))
+        _record_flight()
     return dist.get_rank(), dist.get_world_size()
+
+
+def _record_flight() -> None:
+    """Mirror this rank's collectives into its run's folder, and make a failing rank print the verdict.
+
+    On in every world of several ranks (FSDP_MINI_FLIGHT_DIR chooses the folder), and in a world of one
+    only when FSDP_MINI_FLIGHT_DIR asks for it. The run id comes from rank 0 (one small broadcast), so that
+    every rank's file says which run it belongs to, and so does the default folder's name."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    chosen = os.environ.get(FLIGHT_DIR_ENV)
+    if world == 1 and not chosen:
+        return
+    run = [new_run_id() if rank == 0 else None]
+    if world > 1:
+        dist.broadcast_object_list(run, src=0, device=get_device())
+    folder = chosen or default_folder(run[0])
+    os.makedirs(folder, exist_ok=True)
+    RECORDER.attach(record_path(folder, rank), run=run[0], rank=rank, world=world)
+    install_verdict_hook(folder, rank)
 
 
 def require_distributed(what: str) -> None:
@@ -107,6 +175,11 @@ def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+class RankFinished(SystemExit):
+    """How `finish()` ends a rank's function inside `launch`, which then reports the exit code (0: the
+    rank's result is None) and ends the process itself."""
+
+
 def finish(exit_code: int = 0) -> None:
     """End a torchrun rank: destroy the process group, flush the output and exit with `exit_code`.
 
@@ -115,7 +188,12 @@ def finish(exit_code: int = 0) -> None:
     the thread is killed and the rank dies with SIGABRT ("terminate called without an active
     exception"), after all its work was done; here it hit about 1 run in 15 of a 2-rank torchrun demo.
     `os._exit` skips the interpreter's shutdown, so there is nothing to race with. Never returns.
+
+    Inside `launch` the same script works: `finish()` raises `RankFinished`, which ends the rank's
+    function; the process, its group and its exit are `launch`'s.
     """
+    if launcher() is Launcher.LAUNCH:
+        raise RankFinished(exit_code)
     try:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -1,23 +1,27 @@
 """The divergence finder: every rank's last collectives, and the first one where the ranks differ.
 
 Each failure mode of lesson 10 is reproduced on gloo ranks and must end, within seconds, in a
-`LaunchError` whose first line names where the ranks went different ways; the verdict logic itself is
-tested on hand-made records. Under torchrun the records go to FSDP_MINI_FLIGHT_DIR and
-`python -m fsdp_mini diagnose` prints the same kind of verdict.
+`LaunchError` that names where the ranks went different ways (its first line; the second, under a rank
+that died); the verdict logic itself is tested on hand-made records. Under torchrun every rank records
+into a folder of its run without being asked (FSDP_MINI_FLIGHT_DIR chooses another), a rank that times
+out prints the verdict, and `python -m fsdp_mini diagnose` prints it from the files, of one run only.
 """
 import os
+import re
 import subprocess
 import sys
 import textwrap
 import time
 
+import psutil
 import pytest
 import torch
 import torch.distributed as dist
 
 from fsdp_mini import FSDP, LaunchError, fully_shard, launch, register_fsdp_forward_method
 from fsdp_mini import collectives as C
-from fsdp_mini.flight_recorder import Entry, FlightRecorder, diagnose, find_divergence, load_records, record_path
+from fsdp_mini.flight_recorder import (FLIGHT_DIR_ENV, Entry, FlightRecorder, diagnose, find_divergence, load_records,
+                                       load_run, record_path)
 from fsdp_mini.course.models import GPT, Block, GPTConfig, make_batch
 from fsdp_mini.course.train import local_rows
 
@@ -105,8 +109,15 @@ def test_each_failure_mode_names_where_the_ranks_diverged(fn, world, starts, con
     start = time.monotonic()
     with pytest.raises(LaunchError) as info:
         launch(fn, world, timeout=HANG_S)
-    verdict = str(info.value).splitlines()[0]
+    verdict = info.value.verdict
     assert verdict.startswith(starts) and contains in verdict, verdict
+    lines = str(info.value).splitlines()
+    if fn is dies_mid_step:  # a rank that died is the cause: said first, the verdict under it
+        assert lines[:2] == ["rank 2 exited with code 3 without reporting (os._exit?)", verdict]
+    else:  # an error or a crash in a collective (or a hang) is the divergence's consequence: the verdict first
+        assert lines[0] == verdict
+    if fn is state_dict_on_rank0:  # gloo aborts on the AllGather's different sizes: the crash is named next
+        assert lines[1] == "rank 0 was killed by signal 6 (SIGABRT)"
     assert time.monotonic() - start < HANG_S + 10
 
 
@@ -169,7 +180,38 @@ def test_the_file_mirror_round_trips_and_survives_its_writer(tmp_path):
                                        "rank 1 in ReduceScatter #6 (blocks.0)")
 
 
-def test_under_torchrun_the_ranks_write_records_and_diagnose_names_the_divergence(tmp_path, no_orphans):
+def _ran(folder, run, world, issued):
+    """Write the records of a finished run into `folder`: rank r issued `issued[r]` AllReduces."""
+    for rank in range(world):
+        rec = FlightRecorder(capacity=8)
+        rec.attach(record_path(str(folder), rank), run=run, rank=rank, world=world)
+        for _ in range(issued[rank]):
+            rec.complete(rec.issue("all_reduce", tuple(range(world)), [torch.ones(2)], "blocks.0"))
+
+
+def test_diagnose_reads_one_run_and_names_the_stale_files_of_an_earlier_one(tmp_path):
+    """A 3-rank job, then a 2-rank job, in the same folder: the second overwrote rank0/rank1.flight, and
+    rank2.flight is the first job's. Mixed in, it made the 2-rank job's ranks look as if they had issued
+    nothing in the 3-rank group (a wrong verdict); now it is left out, and named."""
+    _ran(tmp_path, "20260101-000000-aaaaaaaa", 3, [5, 5, 5])
+    time.sleep(0.01)  # the second run starts later
+    _ran(tmp_path, "20260101-000100-bbbbbbbb", 2, [3, 2])
+    run = load_run(str(tmp_path))
+    assert (run.run, run.world, sorted(run.records)) == ("20260101-000100-bbbbbbbb", 2, [0, 1])
+    assert run.stale == {"rank2.flight": ("20260101-000000-aaaaaaaa", 3)}
+    assert load_records(str(tmp_path)) == run.records
+    assert diagnose(str(tmp_path)).splitlines() == [
+        "rank 0 issued AllReduce #3 (blocks.0) while rank 1 issued no collective #3 (its last: AllReduce #2 (blocks.0))",
+        "(ignored rank2.flight: from an earlier run of 3 ranks, 20260101-000000-aaaaaaaa)"]
+    # a run whose ranks agree, with a rank missing from the folder (another node's, or never started)
+    _ran(tmp_path, "20260101-000200-cccccccc", 4, [1, 1, 1, 0])
+    os.remove(record_path(str(tmp_path), 3))
+    assert diagnose(str(tmp_path)).splitlines() == [
+        "ranks [0, 1, 2] agree on every recorded collective, and none is waiting in one",
+        "(no record of rank 3; this run had 4 ranks)"]
+
+
+def test_flight_dir_chooses_the_folder_and_diagnose_names_the_divergence(tmp_path, no_orphans):
     script = tmp_path / "hang.py"
     script.write_text(textwrap.dedent("""
         import torch
@@ -186,6 +228,9 @@ def test_under_torchrun_the_ranks_write_records_and_diagnose_names_the_divergenc
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                           str(script)], env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode != 0
+    # rank 0, whose AllReduce times out, says why, and where the records are
+    assert "[rank0]: fsdp_mini: ranks diverged: rank 0 waits in AllReduce #2 while rank 1" in run.stderr, run.stderr
+    assert f"[rank0]: fsdp_mini: this run's flight records are in {folder} " in run.stderr
     out = subprocess.run([sys.executable, "-m", "fsdp_mini", "diagnose", str(folder)], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0
@@ -193,3 +238,72 @@ def test_under_torchrun_the_ranks_write_records_and_diagnose_names_the_divergenc
     empty = subprocess.run([sys.executable, "-m", "fsdp_mini", "diagnose", str(tmp_path)], capture_output=True,
                            text=True, timeout=60)
     assert empty.returncode == 1 and empty.stdout.startswith("no flight records")
+
+
+HANG_SCRIPT = """
+import os, sys, time
+import torch, torch.distributed as dist
+import fsdp_mini
+from fsdp_mini import FSDP
+from fsdp_mini.course.models import GPT, Block, GPTConfig, make_batch
+from fsdp_mini.course.train import local_rows
+
+rank, world = fsdp_mini.init(timeout=float(sys.argv[1]))
+CFG = GPTConfig(n_layer=3)
+
+
+class SkipsABlockOnRank1(GPT):
+    def hidden(self, idx):
+        x = self.tok_emb(idx) + self.pos_emb(torch.arange(idx.shape[1]))
+        for i, block in enumerate(self.blocks):
+            if i == 1 and rank == 1:
+                continue
+            x = block(x)
+        return x
+
+
+model = FSDP(SkipsABlockOnRank1(CFG), "FULL_SHARD", wrap=(Block,))
+x, y = (local_rows(t, rank, world) for t in make_batch(CFG, 8, 0))
+with open(os.path.join(sys.argv[2], f"hang_starts.{rank}"), "w") as f:
+    f.write(repr(time.time()))
+model(x, y).backward()
+fsdp_mini.finish()
+"""
+SKIPPED_BLOCK_VERDICT = ("ranks diverged: rank 0 issued AllGather #3 (blocks.1, forward) while rank 1 issued "
+                         "AllGather #3 (blocks.2, forward)")
+
+
+def _processes_running(script) -> list:
+    """Live processes (zombies are dead) whose command line names `script`."""
+    found = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        if str(script) in " ".join(p.info["cmdline"] or []) and p.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(p)
+    return found
+
+
+def test_a_torchrun_hang_prints_the_verdict_within_the_timeout_with_nothing_set(tmp_path, no_orphans):
+    """Two torchrun ranks, one skips an FSDP unit, `init(timeout=5)`, no environment variable: the ranks
+    record into a folder of their run (under the temporary directory, here tmp_path), and a rank whose
+    collective times out prints the verdict and that folder with gloo's error, within the timeout."""
+    timeout_s = 5
+    script = tmp_path / "skips_a_block.py"
+    script.write_text(HANG_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k != FLIGHT_DIR_ENV}
+    env.update(OMP_NUM_THREADS="1", TMPDIR=str(tmp_path))
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          str(script), str(timeout_s), str(tmp_path)],
+                         env=env, capture_output=True, text=True, timeout=150)  # the safety net
+    ended = time.time()
+    assert run.returncode != 0
+    hang_started = min(float((tmp_path / f"hang_starts.{r}").read_text()) for r in range(2))
+    assert ended - hang_started < timeout_s + 10, run.stderr[-3000:]
+    printed = [r for r in range(2) if f"[rank{r}]: fsdp_mini: {SKIPPED_BLOCK_VERDICT}" in run.stderr]
+    assert printed, run.stderr[-3000:]
+    for r in range(2):  # every rank that failed (rather than being stopped by torchrun) said it
+        if re.search(rf"^\[rank{r}\]: RuntimeError", run.stderr, re.M):
+            assert r in printed, run.stderr[-3000:]
+    folder = re.search(r"fsdp_mini: this run's flight records are in (\S+) ", run.stderr)[1]
+    assert os.path.dirname(folder) == str(tmp_path / "fsdp_mini_flight")  # a folder per run
+    assert diagnose(folder) == SKIPPED_BLOCK_VERDICT.removeprefix("ranks diverged: ")
+    assert not _processes_running(script)

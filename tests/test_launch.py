@@ -1,16 +1,21 @@
-"""launch(): results in rank order, output grouped by rank, and the three ways to fail, each fast."""
+"""launch(): results in rank order, output grouped by rank, and the ways to fail, each fast; and what
+`init()` / `finish()` do for a rank under torchrun (no orphan when the agent dies)."""
 import os
+import signal
 import subprocess
 import sys
 import textwrap
 import threading
 import time
 
+import psutil
 import pytest
 import torch
 import torch.distributed as dist
 
+import fsdp_mini
 from fsdp_mini import LaunchError, LaunchTimeout, init, launch
+from fsdp_mini import collectives as C
 
 pytestmark = pytest.mark.usefixtures("no_orphans")
 
@@ -118,9 +123,85 @@ def _die_silently():
 
 def test_a_rank_that_dies_without_reporting_is_named():
     start = time.monotonic()
-    with pytest.raises(LaunchError, match="rank 1 failed: process exited with code 7"):
+    with pytest.raises(LaunchError) as info:
         launch(_die_silently, 2, timeout=50)
     assert time.monotonic() - start < 10
+    assert str(info.value).splitlines()[0] == "rank 1 exited with code 7 without reporting (os._exit?)"
+    assert info.value.rank == 1
+
+
+def _killed_after_one_collective():
+    C.all_reduce(torch.ones(2))
+    if dist.get_rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)  # what the OOM killer does
+    C.all_reduce(torch.ones(2))
+
+
+def test_a_killed_rank_is_said_first_and_the_verdict_follows():
+    with pytest.raises(LaunchError) as info:
+        launch(_killed_after_one_collective, 2, timeout=50)
+    verdict = "ranks diverged: rank 0 waits in AllReduce #2 while rank 1 issued no collective #2 (its last: AllReduce #1)"
+    assert str(info.value).splitlines()[:2] == ["rank 1 was killed by signal 9 (SIGKILL)", verdict]
+    assert info.value.rank == 1 and info.value.verdict == verdict
+
+
+def _ends_with_finish(code):
+    rank, world = fsdp_mini.init()  # already initialised by launch: only returns the rank
+    t = torch.ones(3) * (rank + 1)
+    C.all_reduce(t)
+    print(f"rank {rank}/{world} sum {t.tolist()}")
+    fsdp_mini.finish(code if rank == 1 else 0)
+    print("never printed: finish() does not return")
+
+
+def test_a_worker_that_ends_with_finish_works_under_launch(capsys):
+    """The torchrun shape (init() first, finish() last) runs unchanged under launch: the rank's result is None."""
+    assert launch(_ends_with_finish, 2, args=(0,)) == [None, None]
+    assert capsys.readouterr().out.splitlines() == ["[rank 0] rank 0/2 sum [3.0, 3.0, 3.0]",
+                                                    "[rank 1] rank 1/2 sum [3.0, 3.0, 3.0]"]
+    with pytest.raises(LaunchError) as info:
+        launch(_ends_with_finish, 2, args=(3,))
+    assert str(info.value).splitlines()[0] == "rank 1 exited with code 3 (fsdp_mini.finish or sys.exit)"
+
+
+def test_init_rejects_a_bad_timeout_before_anything_starts():
+    with pytest.raises(ValueError, match="timeout must be a positive number of seconds, got 0"):
+        init(timeout=0)
+    assert not dist.is_initialized()
+
+
+ABORTS = """
+import faulthandler, os, sys
+faulthandler.enable(file=os.dup(2))  # as pytest does: a copy of the caller's stderr, taken before the fork
+import torch, torch.distributed as dist
+from fsdp_mini import LaunchError, launch
+
+
+def abort_on_rank_1():
+    if dist.get_rank() == 1:
+        os.abort()  # as gloo does on mismatched sizes
+    dist.barrier()
+
+
+try:
+    launch(abort_on_rank_1, 2, timeout=60)
+except LaunchError as error:
+    print(error)
+"""
+
+
+def test_an_aborting_rank_prints_no_fatal_error_in_the_caller_and_its_dump_is_in_the_error(tmp_path):
+    """Under `make test` the broken exercise solutions' ranks that abort printed "Fatal Python error:
+    Aborted" and every thread's stack into the terminal (pytest's faulthandler, inherited by the fork).
+    The dump goes to the rank's log now, and from there into the error that names the rank."""
+    script = tmp_path / "aborts.py"
+    script.write_text(ABORTS)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert out.returncode == 0, out.stderr
+    assert "Fatal Python error" not in out.stderr, out.stderr
+    assert out.stdout.startswith("rank 1 was killed by signal 6 (SIGABRT)\n"), out.stdout
+    assert "--- last lines of rank 1's stderr ---\nFatal Python error: Aborted" in out.stdout  # not hidden
 
 
 def _unpicklable():
@@ -194,7 +275,7 @@ print("never printed: finish() does not return")
 def test_same_worker_runs_under_torchrun_and_as_a_plain_script(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(tmp_path))  # the flight records go there
     plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
     assert plain.returncode == 0, plain.stderr
     assert "rank 0/1 local 0 sum [1.0, 1.0, 1.0, 1.0, 1.0]" in plain.stdout
@@ -215,3 +296,49 @@ def test_finish_flushes_the_output_and_exits_with_the_code(tmp_path):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 3, out.stderr
     assert out.stdout == "rank 0/1 local 0 sum [1.0, 1.0, 1.0, 1.0, 1.0]\n"
+
+
+FOREVER = """
+import os, sys, time
+import torch
+import fsdp_mini
+from fsdp_mini import collectives as C
+
+rank, world = fsdp_mini.init(timeout=60)
+with open(os.path.join(sys.argv[1], f"pid.{rank}"), "w") as f:
+    f.write(str(os.getpid()))
+while True:  # training that never ends by itself
+    C.all_reduce(torch.ones(4))
+    time.sleep(0.05)
+"""
+
+
+def test_killing_the_torchrun_agent_leaves_no_rank_running(tmp_path):
+    """torchrun starts each rank in a session of its own, so a killed agent (SIGKILL: no clean-up) used to
+    leave its ranks training; `init()` asks Linux to kill a rank when its parent dies, as `launch` does."""
+    script = tmp_path / "forever.py"
+    script.write_text(FOREVER)
+    env = dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(tmp_path))
+    agent = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                              str(script), str(tmp_path)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pids = []
+    try:
+        deadline = time.monotonic() + 120
+        while len(pids) < 2 and time.monotonic() < deadline and agent.poll() is None:
+            time.sleep(0.2)
+            pids = [int(p.read_text()) for p in tmp_path.glob("pid.*") if p.read_text()]
+        assert len(pids) == 2, "the ranks did not start"
+        ranks = [psutil.Process(pid) for pid in pids]
+        agent.kill()
+        agent.wait(30)
+        gone, alive = psutil.wait_procs(ranks, timeout=15)
+        alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+        assert not alive, f"ranks still running after their agent was killed: {alive}"
+    finally:
+        agent.kill()
+        agent.wait(30)
+        for pid in pids:  # never leave one behind, whatever the test found
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

@@ -23,9 +23,10 @@ from fsdp_mini.runtime import finish, init, under_torchrun
 
 
 def _run(worker, world_size: int, args: tuple, timeout: float):
-    """Results of rank 0, or None on the other ranks under torchrun."""
+    """Results of rank 0, or None on the other ranks under torchrun (whose collectives then time out,
+    and explain the hang, after `timeout` seconds, as they do under `launch`)."""
     if under_torchrun():
-        init()
+        init(timeout=timeout)
         result = worker(*args)
         return result if dist.get_rank() == 0 else None
     return launch(worker, world_size, args=args, timeout=timeout, capture_output=False)[0]
@@ -96,7 +97,8 @@ def bench_collectives_cmd(args) -> int:
 
 
 def diagnose_cmd(args) -> int:
-    """Print the verdict of `fsdp_mini.flight_recorder.diagnose` (exit code 1 when there is no record)."""
+    """Print the verdict of `fsdp_mini.flight_recorder.diagnose` on the newest run in the folder, with the
+    files of earlier runs it ignored (exit code 1 when there is no record)."""
     if not os.path.isdir(args.folder):
         raise ValueError(f"{args.folder} is not a folder")
     verdict = diagnose(args.folder)
@@ -104,31 +106,47 @@ def diagnose_cmd(args) -> int:
     return 1 if verdict.startswith("no flight records") else 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fsdp_mini", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose help shows each option's default; the subcommands' parsers are of this class
+    too (`add_subparsers(parser_class=...)`), also those that other modules register (bench, simulate)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: every subcommand, every option with its help and its default."""
+    parser = _Parser(prog="python -m fsdp_mini", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     d = sub.add_parser("demo", help="train a small GPT under every strategy, side by side with PyTorch")
-    d.add_argument("--world-size", type=int, default=4)
+    d.add_argument("--world-size", type=int, default=4, help="ranks to launch (under torchrun: its WORLD_SIZE)")
     d.add_argument("--no-pytorch", action="store_true", help="skip the comparison with PyTorch DDP / FSDP2")
-    d.add_argument("--timeout", type=float, default=300)
+    d.add_argument("--timeout", type=float, default=300, help="seconds before a hung run is stopped and explained")
     d.set_defaults(func=demo)
     r = sub.add_parser("ring-demo", help="ring and naive all-reduce, with their CommLog")
-    r.add_argument("--world-size", type=int, default=4)
-    r.add_argument("--timeout", type=float, default=120)
+    r.add_argument("--world-size", type=int, default=4, help="ranks to launch (under torchrun: its WORLD_SIZE)")
+    r.add_argument("--timeout", type=float, default=120, help="seconds before a hung run is stopped and explained")
     r.set_defaults(func=ring_demo)
     b = sub.add_parser("bench-collectives", help="ring vs builtin collectives, nccl-tests style")
-    b.add_argument("--world-size", type=int, default=2)
-    b.add_argument("--sizes", default="4K,64K,1M,16M,64M", help="comma-separated, e.g. 4K,1M,64M")
-    b.add_argument("--iters", type=int, default=5)
-    b.add_argument("--warmup", type=int, default=1)
+    b.add_argument("--world-size", type=int, default=2, help="ranks to launch (under torchrun: its WORLD_SIZE)")
+    b.add_argument("--sizes", default="4K,64K,1M,16M,64M", help="message sizes, comma-separated, e.g. 4K,1M,64M")
+    b.add_argument("--iters", type=int, default=5, help="timed iterations per collective and size")
+    b.add_argument("--warmup", type=int, default=1, help="untimed iterations first")
     b.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
-    b.add_argument("--timeout", type=float, default=600)
+    b.add_argument("--timeout", type=float, default=600, help="seconds before a hung run is stopped and explained")
     b.set_defaults(func=bench_collectives_cmd)
     g = sub.add_parser("diagnose", help="where the ranks of a hung or failed job diverged, from their flight records")
-    g.add_argument("folder", help="the FSDP_MINI_FLIGHT_DIR the ranks wrote to (files rank<r>.flight)")
+    g.add_argument("folder", help="the folder of the ranks' flight records (files rank<r>.flight): the one a "
+                                  "failed rank's error names, or FSDP_MINI_FLIGHT_DIR")
     g.set_defaults(func=diagnose_cmd)
     bench_command.add_subcommand(sub)
     simulate.add_subcommand(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -300,15 +300,16 @@ def add_subcommand(sub) -> None:
     s = sub.add_parser("simulate", help="alpha-beta prediction of fsdp_mini's step time from a `bench --json` file")
     s.add_argument("bench_json", metavar="BENCH_JSON", help="the file `python -m fsdp_mini bench --json` wrote")
     s.add_argument("--collectives", metavar="FILE", help="bench-collectives --json rows to calibrate with instead")
-    s.add_argument("--nodes", type=int, default=DEFAULT_CLUSTER.nodes)
-    s.add_argument("--gpus-per-node", type=int, default=DEFAULT_CLUSTER.gpus_per_node)
+    s.add_argument("--nodes", type=int, default=DEFAULT_CLUSTER.nodes, help="nodes of the cluster to extrapolate to")
+    s.add_argument("--gpus-per-node", type=int, default=DEFAULT_CLUSTER.gpus_per_node, help="GPUs (ranks) per node")
     s.add_argument("--intra-gbytes", type=float, default=DEFAULT_CLUSTER.intra_bandwidth / 1e9,
                    help="GB/s per GPU inside a node (NVLink)")
     s.add_argument("--inter-gbits", type=float, default=DEFAULT_CLUSTER.inter_bandwidth * 8 / 1e9,
                    help="Gb/s per GPU between nodes")
     s.add_argument("--params", type=float, default=7e9, help="parameters of the large model to extrapolate")
     s.add_argument("--units", type=int, default=32, help="FSDP units of the large model")
-    s.add_argument("--tokens-per-gpu", type=int, default=16384)
+    s.add_argument("--tokens-per-gpu", type=int, default=16384,
+                   help="tokens per GPU in one step of the large model")
     s.add_argument("--gpu-tflops", type=float, default=989, help="peak bf16 TFLOP/s of one GPU")
     s.add_argument("--mfu", type=float, default=0.4, help="fraction of the peak reached")
     s.add_argument("--json", metavar="FILE", help="also write the predictions as JSON")

@@ -7,7 +7,7 @@ import os
 from fsdp_mini.course import simulate
 from fsdp_mini.course.bench.cases import CASES, SIZES, parse_cases, parse_sizes
 from fsdp_mini.course.bench.measure import environment, run
-from fsdp_mini.course.bench.report import plot, summarize, table, targets, targets_text
+from fsdp_mini.course.bench.report import judge_by_size, plot, summarize, table, targets, targets_text
 from fsdp_mini.course.language import LANGUAGES, set_language
 from fsdp_mini.runtime import under_torchrun
 
@@ -76,7 +76,8 @@ def command(args) -> int:
 
 def print_report(report: dict, args) -> int:
     """Print a run's table and targets (and the simulation); write the plot."""
-    env, rows, items = report["environment"], report["rows"], report["targets"]
+    env, rows = report["environment"], report["rows"]
+    items, note = judge_by_size(report["targets"])
     a = report["args"]
     load = (f"; load average {env['load_before'][0]:.1f} before, {env['load_after'][0]:.1f} after"
             if env.get("load_before") else "")
@@ -85,6 +86,8 @@ def print_report(report: dict, args) -> int:
     print(table(rows))
     if items:
         print("\nperformance targets:")
+        if note:
+            print(note)
         print(targets_text(items))
     if args.simulate:
         print()

@@ -13,7 +13,11 @@ from fsdp_mini.course.bench.measure import PHASES
 from fsdp_mini.course.language import tr
 from fsdp_mini.memory import format_bytes
 
-__all__ = ["summarize", "table", "targets", "targets_text", "plot"]
+__all__ = ["summarize", "table", "targets", "targets_text", "judge_by_size", "plot", "SMOKE_SIZES"]
+
+# Sizes for a smoke test of the bench itself: a step of a few milliseconds is mostly fixed costs (Python,
+# hooks, a collective's latency), not what the targets are about, so their targets are shown, not judged.
+SMOKE_SIZES = frozenset({"tiny"})
 
 
 def summarize(results: list[dict]) -> list[dict]:
@@ -87,6 +91,7 @@ def targets(rows: list[dict], results: list[dict]) -> list[dict]:
         per_param = get(world, size, "fully_shard:reshard")
         unrecorded = get(world, size, "mini:FULL_SHARD:norecord")
         where = f"{size}, world {world}"
+        first = len(out)
         if full and fsdp2 and world == 2:
             v = full["step_s"] / fsdp2["step_s"]
             out.append(dict(target="FULL_SHARD step <= 0.9x FSDP2 (world 2)", where=where, value=v, limit=0.9, met=v <= 0.9))
@@ -118,17 +123,31 @@ def targets(rows: list[dict], results: list[dict]) -> list[dict]:
             v = full["step_s"] / off["step_s"]
             out.append(dict(target="prefetch on faster than off", where=where, value=v, limit=1.0, met=v < 1.0,
                             comm_share=share))
+        for item in out[first:]:
+            item["size"] = size
     return out
 
 
+def judge_by_size(items: list[dict]) -> tuple[list[dict], str]:
+    """The targets with `judged` set (False at a smoke-test size, `SMOKE_SIZES`), and the note that says
+    why, when some are not judged ("" otherwise)."""
+    judged = [dict(t, judged=t.get("size", t["where"].split(",")[0]) not in SMOKE_SIZES) for t in items]
+    smoke = sorted({t["where"].split(",")[0] for t in judged if not t["judged"]})
+    note = (f"{', '.join(smoke)}: a smoke-test size, too small for these targets to mean anything (a step of "
+            "a few ms is mostly fixed costs); values shown, not judged (n/a)") if smoke else ""
+    return judged, note
+
+
 def targets_text(items: list[dict]) -> str:
+    """One line per target: met, MISSED, or n/a when it is not judged (`judge_by_size`)."""
     lines = []
     for t in items:
         value = f"{100 * t['value']:+.2f}%" if t["limit"] == 0.01 else f"{t['value']:.2f}x"
         limit = "1%" if t["limit"] == 0.01 else f"{t['limit']:g}x"
         extra = f" (communication ~{100 * t['comm_share']:.0f}% of a step without prefetch)" \
             if t.get("comm_share") is not None else ""
-        lines.append(f"{'met   ' if t['met'] else 'MISSED'} {t['target']:<46} {t['where']:<18} {value:>8} "
+        verdict = "n/a   " if not t.get("judged", True) else "met   " if t["met"] else "MISSED"
+        lines.append(f"{verdict} {t['target']:<46} {t['where']:<18} {value:>8} "
                      f"(limit {limit}){extra}")
     return "\n".join(lines)
 
