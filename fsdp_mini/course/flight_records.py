@@ -1,5 +1,5 @@
-"""Flight records as lesson 10 shows them: fsdp_mini's verdict read in Russian, and PyTorch's own
-flight recorder run on gloo ranks beside fsdp_mini's, on the same hang.
+"""Flight records as lesson 10 shows them: PyTorch's own flight recorder run on gloo ranks beside
+fsdp_mini's, on the same hang (fsdp_mini's verdicts in Russian: `fsdp_mini.course.readings`).
 
 PyTorch 2.13 records every collective of every process group, gloo included, in one ring buffer per
 process (`TORCH_FR_BUFFER_SIZE` entries, 2000 by default: torch/csrc/distributed/c10d/FlightRecorder.hpp).
@@ -38,31 +38,7 @@ import torch.distributed as dist
 
 from fsdp_mini.flight_recorder import RECORDER, find_divergence, load_records, record_path
 
-__all__ = ["in_russian", "BUFFER_ENV", "dump_trace", "record_both", "fsdp_mini_verdict", "fr_trace",
-           "first_finding"]
-
-
-def in_russian(sentence: str) -> str:
-    """fsdp_mini's verdict (`find_divergence`, the first line of a `LaunchError`, `diagnose`) read in
-    Russian: the library speaks English, the Russian lesson prints this reading under it."""
-    s = sentence.replace("ranks diverged: ", "ранги разошлись: ")
-    s = re.sub(r"ranks (\[[^\]]*\]) did not finish within ([\d.]+) s(?: \(ranks (\[[^\]]*\]) returned\))?: "
-               r"do all ranks call the same collectives in the same order\?",
-               lambda m: f"ранги {m[1]} не завершились за {m[2].replace('.', ',')} с"
-                         + (f" (ранги {m[3]} вернули результат)" if m[3] else "")
-                         + ": все ли ранги вызывают одни и те же коллективные операции в одном порядке?", s)
-    s = s.replace("(its last: ", "(последняя выданная: ")
-    s = re.sub(r" \(in the group of ranks (\[[^\]]*\])\)", r" (в группе рангов \1)", s)
-    s = re.sub(r" of ((?:\([\d, ]*\)(?:, )?)+) (\w+)", r" с тензором \1 \2", s)
-    for en, ru_one, ru_many in (("issued no collective", "не выдал коллективную операцию",
-                                 "не выдали коллективную операцию"),
-                                ("issued", "выдал", "выдали"), ("waits in", "ждёт в", None),
-                                ("wait in", None, "ждут в")):
-        if ru_many:
-            s = re.sub(rf"\branks ([\d, ]+?) {en}\b", rf"ранги \1 {ru_many}", s)
-        if ru_one:
-            s = re.sub(rf"\brank (\d+) {en}\b", rf"ранг \1 {ru_one}", s)
-    return s.replace(" while ", ", а ").replace(" and ", " и ")
+__all__ = ["BUFFER_ENV", "dump_trace", "record_both", "fsdp_mini_verdict", "fr_trace", "first_finding"]
 
 
 BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"  # entries per process; TORCH_NCCL_TRACE_BUFFER_SIZE is its old name

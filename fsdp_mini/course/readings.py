@@ -9,8 +9,8 @@ and the timeout of a `LaunchTimeout`; the budget, the phase and the bytes of eac
     print_with_reading("verdict: ", verdict)   # the library's sentence; in Russian, its reading below
 
 `read(text)` takes every sentence `fsdp_mini` writes about a failed run: a verdict (`find_divergence`,
-the first line of a `LaunchError`, `python -m fsdp_mini diagnose`) and the headline of a `LaunchError` or
-`LaunchTimeout`. A verdict's structure is parsed back from the sentence (the library hands over only the
+the "ranks diverged: ..." line of a `LaunchError`, `python -m fsdp_mini diagnose` and its notes) and the
+headline of a `LaunchError` or `LaunchTimeout` (a rank that failed, was killed or exited). A verdict's structure is parsed back from the sentence (the library hands over only the
 sentence); rendered in English, the parsed structure gives the library's sentence back, character for
 character (tests/test_language.py checks it on the library's own verdicts), so a change of the library's
 wording fails a test instead of printing a wrong reading. `read_budget(snapshot, budget)` reads a
@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from fsdp_mini.course.language import get_language, num, size, tr
+from fsdp_mini.course.language import get_language, num, plural, size, tr
 from fsdp_mini.memory_ledger import LedgerSnapshot, MemoryBudgetExceeded
 
 __all__ = ["KIND_NAMES", "PHASE_NAMES", "kind_name", "phase_name", "Collective", "Side", "Verdict",
@@ -207,14 +207,7 @@ def _launch_timeout(m: re.Match) -> str:
 
 
 def _rank_failed(m: re.Match) -> str:
-    exited = re.fullmatch(r"process exited with code (-?\d+) without reporting "
-                          r"\(killed, segfault or os\._exit\?\)", m["what"])
-    if exited:
-        what = (f"процесс завершился с кодом {exited[1]}, ничего не сообщив "
-                f"(его убили, segfault или os._exit?)")
-    else:
-        what = m["what"]  # the rank's own exception, as Python or PyTorch wrote it
-    return f"ранг {m['rank']} упал: {what}"
+    return f"ранг {m['rank']} упал: {m['what']}"  # the rank's own exception, as Python or PyTorch wrote it
 
 
 def _waiting(m: re.Match) -> str:
@@ -229,6 +222,12 @@ _SENTENCES = [
      r"(?: \(ranks \[(?P<returned>[\d, ]+)\] returned\))?: "
      r"do all ranks call the same collectives in the same order\?", _launch_timeout),
     (r"rank (?P<rank>\d+) failed: (?P<what>.*)", _rank_failed),
+    (r"rank (?P<rank>\d+) was killed by signal (?P<signal>\d+)(?: \((?P<name>\w+)\))?",
+     lambda m: f"ранг {m['rank']} убит сигналом {m['signal']}" + (f" ({m['name']})" if m["name"] else "")),
+    (r"rank (?P<rank>\d+) exited with code (?P<code>-?\d+) without reporting \(os\._exit\?\)",
+     lambda m: f"ранг {m['rank']} завершился с кодом {m['code']}, ничего не сообщив (os._exit?)"),
+    (r"rank (?P<rank>\d+) exited with code (?P<code>-?\d+) \(fsdp_mini\.finish or sys\.exit\)",
+     lambda m: f"ранг {m['rank']} завершился с кодом {m['code']} (fsdp_mini.finish или sys.exit)"),
     (r"\(ranks \[(?P<ranks>[\d, ]+)\] failed after it; ranks still running were killed\)",
      lambda m: f"({_ranks_ru(int(r) for r in m['ranks'].split(', '))} упали после него; "
                f"ранги, которые ещё работали, завершены)"),
@@ -238,6 +237,13 @@ _SENTENCES = [
      lambda m: f"ранги {m['ranks']} согласны во всех записанных коллективных операциях, "
                f"и ни один из них не ждёт"),
     (r"the ranks agree on every recorded collective; waiting: (?P<waiting>.*)", _waiting),
+    (r"\(ignored (?P<files>.*): from an earlier run(?: of (?P<world>\d+) ranks)?, (?P<run>.*)\)",
+     lambda m: f"(пропущены {m['files']}: они от прошлого запуска"
+               + (f" на {m['world']} {plural(int(m['world']), 'ранг', 'ранга', 'рангов')}" if m["world"] else "")
+               + f", {'без идентификатора запуска' if m['run'] == 'without a run id' else m['run']})"),
+    (r"\(no record of (?:rank (?P<one>\d+)|ranks (?P<many>[\d, ]+)); this run had (?P<world>\d+) ranks\)",
+     lambda m: f"(нет записей {'ранга ' + m['one'] if m['one'] else 'рангов ' + m['many']}; "
+               f"в этом запуске {m['world']} {plural(int(m['world']), 'ранг', 'ранга', 'рангов')})"),
 ]
 
 
@@ -245,6 +251,8 @@ def read(text: str) -> str:
     """A sentence `fsdp_mini` wrote about a failed run, in the lesson's language: unchanged in English,
     its reading in Russian. Raises ValueError for a sentence it does not know (rather than print
     English where the lesson promised a reading)."""
+    if "\n" in text:  # diagnose's verdict, then the notes on what it left out: line by line
+        return "\n".join(read(line) for line in text.split("\n"))
     verdict = parse_verdict(text)
     if verdict is not None:
         return verdict.render()
@@ -270,7 +278,15 @@ def read_budget(snapshot: LedgerSnapshot, budget: int) -> str:
 
 def print_with_reading(label: str, text: str, reading: str | None = None) -> None:
     """Print `label` and a message the library (or PyTorch) wrote, as it wrote it; in a Russian lesson,
-    its reading under it, aligned with the message (`reading`, or `read(text)` by default)."""
-    print(label + text)
-    if get_language() == "ru":
-        print(" " * len(label) + (read(text) if reading is None else reading))
+    its reading under it, aligned with the message (`reading`, or `read(text)` by default: then a message
+    of several lines is printed line by line, each with its reading under it)."""
+    indent = " " * len(label)
+    if get_language() != "ru":
+        print(label + text.replace("\n", "\n" + indent))
+    elif reading is None:
+        for i, line in enumerate(text.split("\n")):
+            print((indent if i else label) + line)
+            print(indent + read(line))
+    else:
+        print(label + text.replace("\n", "\n" + indent))
+        print(indent + reading.replace("\n", "\n" + indent))
