@@ -24,6 +24,7 @@ so a gloo dump's `pg_config` holds one nameless group and `fr_trace` stops with 
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import os
 import pickle
 import re
@@ -72,6 +73,8 @@ def _rank(fn, rank, world, folder, timeout_s, buffer_size):
     # Python's streams onto fds 1/2: a forked Jupyter kernel's own streams would reach the notebook
     sys.stdout = open(1, "w", buffering=1, closefd=False)
     sys.stderr = open(2, "w", buffering=1, closefd=False)
+    if faulthandler.is_enabled():  # the caller's handler (pytest's) would print a rank's abort on its terminal
+        faulthandler.enable(file=sys.stderr, all_threads=True)  # into this rank's log instead, as launch does
     os.environ[BUFFER_ENV] = str(buffer_size)  # read when this process creates its first group
     torch.set_num_threads(1)
     RECORDER.reset()
