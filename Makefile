@@ -30,7 +30,7 @@ bench: setup  # about 5 minutes on 2 cores; lessons/en/performance.md shows a ru
 	OMP_NUM_THREADS=1 $(PY) -m fsdp_mini bench --simulate --json build/bench.json --plot build/bench.png
 
 # Every lesson under nbval with the CPU kernels of other machines: stored outputs must not depend on them
-# (tests/test_cpu_kernels.py runs the reduced-precision lessons so in `make test`). About 15 minutes.
+# (tests/course/test_cpu_kernels.py runs the reduced-precision lessons so in `make test`). About 15 minutes.
 kernels: setup
 	for limit in ATEN_CPU_CAPABILITY=default ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2; do \
 		echo "== $$limit"; env $$limit OMP_NUM_THREADS=1 $(PY) -m pytest -p no:cacheprovider -q lessons || exit 1; \

@@ -1,7 +1,7 @@
 """Every private PyTorch name fsdp_mini uses, each in one place with the reason it is needed.
 
 A private name can change in any torch release. Keeping them here means one file to read when torch is
-upgraded, and `tests/test_torch_internals.py` calls each one, so a release that drops or changes one
+upgraded, and `tests/library/test_torch_internals.py` calls each one, so a release that drops or changes one
 fails there, by name, instead of somewhere deep inside a training step. PyTorch's own FSDP uses the same
 ones (FSDP1 and FSDP2, torch 2.13), which is why they are safe enough to rely on.
 """

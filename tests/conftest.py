@@ -1,5 +1,5 @@
 """Shared fixtures: every distributed test checks that no child process outlives it, and the site's
-tests (tests/test_site*.py) share one build of the site per session."""
+tests (tests/site/) share one build of the site per session."""
 import os
 import re
 import subprocess

@@ -7,7 +7,7 @@ still runs from top to bottom:
   process's, the collectives CommLog saw, the memory it held. The verdict says what is wrong, never what
   the right code is. A function whose body still raises `NotImplementedError` is "not yet".
 
-Every `CodeExercise` carries its reference solution and plausible wrong ones; `tests/test_exercise.py`
+Every `CodeExercise` carries its reference solution and plausible wrong ones; `tests/course/test_exercise.py`
 runs each through the judge (the reference must pass, every wrong one must fail), and the lesson's
 collapsible solution is checked to be the reference's source, so the two cannot drift.
 """

@@ -12,7 +12,7 @@ and the timeout of a `LaunchTimeout`; the budget, the phase and the bytes of eac
 the "ranks diverged: ..." line of a `LaunchError`, `python -m fsdp_mini diagnose` and its notes) and the
 headline of a `LaunchError` or `LaunchTimeout` (a rank that failed, was killed or exited). A verdict's structure is parsed back from the sentence (the library hands over only the
 sentence); rendered in English, the parsed structure gives the library's sentence back, character for
-character (tests/test_language.py checks it on the library's own verdicts), so a change of the library's
+character (tests/course/test_language.py checks it on the library's own verdicts), so a change of the library's
 wording fails a test instead of printing a wrong reading. `read_budget(snapshot, budget)` reads a
 `MemoryBudgetExceeded` from the fields the exception carries (`.snapshot`, `.budget`).
 """

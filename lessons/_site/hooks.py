@@ -35,7 +35,7 @@
    `<!-- fsdp_mini modules: PATTERN ... -->` gets one mkdocstrings block per module of `fsdp_mini` found
    on disk that its patterns name (exact names or globs). A module named by several pages goes to the
    closest name (an exact name, then the longest glob), so a catch-all like `fsdp_mini.*` on one page
-   takes a new module until a page names it (and tests/test_site.py checks that every module is on a page).
+   takes a new module until a page names it (and tests/site/test_site.py checks that every module is on a page).
 8. A notebook's link to another notebook lands on its page. A lesson links the next one as Jupyter and
    GitHub need it, `[lesson 09](09_flat_or_per_parameter.ipynb)`; MkDocs rewrites such links in
    Markdown pages only, mkdocs-jupyter leaves them as they are, so on the site they pointed at a file
@@ -366,7 +366,7 @@ def lesson_minutes(path: Path) -> int:
     """Time to work through one notebook, rounded up to 5 minutes: its prose at WORDS_PER_MINUTE, its code
     at CODE_LINES_PER_MINUTE (non-blank lines), the library listings it shows at LISTING_LINES_PER_MINUTE,
     RUN_MINUTES for running it and EXERCISE_MINUTES per code exercise. Each lesson states this figure in
-    its introduction (tests/test_lessons.py checks it)."""
+    its introduction (tests/course/test_lessons.py checks it)."""
     cells = _cells(path)
     words = sum(len(re.findall(r"\w+", _source(c))) for c in cells if c["cell_type"] == "markdown")
     code = [c for c in cells if c["cell_type"] == "code"]

@@ -22,7 +22,7 @@ the text already says; the notebooks and pages stay as they are (issue 14, item 
 What is never touched: code blocks, notebook code cells and their outputs, headings, existing links,
 math, form controls. What is linked once: each target at its first mention on a page (a page of
 links is as useless as a page of none), and at most `GLOSSARY_PER_BLOCK` glossary links per paragraph,
-so a dense opening paragraph does not turn blue. tests/test_site_links.py checks all of it on the
+so a dense opening paragraph does not turn blue. tests/site/test_site_links.py checks all of it on the
 built site.
 """
 from __future__ import annotations

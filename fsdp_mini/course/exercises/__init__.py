@@ -31,7 +31,7 @@ __all__ = ["all_exercises"]
 
 
 def all_exercises() -> list[CodeExercise]:
-    """Every code exercise of the course, in lesson order (what tests/test_exercise.py runs)."""
+    """Every code exercise of the course, in lesson order (what tests/course/test_exercise.py runs)."""
     from fsdp_mini.course.exercises import (activations, ddp_buckets, diagnosis, flat_param, hybrid, mixed_precision,
                                             model_states, p2p_collectives, per_parameter, port_to_fsdp2, prefetch,
                                             zero1)

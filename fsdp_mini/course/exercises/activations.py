@@ -60,7 +60,7 @@ def tokens_to_hide(
     return math.ceil(gather * flops_per_s / (2 * unit_params))
 
 
-# --- plausible mistakes, which the judges must catch (tests/test_exercise.py) ----------------------------
+# --- plausible mistakes, which the judges must catch (tests/course/test_exercise.py) ----------------------------
 
 def _in_order(saved, kept, budget):
     total, chosen = sum(saved), []

@@ -98,7 +98,7 @@ def accumulate_gradients(model: DistributedDataParallel, opt: torch.optim.Optimi
     opt.zero_grad()
 
 
-# --- plausible mistakes, which the judges must catch (tests/test_exercise.py) -------------------------
+# --- plausible mistakes, which the judges must catch (tests/course/test_exercise.py) -------------------------
 
 def _hook_sum_not_average(b, param):
     i = b.bucket_of(param)

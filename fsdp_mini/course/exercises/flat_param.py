@@ -56,7 +56,7 @@ def reduce_gradient(flat_grad: torch.Tensor, layout: FlatLayout, group=None) -> 
     return shard
 
 
-# --- plausible mistakes, which the judges must catch (tests/test_exercise.py) -------------------------
+# --- plausible mistakes, which the judges must catch (tests/course/test_exercise.py) -------------------------
 
 def _unshard_copies(shard, layout, group=None):
     full = shard.new_empty(layout.padded_numel)

@@ -53,7 +53,7 @@ def hybrid_reduce(grad: torch.Tensor, shard_group, replica_group) -> torch.Tenso
     return shard
 
 
-# --- plausible mistakes, which the judges must catch (tests/test_exercise.py) --------------------------
+# --- plausible mistakes, which the judges must catch (tests/course/test_exercise.py) --------------------------
 
 def _groups_swapped(world, shard_size):
     rows = [list(range(r, r + shard_size)) for r in range(0, world, shard_size)]

@@ -46,7 +46,7 @@ def policy_dtypes(dtype: torch.dtype, policy: MixedPrecision) -> tuple[torch.dty
     return compute, policy.reduce_dtype or compute  # unset: reduce in the compute dtype
 
 
-# --- plausible mistakes, which the judge must catch (tests/test_exercise.py) ---------------------------
+# --- plausible mistakes, which the judge must catch (tests/course/test_exercise.py) ---------------------------
 
 def _cast_everything(dtype, policy):
     compute = policy.param_dtype or dtype  # integer parameters too

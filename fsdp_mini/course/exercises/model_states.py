@@ -59,7 +59,7 @@ def bytes_per_rank(num_params: int, world: int, strategy: str) -> dict[str, int]
     }
 
 
-# --- plausible mistakes, which the judges must catch (tests/test_exercise.py) -------------------------
+# --- plausible mistakes, which the judges must catch (tests/course/test_exercise.py) -------------------------
 
 def _count_tied_twice(model, optimizer):
     counted = model_state_bytes(model, optimizer)

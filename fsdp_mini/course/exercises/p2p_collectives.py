@@ -90,7 +90,7 @@ def my_all_gather(chunks):
             req.wait()
 
 
-# --- plausible mistakes, which the judges must catch (tests/test_exercise.py) ----------------------------
+# --- plausible mistakes, which the judges must catch (tests/course/test_exercise.py) ----------------------------
 
 def _broadcast_from_rank_0(tensor, src=0):
     rank, n = dist.get_rank(), dist.get_world_size()

@@ -88,7 +88,7 @@ def reduce_grads(grads: list[torch.Tensor], group=None) -> list[torch.Tensor]:
     return out
 
 
-# --- plausible mistakes, which the judges must catch (tests/test_exercise.py) ------------------------
+# --- plausible mistakes, which the judges must catch (tests/course/test_exercise.py) ------------------------
 
 def _shard_floor_split(full, rank, world):
     return full.tensor_split(world)[rank]  # sizes differ by one row: not the rows FSDP2 keeps

@@ -50,7 +50,7 @@ def gather_full_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
 
 
-# --- plausible mistakes, which the judges must catch (tests/test_exercise.py) --------------------------
+# --- plausible mistakes, which the judges must catch (tests/course/test_exercise.py) --------------------------
 
 def _wrap_root_only(model, mesh, reshard_after_forward):
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)  # one unit: the whole model

@@ -39,7 +39,7 @@ def backward_prefetch_order(forward_order: list[str]) -> list[str]:
     return [root] + units[::-1]
 
 
-# --- plausible mistakes, which the judge must catch (tests/test_exercise.py) ---------------------------
+# --- plausible mistakes, which the judge must catch (tests/course/test_exercise.py) ---------------------------
 
 def _order_reversed_whole(forward_order):
     return forward_order[::-1]  # backward is forward reversed... including the root, which runs at both ends

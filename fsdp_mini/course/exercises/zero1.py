@@ -77,7 +77,7 @@ def zero1_step(
             offset += p.numel()
 
 
-# --- plausible mistakes, which the judges must catch (tests/test_exercise.py) -------------------------
+# --- plausible mistakes, which the judges must catch (tests/course/test_exercise.py) -------------------------
 
 def _shard_but_optimize_everything(params, make_optimizer, group=None):
     shard, _ = zero1_shard(params, make_optimizer, group)

@@ -19,6 +19,7 @@ import torch.nn as nn
 
 import fsdp_mini
 from fsdp_mini import launch
+from fsdp2_calls import FSDP2Calls
 
 IMPLS = ("fsdp_mini", "torch")
 
@@ -330,7 +331,6 @@ def test_ignored_params_stay_whole_and_unreduced(no_orphans):
 
 def _keep_after_backward(name):
     fully_shard, _ = _impl(name)
-    from tests.test_pytorch_claims import _Collectives
 
     model = _shard_layers(_mlp(), fully_shard)
     model.set_reshard_after_backward(False)
@@ -340,7 +340,7 @@ def _keep_after_backward(name):
     # the next micro-batch: its forward finds every unit gathered; each unit frees after its forward
     # (reshard_after_forward) and backward gathers it again. fsdp_mini's collectives show in CommLog,
     # FSDP2's in torch.distributed's
-    with fsdp_mini.CommLog() as ours, _Collectives() as theirs:
+    with fsdp_mini.CommLog() as ours, FSDP2Calls() as theirs:
         model(_batch(dist.get_rank(), seed=1)).sum().backward()
     gathers = len([r for r in ours.records if r.op == "all_gather"]) + len(theirs.ops("all_gather"))
     return kept, gathers
@@ -367,14 +367,13 @@ class _WithRootParam(nn.Module):
 
 def _root_reshard(name, root_value):
     fully_shard, _ = _impl(name)
-    from tests.test_pytorch_claims import _Collectives
 
     model = _WithRootParam()
     for layer in model.layers:
         fully_shard(layer)
     model = fully_shard(model, **({} if root_value == "default" else {"reshard_after_forward": root_value}))
     model(_batch(dist.get_rank())).sum().backward()  # the first step records the order
-    with fsdp_mini.CommLog() as ours, _Collectives() as theirs:
+    with fsdp_mini.CommLog() as ours, FSDP2Calls() as theirs:
         model(_batch(dist.get_rank(), seed=1)).sum().backward()
     gathers = len([r for r in ours.records if r.op == "all_gather"]) + len(theirs.ops("all_gather"))
     return gathers, _grads(model)
@@ -432,16 +431,15 @@ def test_gradient_divide_factor_divides_the_sum(no_orphans):
 
 def _one_unit_over_two_modules(name):
     fully_shard, _ = _impl(name)
-    from tests.test_pytorch_claims import _Collectives
 
     model = _mlp(depth=4)
     returned = fully_shard([model[0], model[1]])  # one unit: one AllGather before layer 0, freed after layer 1
     fully_shard(model[2])
     fully_shard(model)
-    with fsdp_mini.CommLog() as ours, _Collectives() as theirs:
+    with fsdp_mini.CommLog() as ours, FSDP2Calls() as theirs:
         model(_batch(dist.get_rank())).sum().backward()
     sizes = sorted([r.nbytes for r in ours.records if r.op == "all_gather"]
-                   + [4 * numel * dist.get_world_size() for _, _, numel in theirs.ops("all_gather")])
+                   + [4 * c.numel * dist.get_world_size() for c in theirs.ops("all_gather")])
     return type(returned).__name__, len(returned), sizes, _grads(model)
 
 

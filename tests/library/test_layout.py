@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 COURSE = "course"  # fsdp_mini.course: the course's floor
 ENTRY_POINTS = {"__main__"}  # `python -m fsdp_mini` forwards to the course's command line; nothing imports it
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LESSONS = ROOT / "lessons"
 SETTINGS = {"aten-default": {"ATEN_CPU_CAPABILITY": "default"},
             "onednn-avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2"}}

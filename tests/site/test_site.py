@@ -19,7 +19,7 @@ from urllib.parse import unquote, urljoin, urlsplit
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LESSONS = ROOT / "lessons"
 LANGS = ("en", "ru")
 PREFIX = {"en": "", "ru": "ru/"}  # English at the site's root, Russian under /ru/
@@ -32,7 +32,7 @@ CYRILLIC = re.compile("[а-яё]", re.I)
 pytestmark = pytest.mark.timeout(900)
 
 
-# --- the build: the session's `site` fixture, in conftest.py (tests/test_site_links.py uses it too) ---
+# --- the build: the session's `site` fixture, in conftest.py (tests/site/test_site_links.py uses it too) ---
 def page_path(site_dir: Path, lang: str, name: str) -> Path:
     """The built file of a page: name is a notebook's stem, a page's name ('reference') or '' (home)."""
     return site_dir / PREFIX[lang] / name / "index.html" if name else site_dir / PREFIX[lang] / "index.html"

@@ -8,7 +8,7 @@ first-mention rule, which names are the library's and which PyTorch's. The secon
 in prose is always a link to that lesson in the page's language, named API names and glossary terms
 land on their headings and entries in the same language, and every external link is one of the
 hook's table or written in the page's own source. That every link and anchor of the site resolves is
-tests/test_site.py's test_no_broken_internal_links_or_anchors, over the same build.
+tests/site/test_site.py's test_no_broken_internal_links_or_anchors, over the same build.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from urllib.parse import unquote, urljoin, urlsplit
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LESSONS = ROOT / "lessons"
 LANGS = ("en", "ru")
 PREFIX = {"en": "", "ru": "ru/"}

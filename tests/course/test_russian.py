@@ -16,7 +16,7 @@ lesson twin (lessons/en/NN_*.ipynb and lessons/ru/NN_*.ipynb):
   tracebacks excepted), and library exception text followed by its Russian reading.
 
 `typeset(text)` applies the typography rules to a Markdown text's prose;
-`python tests/test_russian.py --fix FILE...` rewrites Russian notebooks' markdown cells and .md files in place.
+`python tests/course/test_russian.py --fix FILE...` rewrites Russian notebooks' markdown cells and .md files in place.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from typing import Callable
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LESSONS = ROOT / "lessons"
 STYLE = LESSONS / "ru" / "STYLE.md"
 README_RU = ROOT / "README.ru.md"
@@ -252,7 +252,7 @@ def test_each_term_rule_catches_its_example_and_not_the_chosen_form(term):
 
 
 def test_the_earlier_hard_coded_rules_still_hold():
-    """The rules tests/test_russian.py hard-coded before the style sheet, now read from STYLE.md."""
+    """The rules tests/course/test_russian.py hard-coded before the style sheet, now read from STYLE.md."""
     assert len(ruled_out("режем на куски по звеньям; связь; одна нода; ячейка ноутбука; каждый GPU")) == 6
     assert len(ruled_out("латентность; потери; паритет; решётка; коллективы; дополнение; лэптоп")) == 7
     assert not ruled_out("чанки по каналам; обмен данными; один узел; ячейка блокнота; каждая GPU; "
@@ -625,7 +625,7 @@ def test_typeset_touches_prose_only():
 def test_russian_markdown_follows_the_typography(name):
     found = [f"cell {i}: {v}" for i, text in markdown_of(load("ru", name)) for v in typography(text)]
     assert not found, f"ru/{name}: {len(found)} typography violations (lessons/ru/STYLE.md; " \
-        f"`python tests/test_russian.py --fix lessons/ru/{name}` fixes the mechanical ones):\n" + "\n".join(found)
+        f"`python tests/course/test_russian.py --fix lessons/ru/{name}` fixes the mechanical ones):\n" + "\n".join(found)
 
 
 @pytest.mark.parametrize("page", [*RU_PAGES, "README.ru.md"])
@@ -781,7 +781,7 @@ def test_fix_rewrites_markdown_cells_and_files(tmp_path):
 
 def main(argv: list[str]) -> int:
     if not argv or argv[0] != "--fix" or len(argv) < 2:
-        print("usage: python tests/test_russian.py --fix FILE...  (Russian .ipynb or .md files)", file=sys.stderr)
+        print("usage: python tests/course/test_russian.py --fix FILE...  (Russian .ipynb or .md files)", file=sys.stderr)
         return 2
     for name in argv[1:]:
         path = Path(name)

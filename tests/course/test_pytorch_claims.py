@@ -21,6 +21,7 @@ import torch.nn as nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from fsdp_mini import launch
 from fsdp_mini.launch import LaunchTimeout
+from fsdp2_calls import FSDP2Calls
 import inspect
 import textwrap
 from fsdp_mini.course.models import GPT, Block, GPTConfig, make_batch
@@ -637,34 +638,6 @@ def _local_batch(step=0, rows=8):
     return [local_rows(t, rank, world) for t in make_batch(CFG, rows, step)]
 
 
-class _Collectives:
-    """Record the c10d collectives FSDP2 issues (it calls dist.all_gather_single / reduce_scatter_single
-    by attribute at call time, torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:119 and :184)."""
-
-    def __init__(self):
-        self.calls: list[tuple[str, torch.dtype, int]] = []
-
-    def __enter__(self):
-        self._saved = dist.all_gather_single, dist.reduce_scatter_single
-
-        def gather(output, input, *args, **kwargs):
-            self.calls.append(("all_gather", input.dtype, input.numel()))
-            return self._saved[0](output, input, *args, **kwargs)
-
-        def scatter(output, input, *args, **kwargs):
-            self.calls.append(("reduce_scatter", input.dtype, input.numel()))
-            return self._saved[1](output, input, *args, **kwargs)
-
-        dist.all_gather_single, dist.reduce_scatter_single = gather, scatter
-        return self
-
-    def __exit__(self, *exc):
-        dist.all_gather_single, dist.reduce_scatter_single = self._saved
-
-    def ops(self, op):
-        return [c for c in self.calls if c[0] == op]
-
-
 def _both_names():
     rank = dist.get_rank()
     x = torch.arange(4.0) + 10 * rank
@@ -736,11 +709,11 @@ def _mixed_precision_step():
 
     model.blocks[0].mlp.fc.register_forward_pre_hook(compute_dtype)
     x, y = _local_batch()
-    with _Collectives() as log:
+    with FSDP2Calls() as log:
         model(x, y).backward()
     grads = {type(p.grad).__name__ + ":" + str(p.grad.dtype) for p in model.parameters()}
     shards = {str(p.dtype) for p in model.parameters() if isinstance(p, DTensor)}
-    return ({str(d) for _, d, _ in log.ops("all_gather")}, {str(d) for _, d, _ in log.ops("reduce_scatter")},
+    return ({str(c.dtype) for c in log.ops("all_gather")}, {str(c.dtype) for c in log.ops("reduce_scatter")},
             str(seen["compute"]), grads, shards)
 
 
@@ -844,7 +817,7 @@ def _accumulate(sync_first):
     for step in range(2):
         model.set_requires_gradient_sync(sync_first or step == 1)
         x, y = _local_batch(step)
-        with _Collectives() as log:
+        with FSDP2Calls() as log:
             model(x, y).backward()
         reduces.append(len(log.ops("reduce_scatter")))
     return reduces, {n: p.grad.full_tensor() for n, p in model.named_parameters()}
@@ -1006,32 +979,6 @@ def _lora_gpt():
         block.attn.qkv = _LoRA(block.attn.qkv, seed=2 * i)
         block.mlp.fc = _LoRA(block.mlp.fc, seed=2 * i + 1)
     return model
-
-
-class _Collectives09:
-    """FSDP2's AllGathers and ReduceScatters, with their input sizes and group sizes. FSDP2 calls
-    dist.all_gather_single / reduce_scatter_single by attribute at call time
-    (_fully_shard/_fsdp_collectives.py:119 and :184), so patching them in a rank sees every one."""
-
-    def __init__(self):
-        self.calls: list[tuple[str, int, int]] = []  # (op, input numel, group size)
-
-    def __enter__(self):
-        self._saved = dist.all_gather_single, dist.reduce_scatter_single
-
-        def record(op, original):
-            def call(output, input, *args, **kwargs):
-                group = kwargs.get("group", args[0] if args else None)
-                self.calls.append((op, input.numel(), dist.get_world_size(group)))
-                return original(output, input, *args, **kwargs)
-            return call
-
-        dist.all_gather_single = record("all_gather", self._saved[0])
-        dist.reduce_scatter_single = record("reduce_scatter", self._saved[1])
-        return self
-
-    def __exit__(self, *exc):
-        dist.all_gather_single, dist.reduce_scatter_single = self._saved
 
 
 def test_09_fsdp_minis_three_files_mirror_pytorchs():
@@ -1211,7 +1158,7 @@ def _fsdp2_lora():
              for p in model.parameters()}
     names_after = [(n, p.dtype, p.requires_grad) for n, p in model.named_parameters()]
     x, y = _batch_09()
-    with _Collectives09() as log:
+    with FSDP2Calls() as log:
         model(x, y).backward()
     block0 = [p for p in model.blocks[0].parameters()]
     return {"same": same, "kinds": kinds, "names": names_before == names_after,
@@ -1230,8 +1177,8 @@ def test_09_fsdp2_keeps_names_and_requires_grad_and_gathers_a_mixed_unit_in_one_
     for r in launch(_fsdp2_lora, 2, timeout=120):
         assert r["same"] and r["names"] and r["kinds"] == {(True, True, True)}
         assert r["root_params"] == ["ln_f.bias", "ln_f.weight", "pos_emb.weight", "tok_emb.weight"]
-        gathers = [numel for op, numel, _ in r["calls"] if op == "all_gather"]
-        scatters = [numel for op, numel, _ in r["calls"] if op == "reduce_scatter"]
+        gathers = [c.numel for c in r["calls"] if c.op == "all_gather"]
+        scatters = [c.numel for c in r["calls"] if c.op == "reduce_scatter"]
         # forward: the root, then one AllGather per block holding the whole block's shard (frozen included);
         # backward: each block once more. The root stays gathered (reshard_after_forward left None).
         assert len(gathers) == 1 + 2 + 2 and gathers.count(r["block_local"]) == 4
@@ -1242,7 +1189,7 @@ def test_09_fsdp2_keeps_names_and_requires_grad_and_gathers_a_mixed_unit_in_one_
 def _fsdp2_bytes():
     model = _fsdp2_09(GPT(CFG))
     x, y = _batch_09()
-    with _Collectives09() as log:
+    with FSDP2Calls() as log:
         model(x, y).backward()
     return log.calls
 
@@ -1256,10 +1203,10 @@ def test_09_fsdp2_pads_each_parameters_rows_to_a_multiple_of_n(no_orphans):
         units[".".join(name.split(".")[:2]) if name.startswith("blocks.") else "root"].append(p.shape)
     padded = {u: sum(math.ceil(s[0] / n) * math.prod(s[1:]) for s in shapes) for u, shapes in units.items()}
     for calls in launch(_fsdp2_bytes, n, timeout=120):
-        gathers = [numel for op, numel, _ in calls if op == "all_gather"]
+        gathers = [c.numel for c in calls if c.op == "all_gather"]
         assert gathers == [padded["root"], padded["blocks.0"], padded["blocks.1"], padded["blocks.1"],
                            padded["blocks.0"]]
-        assert sorted(numel for op, numel, _ in calls if op == "reduce_scatter") == sorted(
+        assert sorted(c.numel for c in calls if c.op == "reduce_scatter") == sorted(
             n * v for v in padded.values())
 
 
@@ -1299,7 +1246,7 @@ def _fsdp2_generate():
     except RuntimeError as e:
         error = str(e).splitlines()[0]
     register_fsdp_forward_method(model, "generate")
-    with _Collectives09() as log:
+    with FSDP2Calls() as log:
         out = model.generate(prompt, 5)
     return error, out, len(log.calls)
 
@@ -1320,12 +1267,12 @@ def _fsdp2_reshard(blocks_value, root_value):
     model = _fsdp2_09(GPT(CFG), {"reshard_after_forward": blocks_value},
                       {} if root_value is None else {"reshard_after_forward": root_value})
     x, y = _batch_09()
-    with _Collectives09() as forward:
+    with FSDP2Calls() as forward:
         loss = model(x, y)
-    with _Collectives09() as backward:
+    with FSDP2Calls() as backward:
         loss.backward()
-    return ([(op, g) for op, _, g in forward.calls if op == "all_gather"],
-            [(op, g) for op, _, g in backward.calls if op == "all_gather"])
+    return ([(c.op, c.group_size) for c in forward.ops("all_gather")],
+            [(c.op, c.group_size) for c in backward.ops("all_gather")])
 
 
 def test_09_fsdp2_reshard_after_forward_int_gathers_backward_within_groups_of_k(no_orphans):

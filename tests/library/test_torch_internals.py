@@ -12,7 +12,7 @@ from torch.distributed.tensor import DeviceMesh, DTensor, Shard
 
 from fsdp_mini import torch_internals as TI
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_restore_version_lets_autograd_use_a_tensor_refilled_in_place():

@@ -104,7 +104,7 @@ def test_the_lessons_folded_solutions_are_the_references_and_every_exercise_is_i
     from pathlib import Path
 
     from fsdp_mini.course.source import source_of
-    lessons = Path(__file__).resolve().parent.parent / "lessons"
+    lessons = Path(__file__).resolve().parents[2] / "lessons"
     for ex in EXERCISES.values():
         name = ex.reference.__name__
         for lang in ("en", "ru"):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-LESSONS = Path(__file__).resolve().parent.parent / "lessons"
+LESSONS = Path(__file__).resolve().parents[2] / "lessons"
 NAMES = sorted(p.name for p in (LESSONS / "en").glob("*.ipynb"))
 CYRILLIC, LATIN = re.compile("[а-яёА-ЯЁ]"), re.compile("[a-zA-Z]")
 
