@@ -456,16 +456,21 @@ def fully_shard(module: nn.Module | list[nn.Module], *, mesh=None, reshard_after
     device = get_device()
     description = [(name, tuple(p.shape), str(p.dtype), p.requires_grad) for name, _, p in params]
     kinds = ", ".join(type(m).__name__ for m in modules)
-    check_same_everywhere((description, tuple(mesh.mesh.shape), str(reshard_after_forward)),
-                          f"module to fully_shard ({kinds})",
-                          " (every rank must apply fully_shard to the same modules, in the same order)",
-                          device=device)
+    # Over the mesh's ranks only, one dimension's groups after the other (together: the whole mesh): on a
+    # 2-D (dp, tp) world the ranks of another dp group hold other tensor-parallel slices, and may differ.
+    mesh_groups = [mesh.get_group(d) for d in range(mesh.ndim)]
+    for mesh_group in mesh_groups:
+        check_same_everywhere((description, tuple(mesh.mesh.shape), str(reshard_after_forward)),
+                              f"module to fully_shard ({kinds})",
+                              " (every rank must apply fully_shard to the same modules, in the same order)",
+                              group=mesh_group, device=device)
     buffers = [b for m in modules for b in _own_buffers(m)]
     values = [(name, t) for name, t in [(name, p) for name, _, p in params] + buffers if not t.is_meta]
-    if sync_module_states:
-        broadcast_from_rank0([t for _, t in values])
-    else:
-        check_same_values(values, device=device, where=f" of the {kinds} passed to fully_shard")
+    for mesh_group in mesh_groups:
+        if sync_module_states:
+            broadcast_from_rank0([t for _, t in values], group=mesh_group)
+        else:
+            check_same_values(values, group=mesh_group, device=device, where=f" of the {kinds} passed to fully_shard")
     label = _label(modules[0])
     group = None
     if params:

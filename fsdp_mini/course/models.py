@@ -33,15 +33,18 @@ class CausalSelfAttention(nn.Module):
         if cfg.n_embd % cfg.n_head:
             raise ValueError(f"n_embd={cfg.n_embd} must be a multiple of n_head={cfg.n_head}")
         self.n_head = cfg.n_head
+        self.head_dim = cfg.n_embd // cfg.n_head
         self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.shape
-        q, k, v = self.qkv(x).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).chunk(3, dim=2)
+        # the heads this rank holds: all of them, or under tensor parallelism (lesson 12) its share
+        heads = q.shape[-1] // self.head_dim
+        q, k, v = (z.view(b, t, heads, self.head_dim).transpose(1, 2) for z in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+        return self.proj(y.transpose(1, 2).reshape(b, t, heads * self.head_dim))
 
 
 class MLP(nn.Module):

@@ -22,6 +22,8 @@
              data-dependent control flow that issues the same collectives on every rank
   activations     lesson 11: which blocks to checkpoint under a memory budget, the tokens per GPU that hide
              an AllGather
+  tensor_parallel lesson 12: a row-parallel Linear's forward (its AllReduce and its bias), the 2-D mesh's rank
+             grid that keeps tensor parallelism inside a node
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ def all_exercises() -> list[CodeExercise]:
     """Every code exercise of the course, in lesson order (what tests/course/test_exercise.py runs)."""
     from fsdp_mini.course.exercises import (activations, ddp_buckets, diagnosis, flat_param, hybrid, mixed_precision,
                                             model_states, p2p_collectives, per_parameter, port_to_fsdp2, prefetch,
-                                            zero1)
+                                            tensor_parallel, zero1)
     return [model_states.MODEL_STATE_BYTES, model_states.BYTES_PER_RANK,
             p2p_collectives.BROADCAST, p2p_collectives.OBVIOUS_ALL_REDUCE,
             p2p_collectives.REDUCE_SCATTER, p2p_collectives.ALL_GATHER,
@@ -45,4 +47,5 @@ def all_exercises() -> list[CodeExercise]:
             hybrid.GROUPS_FOR, hybrid.HYBRID_REDUCE, port_to_fsdp2.WRAP_FSDP2, port_to_fsdp2.GATHER_FULL_STATE,
             per_parameter.DIM0_SHARD, per_parameter.UNSHARD, per_parameter.REDUCE_GRADS,
             diagnosis.FIRST_DIVERGENCE, diagnosis.SAME_COLLECTIVES,
-            activations.CHOOSE_CHECKPOINTED, activations.TOKENS_TO_HIDE]
+            activations.CHOOSE_CHECKPOINTED, activations.TOKENS_TO_HIDE,
+            tensor_parallel.ROW_PARALLEL_FORWARD, tensor_parallel.DP_TP_LAYOUT]

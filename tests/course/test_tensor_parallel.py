@@ -1,0 +1,324 @@
+"""Tensor parallelism from scratch (`fsdp_mini.tensor_parallel`, `fsdp_mini.tp_operators`): parity with one
+process, TP alone (world 2) and TP x fully_shard on a 2 x 2 (dp, tp) mesh (world 4); parity with PyTorch's own
+parallelize_module + fully_shard on the same mesh; bytes per step derived from the shapes; clear errors
+before any collective."""
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from fsdp_mini import CommLog, launch
+from fsdp_mini.course.models import GPT, GPTConfig, make_batch
+from fsdp_mini.course.tensor_parallel_plan import gpt_tp_plan, parallelize_gpt, qkv_rows_for_pytorch
+from fsdp_mini.fully_shard import full_state_dict
+from fsdp_mini.tensor_parallel import (ColumnParallelLinear, ColwiseParallel, ParallelDims, RowwiseParallel, TPShard,
+                                       gather_tensor_parallel, parallelize_module)
+from fsdp_mini.tp_operators import TP_LABEL
+
+CFG = GPTConfig()  # 2 heads of 15, hidden 30, vocab 61, 2 blocks
+STEPS, BATCH = 3, 12
+TOL = dict(rtol=1e-5, atol=1e-6)
+
+
+def make_optimizer(name, params):
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+    return torch.optim.AdamW(params, lr=1e-2, eps=1e-3, weight_decay=0.1, foreach=True)  # eps: see NOTES
+
+
+def reference(opt_name):
+    """One process, the whole batch: losses per step, the last step's gradients, the final weights."""
+    model = GPT(CFG)
+    opt = make_optimizer(opt_name, model.parameters())
+    losses = []
+    for step in range(STEPS):
+        x, y = make_batch(CFG, BATCH, step)
+        opt.zero_grad()
+        loss = model(x, y)
+        loss.backward()
+        losses.append(loss.item())
+        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        opt.step()
+    return losses, grads, model.state_dict()
+
+
+def tp_mesh(tp):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", (tp,), mesh_dim_names=("tp",))
+
+
+# --- the pieces: a stacked cut and its inverse, the operators' backward --------------------------------
+
+def test_a_stacked_cut_gives_each_rank_the_same_rows_of_every_matrix_and_gathering_undoes_it():
+    full = torch.arange(3 * 4 * 2.0).view(12, 2)  # q, k, v of 4 rows each
+    pieces = [TPShard(0, 2, r, 3, None, "").local(full, 0) for r in range(2)]
+    assert pieces[0][:, 0].tolist() == [0, 2, 8, 10, 16, 18]  # rows 0-1 of q, of k, of v
+    assert torch.equal(TPShard(0, 2, 0, 3, None, "").full(pieces, 0), full)
+    cols = [TPShard(1, 2, r, 1, None, "").local(full, 1) for r in range(2)]
+    assert torch.equal(TPShard(1, 2, 0, 1, None, "").full(cols, 1), full)
+
+
+def _operators():
+    from fsdp_mini.tp_operators import copy_to_tensor_model_parallel_region as f
+    from fsdp_mini.tp_operators import reduce_from_tensor_model_parallel_region as g
+
+    rank = dist.get_rank()
+    x = torch.full((2,), float(rank + 1), requires_grad=True)
+    with CommLog() as log:
+        y = f(x, None, "f")
+        fwd_f = len(log.records)
+        (y * (rank + 1)).sum().backward()
+    z = torch.full((2,), float(rank + 1), requires_grad=True)
+    with CommLog() as log2:
+        out = g(z, None, "g")
+        fwd_g = len(log2.records)
+        (out * (rank + 1)).sum().backward()
+    return fwd_f, [r.label for r in log.records], x.grad.tolist(), fwd_g, out.tolist(), z.grad.tolist()
+
+
+def test_f_sums_gradients_in_backward_and_g_sums_outputs_in_forward(no_orphans):
+    for rank, (fwd_f, labels_f, grad_x, fwd_g, out, grad_z) in enumerate(launch(_operators, 2, timeout=60)):
+        assert (fwd_f, labels_f, grad_x) == (0, ["f"], [3.0, 3.0])  # nothing forward; 1 + 2 backward
+        assert (fwd_g, out, grad_z) == (1, [3.0, 3.0], [rank + 1.0] * 2)  # 1 + 2 forward; its own backward
+
+
+# --- TP alone, world 2: one process's losses, gradients and weights -------------------------------------
+
+def _tp_alone(opt_name):
+    model = GPT(CFG)
+    parallelize_module(model, tp_mesh(2), gpt_tp_plan(CFG, 2))
+    opt = make_optimizer(opt_name, model.parameters())
+    losses = []
+    for step in range(STEPS):
+        x, y = make_batch(CFG, BATCH, step)  # TP: every rank of the group sees the same batch
+        opt.zero_grad()
+        loss = model(x, y)
+        loss.backward()
+        losses.append(loss.item())
+        grads = gather_tensor_parallel(model, {n: p.grad for n, p in model.named_parameters()})
+        opt.step()
+    kinds = {n: type(m).__name__ for n, m in model.named_modules() if "attn." in n or "mlp." in n}
+    shapes = {n: tuple(p.shape) for n, p in model.blocks[0].named_parameters()}
+    return losses, grads, gather_tensor_parallel(model, model.state_dict()), kinds, shapes
+
+
+@pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
+def test_tensor_parallel_alone_matches_one_process(opt_name, no_orphans):
+    losses, grads, weights = reference(opt_name)
+    for got_losses, got_grads, got_weights, kinds, shapes in launch(_tp_alone, 2, args=(opt_name,), timeout=90):
+        assert got_losses == pytest.approx(losses, rel=1e-5)
+        for name in grads:
+            torch.testing.assert_close(got_grads[name], grads[name], **TOL)
+        for name in weights:
+            torch.testing.assert_close(got_weights[name], weights[name], **TOL)
+        assert kinds["blocks.0.attn.qkv"] == "ColumnParallelLinear"
+        assert kinds["blocks.1.mlp.proj"] == "RowParallelLinear"
+        c = CFG.n_embd
+        assert shapes["attn.qkv.weight"] == (3 * c // 2, c) and shapes["attn.proj.weight"] == (c, c // 2)
+        assert shapes["attn.proj.bias"] == (c,) and shapes["mlp.fc.bias"] == (2 * c,)
+
+
+# --- TP x fully_shard on a 2 x 2 mesh, world 4 -----------------------------------------------------------
+
+def _dp_rows(t, mesh):
+    dp, r = mesh["dp"].size(), mesh["dp"].get_local_rank()
+    per = t.shape[0] // dp
+    return t[r * per:(r + 1) * per]
+
+
+def _train_2d(model, mesh, opt_name):
+    opt = make_optimizer(opt_name, model.parameters())
+    losses = []
+    for step in range(STEPS):
+        x, y = make_batch(CFG, BATCH, step)
+        opt.zero_grad()
+        loss = model(_dp_rows(x, mesh), _dp_rows(y, mesh))
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def _tp_fsdp(opt_name):
+    mesh = ParallelDims(dp=2, tp=2, world_size=4).build_mesh("cpu")
+    model = parallelize_gpt(GPT(CFG), mesh)
+    losses = _train_2d(model, mesh, opt_name)
+    return losses, gather_tensor_parallel(model, full_state_dict(model))
+
+
+@pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
+def test_tensor_parallel_with_fully_shard_on_a_2x2_mesh_matches_one_process(opt_name, no_orphans):
+    losses, _, weights = reference(opt_name)
+    results = launch(_tp_fsdp, 4, args=(opt_name,), timeout=120)
+    for rank, (got_losses, got_weights) in enumerate(results):
+        partner = results[rank ^ 2][0]  # the other dp rank of the same TP position: the other half of the batch
+        assert [(a + b) / 2 for a, b in zip(got_losses, partner)] == pytest.approx(losses, rel=1e-5)
+        assert got_losses == results[rank ^ 1][0]  # the two ranks of a TP group compute one loss
+        for name in weights:
+            torch.testing.assert_close(got_weights[name], weights[name], **TOL)
+
+
+# --- against PyTorch's parallelize_module + fully_shard on the same mesh ---------------------------------
+
+def _pytorch_2d(opt_name):
+    from torch.distributed.fsdp import fully_shard as torch_fully_shard
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel import ColwiseParallel as TorchColwise
+    from torch.distributed.tensor.parallel import RowwiseParallel as TorchRowwise
+    from torch.distributed.tensor.parallel import parallelize_module as torch_parallelize_module
+
+    mesh = ParallelDims(dp=2, tp=2, world_size=4).build_mesh("cpu")
+    model = GPT(CFG)
+    rows = qkv_rows_for_pytorch(CFG.n_embd, 2)
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.qkv.weight.copy_(block.attn.qkv.weight[rows])
+            block.attn.qkv.bias.copy_(block.attn.qkv.bias[rows])
+    plan = {"blocks.*.attn.qkv": TorchColwise(), "blocks.*.attn.proj": TorchRowwise(),
+            "blocks.*.mlp.fc": TorchColwise(), "blocks.*.mlp.proj": TorchRowwise()}
+    torch_parallelize_module(model, mesh["tp"], plan)
+    for block in model.blocks:
+        torch_fully_shard(block, mesh=mesh["dp"])
+    torch_fully_shard(model, mesh=mesh["dp"])
+    losses = _train_2d(model, mesh, opt_name)
+    weights = {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+               for n, p in model.state_dict().items()}
+    back = torch.argsort(rows)
+    for name in list(weights):
+        if name.endswith("attn.qkv.weight") or name.endswith("attn.qkv.bias"):
+            weights[name] = weights[name][back]
+    ours = _tp_fsdp(opt_name)
+    return (losses, weights), ours
+
+
+@pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
+def test_matches_pytorch_parallelize_module_with_fully_shard_on_the_same_2x2_mesh(opt_name, no_orphans):
+    """PyTorch's ColwiseParallel cuts a weight's rows into contiguous blocks and has no notion of q, k and v
+    stacked in one Linear; on its side the fused qkv's rows are reordered [q_0; k_0; v_0; q_1; k_1; v_1]
+    (`qkv_rows_for_pytorch`) before `parallelize_module`, an equivalent layout (Megatron's interleaved one)
+    in which a contiguous cut gives each rank the same heads that `ColwiseParallel(stacked=3)` gives ours,
+    and its final weights are put back in the course's [q; k; v] order to compare."""
+    for (torch_losses, torch_weights), (losses, weights) in launch(_pytorch_2d, 4, args=(opt_name,), timeout=150):
+        assert losses == pytest.approx(torch_losses, rel=1e-5)
+        assert set(weights) == set(torch_weights)
+        for name in torch_weights:
+            torch.testing.assert_close(weights[name], torch_weights[name], **TOL)
+
+
+# --- bytes per step, from the shapes --------------------------------------------------------------------
+
+def _bytes():
+    mesh = ParallelDims(dp=2, tp=2, world_size=4).build_mesh("cpu")
+    model = parallelize_gpt(GPT(CFG), mesh)
+    opt = make_optimizer("sgd", model.parameters())
+    x, y = make_batch(CFG, BATCH)
+    for _ in range(2):  # the second step is the steady one (the first records the prefetch order)
+        with CommLog() as log:
+            opt.zero_grad()
+            model(_dp_rows(x, mesh), _dp_rows(y, mesh)).backward()
+            opt.step()
+    return [(r.op, r.label, r.nbytes, r.group_size, r.sent) for r in log.records]
+
+
+def expected_bytes(cfg: GPTConfig, batch: int, dp: int, tp: int) -> Counter:
+    """TP: per block, `g` AllReduces the attention's and the MLP's output in forward and `f` the gradients of
+    their inputs in backward: 4 AllReduces of (batch / dp) x seq x C fp32 over the tp ranks.
+    fully_shard over the dp ranks: each unit's TP-local parameters, each padded to ceil(rows / dp) x dp rows;
+    AllGather in forward and (blocks) again in backward, one ReduceScatter."""
+    c, t, v = cfg.n_embd, cfg.block_size, cfg.vocab_size
+    activation = 4 * (batch // dp) * t * c
+    block_shapes = [(3 * c // tp, c), (3 * c // tp,), (c, c // tp), (c,), (4 * c // tp, c), (4 * c // tp,),
+                    (c, 4 * c // tp), (c,), (c,), (c,), (c,), (c,)]  # qkv, attn.proj, fc, mlp.proj, ln_1, ln_2
+    root_shapes = [(v, c), (t, c), (c,), (c,)]  # tok_emb (= lm_head), pos_emb, ln_f
+    unit = lambda shapes: 4 * dp * sum(math.ceil(s[0] / dp) * math.prod(s[1:]) for s in shapes)  # noqa: E731
+    out = Counter()
+    for i in range(cfg.n_layer):
+        for layer in ("attn.proj", "mlp.proj", "attn.qkv", "mlp.fc"):  # g (forward), f (backward)
+            out[("all_reduce", f"{TP_LABEL} blocks.{i}.{layer}", activation, tp)] += 1
+        out[("all_gather", f"blocks.{i}", unit(block_shapes), dp)] += 2
+        out[("reduce_scatter", f"blocks.{i}", unit(block_shapes), dp)] += 1
+    out[("all_gather", "root", unit(root_shapes), dp)] += 1
+    out[("reduce_scatter", "root", unit(root_shapes), dp)] += 1
+    return out
+
+
+def test_bytes_per_step_follow_from_the_shapes(no_orphans):
+    want = expected_bytes(CFG, BATCH, 2, 2)
+    for records in launch(_bytes, 4, timeout=90):
+        assert Counter(r[:4] for r in records) == want
+        tp_bytes = sum(r[2] for r in records if r[1].startswith(TP_LABEL))
+        assert tp_bytes == 2 * 2 * CFG.n_layer * 4 * (BATCH // 2) * CFG.block_size * CFG.n_embd == 92_160
+        assert sum(r[2] for r in records) == 92_160 + 3 * 2 * 22_864 + 2 * 9_600  # 248,544 B of S per step
+        # on the wire (ring model): an AllReduce sends 2(n-1)/n of it, an AllGather / ReduceScatter (n-1)/n
+        assert sum(r[4] for r in records) == 92_160 + (3 * 2 * 22_864 + 2 * 9_600) // 2
+
+
+# --- errors before any collective -----------------------------------------------------------------------
+
+def message(fn) -> str:
+    try:
+        fn()
+    except ValueError as e:
+        return str(e)
+    return "no error"
+
+
+def test_the_mesh_and_the_heads_are_checked_without_any_process_group():
+    assert "a mesh of dp x tp = 3 x 2 = 6 ranks does not match the world of 4 ranks" in message(
+        lambda: ParallelDims(dp=3, tp=2, world_size=4))
+    assert "tp must be a positive integer, got 0" in message(lambda: ParallelDims(dp=4, tp=0, world_size=4))
+    assert "the tensor-parallel degree 2 does not divide the 3 attention heads" in message(
+        lambda: gpt_tp_plan(GPTConfig(n_head=3, n_embd=30), 2))
+    assert "the tensor-parallel degree 4 does not divide the 2 attention heads" in message(lambda: gpt_tp_plan(CFG, 4))
+    assert "stacked must be a positive number of matrices, got 0" in message(lambda: ColwiseParallel(stacked=0))
+    assert not dist.is_initialized()
+
+
+def _errors():
+    """Rank 0 alone makes each mistake while the others wait at the end: a check that sent anything first
+    would hang rank 0 (and the launch would time out)."""
+    mesh = ParallelDims(dp=1, tp=4, world_size=4).build_mesh("cpu")
+    tp = mesh["tp"]
+    out = {}
+    if dist.get_rank() == 0:
+        model = GPT(CFG)
+        before = {n: p for n, p in model.named_parameters()}
+        out["hidden"] = message(lambda: parallelize_module(nn.Linear(30, 30), tp, ColwiseParallel()))
+        out["rows"] = message(lambda: parallelize_module(nn.Linear(30, 30), tp, RowwiseParallel()))
+        out["stacked"] = message(lambda: parallelize_module(model, tp, gpt_tp_plan(CFG, 2)))
+        out["untouched"] = all(p is before[n] for n, p in model.named_parameters())
+        out["not_linear"] = message(lambda: parallelize_module(model, tp, {"blocks.0.ln_1": ColwiseParallel()}))
+        out["no_match"] = message(lambda: parallelize_module(model, tp, {"blocks.*.mlp.gate": RowwiseParallel()}))
+        out["mesh_2d"] = message(lambda: parallelize_module(model, mesh, gpt_tp_plan(CFG, 2)))
+        out["world"] = message(lambda: ParallelDims(dp=1, tp=2, world_size=2).build_mesh("cpu"))
+        out["gpt_mesh"] = message(lambda: parallelize_gpt(GPT(CFG), tp))
+        out["gpt_heads"] = message(lambda: parallelize_gpt(GPT(CFG), mesh))
+        done = nn.Sequential(nn.Linear(4, 4))
+        done[0].__class__ = ColumnParallelLinear  # what ColwiseParallel leaves behind
+        out["twice"] = message(lambda: parallelize_module(done, tp, {"0": RowwiseParallel()}))
+    dist.barrier()
+    return out
+
+
+def test_bad_input_gets_a_clear_error_before_any_collective(no_orphans):
+    out = launch(_errors, 4, timeout=60)[0]
+    assert "the tensor-parallel degree 4 does not divide the module's 30 output features" in out["hidden"]
+    assert "the tensor-parallel degree 4 does not divide the module's 30 input features" in out["rows"]
+    assert ("the tensor-parallel degree 4 does not divide blocks.0.attn.qkv's 30 output features of each of its 3 "
+            "stacked matrices") in out["stacked"]
+    assert out["untouched"] is True
+    assert "ColwiseParallel applies to nn.Linear, but blocks.0.ln_1 is a LayerNorm" in out["not_linear"]
+    assert "plan entry 'blocks.*.mlp.gate' matches no submodule of GPT" in out["no_match"]
+    assert "device_mesh must be 1-D (the tensor-parallel dimension), got a mesh of shape (1, 4): pass mesh['tp']" \
+        in out["mesh_2d"]
+    assert "ParallelDims was made for 2 ranks, but the world has 4" in out["world"]
+    assert "parallelize_gpt needs a 2-D mesh with dimensions ('dp', 'tp'), got ('tp',)" in out["gpt_mesh"]
+    assert "the tensor-parallel degree 4 does not divide the 2 attention heads" in out["gpt_heads"]
+    assert "0 is already tensor-parallel (ColumnParallelLinear)" in out["twice"]
+
