@@ -24,7 +24,7 @@ from typing import Callable
 
 from torch.distributed.tensor import DTensor
 
-from fsdp_mini.strategy import StrategyLike, shard_group_size, sharded_states
+from fsdp_mini.strategy import StrategyLike, is_hybrid, shard_group_size, sharded_states
 
 __all__ = ["MemoryEstimate", "estimate_memory", "format_bytes", "decimal_scale", "MemoryTracker", "MemoryChange",
            "ListenerHandle", "tensor_bytes", "optimizer_state_bytes", "SavedActivations"]
@@ -63,6 +63,7 @@ def estimate_memory(
     param_bytes: int = 2,
     grad_bytes: int = 2,
     optimizer_bytes: int = 12,
+    tp: int = 1,
 ) -> MemoryEstimate:
     """Per-rank bytes of parameters, gradients and optimizer states for `num_params` parameters.
 
@@ -70,6 +71,16 @@ def estimate_memory(
     `world_size` ranks, except for the hybrid strategies, which split it over a shard group of
     `shard_size` ranks and replicate it across the `world_size // shard_size` groups; `shard_size`
     follows `fsdp_mini.strategy.shard_group_size` (default: one node), and is rejected for the others.
+
+    `tp` is the tensor-parallel degree of a 2-D mesh (tp x dp). Tensor parallelism splits every weight
+    matrix over the tp ranks of its group for the whole step, so each TP rank owns ceil(num_params / tp)
+    parameters with their gradients and optimizer states; the strategy then shards that share over the
+    `world_size // tp` data-parallel ranks (the hybrids: over a shard group of `shard_size` of them),
+    exactly as it shards a whole model when tp = 1. `world_size` must be a multiple of tp, and with
+    tp > 1 a hybrid needs `shard_size` given, counted in data-parallel ranks (the one-node default counts
+    GPUs, and a node of g GPUs holds only g / tp data-parallel ranks). The split
+    counts every parameter as divisible; a real TP plan replicates the LayerNorms (a few thousand
+    parameters per block), which this leaves out.
 
     The byte defaults are mixed-precision Adam (ZeRO's K = 12); for plain fp32 Adam pass
     `param_bytes=4, grad_bytes=4, optimizer_bytes=8`. `num_params` may be an integral float such as
@@ -80,12 +91,25 @@ def estimate_memory(
     param_bytes = _check_int("param_bytes", param_bytes, minimum=0)
     grad_bytes = _check_int("grad_bytes", grad_bytes, minimum=0)
     optimizer_bytes = _check_int("optimizer_bytes", optimizer_bytes, minimum=0)
+    tp = _check_int("tp", tp, minimum=1)
+    if world_size % tp:
+        raise ValueError(f"world_size={world_size} is not a multiple of tp={tp}: a 2-D mesh of tp x dp ranks "
+                         f"needs world_size = tp * dp")
     sharded = sharded_states(strategy)
-    group = shard_group_size(strategy, world_size, shard_size)
+    if tp > 1 and is_hybrid(strategy):
+        dp = world_size // tp
+        if shard_size is None:
+            raise ValueError(f"with tp={tp} a hybrid strategy needs shard_size, in data-parallel ranks (a divisor "
+                             f"of world_size // tp = {dp}): the one-node default counts GPUs")
+        if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size < 1 or dp % shard_size:
+            raise ValueError(f"shard_size={shard_size!r} must be a positive divisor of the {dp} data-parallel "
+                             f"ranks (world_size {world_size} // tp {tp})")
+    group = shard_group_size(strategy, world_size // tp, shard_size)
+    # -(-a // b) is ceil(a / b) in exact integer arithmetic (a float division would round).
+    per_tp_rank = -(-num_params // tp)  # tensor parallelism splits the weights first
 
     def per_rank(state: str, bytes_per_element: int) -> int:
-        # -(-a // b) is ceil(a / b) in exact integer arithmetic (a float division would round).
-        elements = -(-num_params // group) if state in sharded else num_params
+        elements = -(-per_tp_rank // group) if state in sharded else per_tp_rank
         return elements * bytes_per_element
 
     params = per_rank("params", param_bytes)

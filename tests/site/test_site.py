@@ -495,6 +495,15 @@ CALCULATOR_CASES = [
      (70_000_000_000, 1, "FULL_SHARD"), {"optimizer_bytes": 4}),
     ({"params": "175e9", "world": "1024", "strategy": "HYBRID_SHARD", "shard": "64", "optimizer": "sgd_momentum",
       "state_dtype": "2:bf16", "master": False}, (175e9, 1024, "HYBRID_SHARD"), {"shard_size": 64, "optimizer_bytes": 2}),
+    # a tensor-parallel degree: ceil(N / tp) per TP rank, then the strategy over world / tp data-parallel ranks
+    ({"params": "68,976,648,192", "world": "512", "tp": "8"}, (68_976_648_192, 512, "FULL_SHARD"), {"tp": 8}),
+    ({"params": "1,300,001", "world": "24", "tp": "3", "strategy": "HYBRID_SHARD", "shard": "4"},  # dp 8, groups of 4
+     (1_300_001, 24, "HYBRID_SHARD"), {"tp": 3, "shard_size": 4}),
+    ({"params": "7B", "world": "16", "tp": "2", "strategy": "SHARD_GRAD_OP", "grad_dtype": "4:fp32"},
+     (7_000_000_000, 16, "SHARD_GRAD_OP"), {"tp": 2, "grad_bytes": 4}),
+    ({"params": "1000003", "world": "4", "tp": "4", "strategy": "ZERO1"}, (1_000_003, 4, "ZERO1"), {"tp": 4}),
+    ({"params": "999", "world": "6", "tp": "2", "strategy": "NO_SHARD", "param_dtype": "4:fp32",
+      "grad_dtype": "4:fp32"}, (999, 6, "NO_SHARD"), {"tp": 2, "param_bytes": 4, "grad_bytes": 4, "optimizer_bytes": 8}),
 ]
 RU_UNITS = {"B": "Б", "kB": "кБ", "MB": "МБ", "GB": "ГБ", "TB": "ТБ", "PB": "ПБ"}
 
@@ -552,16 +561,32 @@ def test_memory_calculator_equals_estimate_memory(browser, server, lang):
                 assert shown[state]["size"].replace("\xa0", " ") == shown_size(nbytes, lang), where
                 sep = "," if lang == "en" else "\xa0"
                 assert shown[state]["exact"] == f"{nbytes:,}".replace(",", sep) + "\xa0" + ("B" if lang == "en" else "Б")
-            assert "estimate_memory(" in tab.page.text_content("#mc-call")
+            call = tab.page.text_content("#mc-call")
+            assert "estimate_memory(" in call
+            tp = kwargs.get("tp", 1)
+            assert (f", tp={tp})" in call) if tp > 1 else ("tp=" not in call), call
         # a shard group that does not divide the world: Python refuses, and so does the page
         set_calculator(tab.page, {"world": "16", "strategy": "HYBRID_SHARD", "shard": "5"})
         with pytest.raises(ValueError):
             estimate_memory(7.5e9, 16, "HYBRID_SHARD", shard_size=5)
         assert tab.page.locator("#memory-calculator .mc-error").count() == 1
         assert tab.page.locator("#mc-result").count() == 0
+        # a TP degree that does not divide the world, and a shard group that does not divide world / tp
+        for inputs, kwargs in [({"world": "16", "tp": "3"}, {"tp": 3}),
+                               ({"world": "16", "tp": "4", "strategy": "HYBRID_SHARD", "shard": "8"},
+                                {"tp": 4, "shard_size": 8})]:
+            set_calculator(tab.page, inputs)
+            with pytest.raises(ValueError):
+                estimate_memory(7.5e9, int(inputs["world"]), inputs.get("strategy", "FULL_SHARD"), **kwargs)
+            assert tab.page.locator("#memory-calculator .mc-error").count() == 1, inputs
+            assert tab.page.locator("#mc-result").count() == 0, inputs
+        set_calculator(tab.page, {"world": "16", "tp": "3"})
         text = tab.page.text_content("#memory-calculator")
         if lang == "ru":
             assert "Размер группы шардирования" in text and "World size" in text
+            assert "Степень TP должна быть целым числом" in text and "тензорного параллелизма" in text
+        else:
+            assert "TP degree must be a whole number" in text and "Tensor-parallel degree" in text
         assert not tab.inspect()["problems"]
     finally:
         tab.close()

@@ -2,9 +2,10 @@
  *
  * Plain JavaScript, no library, nothing fetched: it fills <div id="memory-calculator" data-lang="en|ru">.
  * The arithmetic is fsdp_mini.estimate_memory's (fsdp_mini/memory.py), line for line, in exact integers
- * (BigInt): a state a strategy shards costs ceil(num_params / G) elements per rank, G being the shard
- * group (1 for NO_SHARD, the world for ZeRO-1/2/3, shard_size for the hybrids); a replicated state costs
- * num_params elements. Sizes print as fsdp_mini.format_bytes prints them (decimal units, one decimal,
+ * (BigInt): tensor parallelism of degree tp first leaves ceil(num_params / tp) parameters to each TP rank;
+ * a state a strategy shards then costs ceil(that / G) elements per rank, G being the shard group among the
+ * world / tp data-parallel ranks (1 for NO_SHARD, all of them for ZeRO-1/2/3, shard_size for the hybrids);
+ * a replicated state costs the TP rank's whole share. Sizes print as fsdp_mini.format_bytes prints them (decimal units, one decimal,
  * Python's round-half-even), in Russian with a decimal comma and Russian units.
  * tests/test_site.py sets the inputs in Chromium and compares every number with Python's.
  */
@@ -29,7 +30,11 @@
     en: {
       params: "Parameters", params_hint: "e.g. 7.5e9, 7.5B, 125M, 1,300,000",
       world: "World size (ranks, GPUs)", strategy: "Strategy", shard: "Shard group size (ranks per group)",
-      shard_hint: "usually one node: 8", param_dtype: "Parameter dtype", grad_dtype: "Gradient (reduce) dtype",
+      shard_hint: "usually one node: 8", shard_hint_tp: "in data-parallel ranks, of which there are {dp}",
+      tp: "Tensor-parallel degree (TP)", tp_hint: "1: no tensor parallelism; 8: one node",
+      tp_split: "tensor parallelism splits the parameters over tp = {tp} ranks first: ⌈N / {tp}⌉ = {n} each; ",
+      group_tp: "each sharded state is then split over G = {g} of the {dp} data-parallel ranks",
+      param_dtype: "Parameter dtype", grad_dtype: "Gradient (reduce) dtype",
       optimizer: "Optimizer", state_dtype: "Optimizer state dtype",
       master: "fp32 master copy of the weights (mixed precision)",
       master_fp32: "no separate master copy: the parameters are fp32 already",
@@ -50,13 +55,19 @@
       err_params: "Parameters: a whole number such as 7.5e9, 7.5B or 125M",
       err_world: "World size: a whole number ≥ 1",
       err_shard: "Shard group size must be a positive divisor of the world size {w}",
+      err_shard_tp: "Shard group size must be a positive divisor of the {dp} data-parallel ranks (world size {w} ÷ TP {tp})",
+      err_tp: "TP degree must be a whole number ≥ 1 that divides the world size {w}",
       figure: "ZeRO's Figure 1: baseline 120 GB, P_os 31.4 GB, P_os+g 16.6 GB, P_os+g+p 1.9 GB",
       decimal: ".", group_sep: ",", units: ["B", "kB", "MB", "GB", "TB", "PB"],
     },
     ru: {
       params: "Число параметров", params_hint: "например 7.5e9, 7,5 млрд, 125 млн, 1 300 000",
       world: "World size (число рангов, GPU)", strategy: "Стратегия", shard: "Размер группы шардирования (рангов в группе)",
-      shard_hint: "обычно один узел: 8", param_dtype: "Тип параметров", grad_dtype: "Тип градиентов (и редукции)",
+      shard_hint: "обычно один узел: 8", shard_hint_tp: "в рангах параллелизма по данным; их {dp}",
+      tp: "Степень тензорного параллелизма (TP)", tp_hint: "1 — без тензорного параллелизма; 8 — один узел",
+      tp_split: "тензорный параллелизм сначала делит параметры на tp = {tp} рангов: по ⌈N / {tp}⌉ = {n}; ",
+      group_tp: "затем каждое шардированное состояние делится на G = {g} из {dp} рангов параллелизма по данным",
+      param_dtype: "Тип параметров", grad_dtype: "Тип градиентов (и редукции)",
       optimizer: "Оптимизатор", state_dtype: "Тип состояния оптимизатора",
       master: "мастер-копия весов в fp32 (смешанная точность)",
       master_fp32: "отдельной мастер-копии нет: параметры и так в fp32",
@@ -77,6 +88,8 @@
       err_params: "Число параметров: целое, например 7.5e9, 7,5 млрд или 125 млн",
       err_world: "World size: целое число ≥ 1",
       err_shard: "Размер группы шардирования должен быть положительным делителем world size {w}",
+      err_shard_tp: "Размер группы шардирования должен быть положительным делителем числа рангов параллелизма по данным: {dp} (world size {w} ÷ TP {tp})",
+      err_tp: "Степень TP должна быть целым числом ≥ 1 и делить world size {w}",
       figure: "Рисунок 1 из ZeRO: базовый случай 120 ГБ, P_os 31,4 ГБ, P_os+g 16,6 ГБ, P_os+g+p 1,9 ГБ",
       decimal: ",", group_sep: "\u00a0", units: ["Б", "кБ", "МБ", "ГБ", "ТБ", "ПБ"],
     },
@@ -84,24 +97,32 @@
   var STATE_SHORT = {en: {params: "p", grads: "g", optimizer: "os"}, ru: {params: "p", grads: "g", optimizer: "os"}};
 
   // The ZeRO paper's Figure 1: 7.5B parameters, 64 GPUs, mixed-precision Adam (K = 12).
-  var DEFAULTS = {params: "7.5e9", world: "64", strategy: "FULL_SHARD", shard: "8", param_dtype: "2:bf16",
+  var DEFAULTS = {params: "7.5e9", world: "64", tp: "1", strategy: "FULL_SHARD", shard: "8", param_dtype: "2:bf16",
                   grad_dtype: "2:bf16", optimizer: "adam", state_dtype: "4:fp32", master: true};
 
   // --- arithmetic: fsdp_mini.memory.estimate_memory -----------------------------------------------------
-  function groupSize(strategy, world, shard) {
+  // `dp` ranks share the data (world / tp); a strategy shards over all of them, one, or a group of `shard`
+  function groupSize(strategy, dp, shard) {
     if (strategy.group === "one") return 1n;
-    if (strategy.group === "world") return world;
-    if (shard === null || shard < 1n || world % shard !== 0n) return null;
+    if (strategy.group === "world") return dp;
+    if (shard === null || shard < 1n || dp % shard !== 0n) return null;
     return shard;
   }
 
-  function estimate(numParams, world, strategy, shard, paramBytes, gradBytes, optimizerBytes) {
-    var g = groupSize(strategy, world, shard);
+  function validTp(world, tp) {
+    return tp !== null && tp >= 1n && world % tp === 0n;
+  }
+
+  function estimate(numParams, world, strategy, shard, paramBytes, gradBytes, optimizerBytes, tp) {
+    tp = tp === undefined ? 1n : tp;
+    if (!validTp(world, tp)) return null;
+    var g = groupSize(strategy, world / tp, shard);
     if (g === null) return null;
+    var share = (numParams + tp - 1n) / tp;  // ceil: tensor parallelism splits the parameters first
     var perByte = {params: paramBytes, grads: gradBytes, optimizer: optimizerBytes};
-    var out = {group: g, total: 0n};
+    var out = {group: g, tp: tp, dp: world / tp, share: share, total: 0n};
     STATES.forEach(function (state) {
-      var elements = strategy.sharded.indexOf(state) >= 0 ? (numParams + g - 1n) / g : numParams;  // ceil
+      var elements = strategy.sharded.indexOf(state) >= 0 ? (share + g - 1n) / g : share;  // ceil
       out[state] = elements * BigInt(perByte[state]);
       out.total += out[state];
     });
@@ -199,6 +220,7 @@
     var inputs = {
       params: el("input", {id: "mc-params", type: "text", inputmode: "decimal", value: DEFAULTS.params, spellcheck: "false"}),
       world: el("input", {id: "mc-world", type: "number", min: "1", step: "1", value: DEFAULTS.world}),
+      tp: el("input", {id: "mc-tp", type: "number", min: "1", step: "1", value: DEFAULTS.tp}),
       strategy: select("mc-strategy", STRATEGIES.map(function (s) { return [s.name, t.strat[s.name]]; }), DEFAULTS.strategy),
       shard: el("input", {id: "mc-shard", type: "number", min: "1", step: "1", value: DEFAULTS.shard}),
       param_dtype: select("mc-param-dtype", dtypeOptions, DEFAULTS.param_dtype),
@@ -214,6 +236,7 @@
     form.appendChild(el("div", {class: "mc-grid"}, [
       field("mc-params", t.params, inputs.params, t.params_hint),
       field("mc-world", t.world, inputs.world),
+      field("mc-tp", t.tp, inputs.tp, t.tp_hint),
       field("mc-strategy", t.strategy, inputs.strategy),
       field("mc-shard", t.shard, inputs.shard, t.shard_hint),
       field("mc-param-dtype", t.param_dtype, inputs.param_dtype),
@@ -246,13 +269,23 @@
       var master = masterApplies && inputs.master.checked ? 4 : 0;
       var k = nStates * stateBytes + master;
       var shard = hybrid ? parseWhole(inputs.shard.value) : null;
+      var tp = parseWhole(inputs.tp.value);
+      var worldOk = world !== null && world >= 1n;
+      var tpOk = worldOk && validTp(world, tp);
+      inputs.tp.setAttribute("aria-invalid", worldOk && !tpOk ? "true" : "false");
+      document.getElementById("mc-shard-hint").textContent = tpOk && tp > 1n
+        ? fill(t.shard_hint_tp, {dp: (world / tp).toString()}) : t.shard_hint;
 
       out.textContent = "";
       var errors = [];
       if (numParams === null) errors.push(t.err_params);
-      if (world === null || world < 1n) errors.push(t.err_world);
-      var result = errors.length ? null : estimate(numParams, world, strategy, shard, paramBytes, gradBytes, k);
-      if (!errors.length && result === null) errors.push(fill(t.err_shard, {w: world.toString()}));
+      if (!worldOk) errors.push(t.err_world);
+      else if (!tpOk) errors.push(fill(t.err_tp, {w: world.toString()}));
+      var result = errors.length ? null : estimate(numParams, world, strategy, shard, paramBytes, gradBytes, k, tp);
+      if (!errors.length && result === null) {
+        errors.push(tp > 1n ? fill(t.err_shard_tp, {dp: (world / tp).toString(), w: world.toString(), tp: tp.toString()})
+                            : fill(t.err_shard, {w: world.toString()}));
+      }
       inputs.params.setAttribute("aria-invalid", numParams === null ? "true" : "false");
       document.getElementById("mc-params-hint").textContent =
         numParams === null ? t.params_hint : fill(t.parsed, {n: group3(numParams, t.group_sep)});
@@ -270,7 +303,10 @@
       out.appendChild(el("p", {class: "mc-facts"}, [
         el("span", {text: fill(t.k, {k: k}) + (parts.length ? " = " + parts.join(" + ") : "") + ". "}),
         el("span", {text: fill(t.per_param, {p: paramBytes, g: gradBytes, k: k, sum: paramBytes + gradBytes + k}) + "; "}),
-        el("span", {text: fill(t.group, {g: result.group.toString()}) + "."}),
+        el("span", {text: tp > 1n
+          ? fill(t.tp_split, {tp: tp.toString(), n: group3(result.share, t.group_sep)}) +
+            fill(t.group_tp, {g: result.group.toString(), dp: result.dp.toString()}) + "."
+          : fill(t.group, {g: result.group.toString()}) + "."}),
       ]));
 
       // the bars of the chosen strategy
@@ -284,7 +320,8 @@
         var name = state === "total" ? t.total : t.state[state];
         var sharded = state !== "total" && strategy.sharded.indexOf(state) >= 0;
         table.appendChild(el("tr", {"data-state": state}, [
-          el("th", {scope: "row", text: name + (sharded ? " ÷ " + result.group : "")}),
+          el("th", {scope: "row", text: name + (state !== "total" && tp > 1n ? " ÷ " + tp : "") +
+                                        (sharded ? " ÷ " + result.group : "")}),
           el("td", {class: "mc-track"}, [bar]),
           el("td", {class: "mc-size", text: formatBytes(bytes, t)}),
           el("td", {class: "mc-bytes", "data-bytes": bytes.toString(), text: group3(bytes, t.group_sep) + "\u00a0" + t.units[0]}),
@@ -300,7 +337,7 @@
         el("th", {text: t.col_total})]));
       STRATEGIES.forEach(function (s) {
         var r = estimate(numParams, world, s, s.group === "shard" ? (shard || parseWhole(inputs.shard.value)) : null,
-                         paramBytes, gradBytes, k);
+                         paramBytes, gradBytes, k, tp);
         if (r === null) return;
         var stack = el("td", {class: "mc-track"}, STATES.map(function (state) {
           var pct = scale > 0n ? Number(r[state] * 10000n / scale) / 100 : 0;
@@ -320,7 +357,7 @@
       // the call that gives the same numbers
       var call = "estimate_memory(" + numParams.toString().replace(/\B(?=(\d{3})+(?!\d))/g, "_") + ", " + world +
         ", \"" + strategy.name + "\"" + (hybrid ? ", shard_size=" + shard : "") + ", param_bytes=" + paramBytes +
-        ", grad_bytes=" + gradBytes + ", optimizer_bytes=" + k + ")";
+        ", grad_bytes=" + gradBytes + ", optimizer_bytes=" + k + (tp > 1n ? ", tp=" + tp : "") + ")";
       out.appendChild(el("p", {text: t.python}));
       out.appendChild(el("pre", {class: "mc-python"}, [el("code", {id: "mc-call", text: "from fsdp_mini import estimate_memory\n" + call})]));
     }
@@ -328,7 +365,7 @@
     form.addEventListener("input", render);
     form.addEventListener("change", render);
     reset.addEventListener("click", function () {
-      inputs.params.value = DEFAULTS.params; inputs.world.value = DEFAULTS.world;
+      inputs.params.value = DEFAULTS.params; inputs.world.value = DEFAULTS.world; inputs.tp.value = DEFAULTS.tp;
       inputs.strategy.value = DEFAULTS.strategy; inputs.shard.value = DEFAULTS.shard;
       inputs.param_dtype.value = DEFAULTS.param_dtype; inputs.grad_dtype.value = DEFAULTS.grad_dtype;
       inputs.optimizer.value = DEFAULTS.optimizer; inputs.state_dtype.value = DEFAULTS.state_dtype;
