@@ -2,7 +2,9 @@
 
 For each strategy: the final loss, how far the trained weights are from single-process training and
 from PyTorch's own implementation (DDP or FSDP2 `fully_shard`), what each rank holds in memory, and
-how many bytes it sent per step. The three claims of the course in one table: sharding does not change
+how many bytes it sent per step. On an even world of 4 or more, one more row: tensor parallelism inside
+pairs of ranks and `fully_shard` across them on a 2-D mesh (lesson 12), against PyTorch's
+`parallelize_module` + `fully_shard` on the same mesh. The three claims of the course in one table: sharding does not change
 the numbers, it divides the memory, and it pays for that in communication.
 """
 from __future__ import annotations
@@ -16,6 +18,9 @@ from fsdp_mini.runtime import get_device
 from fsdp_mini.memory import format_bytes, optimizer_state_bytes, tensor_bytes
 from fsdp_mini.course.models import GPT, Block, GPTConfig, make_batch
 from fsdp_mini.course.pytorch_equivalent import pytorch_full_state_dict, shard_per_parameter, wrap_like_pytorch
+from fsdp_mini.course.tensor_parallel_plan import (parallelize_gpt, parallelize_gpt_with_pytorch,
+                                                   pytorch_gpt_full_state_dict)
+from fsdp_mini.tensor_parallel import ParallelDims, gather_tensor_parallel
 from fsdp_mini.fully_shard import gathered_memory, memory_stats
 from fsdp_mini.state_dict import full_state_dict
 from fsdp_mini.course.train import hybrid_shard_size, local_rows, train
@@ -39,9 +44,11 @@ def _global_mean(values: list[float]) -> list[float]:
     return (t / dist.get_world_size()).tolist()
 
 
-def _measure_step(model, opt, tracker=None) -> None:
-    """One more forward and backward (no step), so gradients and gathered parameters are alive."""
-    x, y = (local_rows(t, dist.get_rank(), dist.get_world_size()) for t in make_batch(CFG, BATCH, STEPS))
+def _measure_step(model, opt, tracker=None, rows_of: tuple[int, int] | None = None) -> None:
+    """One more forward and backward (no step), so gradients and gathered parameters are alive. `rows_of`:
+    (data-parallel rank, data-parallel size) when they are not the global ones (a 2-D mesh)."""
+    rank, world = rows_of or (dist.get_rank(), dist.get_world_size())
+    x, y = (local_rows(t, rank, world) for t in make_batch(CFG, BATCH, STEPS))
     if tracker is not None:
         tracker.reset_peak()
     model(x, y).backward()
@@ -75,6 +82,48 @@ def _run_per_parameter(strategy: str, shard_size: int) -> dict:
     return {"losses": losses, "sd": full_state_dict(model), "memory": memory_stats(model, opt), "sent": log.sent / STEPS}
 
 
+def tensor_parallel_degree(world: int) -> int | None:
+    """The TP degree of the demo's 2-D row: 2 when the world splits into (world / 2) x 2 and the heads into
+    two (the course GPT has 2); None (no 2-D row) on an odd world."""
+    return 2 if world % 2 == 0 and world > 2 and CFG.n_head % 2 == 0 else None
+
+
+def _train_2d(model, mesh) -> tuple[list[float], torch.optim.Optimizer]:
+    """`train`, with the batch split over the data-parallel ranks only: a TP group sees the same rows.
+    Returns this rank's losses and the optimizer."""
+    opt = _optimizer(model.parameters())
+    dp, dp_rank = mesh["dp"].size(), mesh["dp"].get_local_rank()
+    losses = []
+    for step in range(STEPS):
+        x, y = (local_rows(t, dp_rank, dp).to(get_device()) for t in make_batch(CFG, BATCH, step))
+        loss = model(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, opt
+
+
+def _run_2d(with_pytorch: bool) -> dict:
+    """Tensor parallel inside each pair of ranks, fully_shard across them (lesson 12)."""
+    world = dist.get_world_size()
+    tp = tensor_parallel_degree(world)
+    mesh = ParallelDims(world // tp, tp, world).build_mesh(get_device().type)
+    model = parallelize_gpt(GPT(CFG).to(get_device()), mesh)
+    with CommLog() as log:
+        losses, opt = _train_2d(model, mesh)
+    _measure_step(model, opt, gathered_memory(model), rows_of=(mesh["dp"].get_local_rank(), mesh["dp"].size()))
+    row = {"strategy": "2-D", "losses": _global_mean(losses), "memory": memory_stats(model, opt),
+           "sd": gather_tensor_parallel(model, full_state_dict(model)), "sent": log.sent / STEPS, "vs_pytorch": None}
+    if with_pytorch:
+        theirs = parallelize_gpt_with_pytorch(GPT(CFG).to(get_device()), mesh)
+        _train_2d(theirs, mesh)
+        their_sd = pytorch_gpt_full_state_dict(theirs, mesh)
+        row["vs_pytorch"] = max((row["sd"][k].cpu() - their_sd[k]).abs().max().item() for k in their_sd)
+    row["sd"] = {k: v.cpu() for k, v in row["sd"].items()}
+    return row
+
+
 def worker(with_pytorch: bool = True) -> list[dict]:
     """Every rank trains every strategy; returns rank 0's view (losses are averaged over ranks)."""
     shard_size = hybrid_shard_size(dist.get_world_size())
@@ -99,6 +148,8 @@ def worker(with_pytorch: bool = True) -> list[dict]:
             their_sd = pytorch_full_state_dict(theirs)
             row["vs_pytorch"] = max((row["sd"][k] - their_sd[k]).abs().max().item() for k in their_sd)
         rows.append(row)
+    if tensor_parallel_degree(dist.get_world_size()):
+        rows.append(_run_2d(with_pytorch))
     return rows
 
 
@@ -122,6 +173,9 @@ def table(ref: dict, rows: list[dict], world: int) -> str:
              "FULL_SHARD": "FULL_SHARD (ZeRO-3)", "HYBRID_SHARD": hybrid,
              "per-parameter SHARD_GRAD_OP": "fully_shard, reshard=False", "per-parameter FULL_SHARD": "fully_shard",
              "per-parameter HYBRID_SHARD": f"fully_shard, 2-D mesh {world // shard_size}x{shard_size}"}
+    tp = tensor_parallel_degree(world)
+    if tp:
+        names["2-D"] = f"TP x fully_shard, {world // tp}x{tp}"
     head = (f"{'strategy':<28}{'loss':>8}{'max|dw| vs 1':>14}{'vs PyTorch':>12}{'params':>10}{'grads':>10}"
             f"{'optim':>10}{'gathered':>10}{'sent/step':>11}")
     lines = [head, "-" * len(head)]

@@ -9,6 +9,8 @@ course GPT's names and the heads constraint live.
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.nn as nn
 
@@ -16,7 +18,8 @@ from fsdp_mini.course.models import GPT, GPTConfig
 from fsdp_mini.fully_shard import fully_shard
 from fsdp_mini.tensor_parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-__all__ = ["gpt_tp_plan", "parallelize_gpt", "qkv_rows_for_pytorch"]
+__all__ = ["gpt_tp_plan", "parallelize_gpt", "qkv_rows_for_pytorch", "parallelize_gpt_with_pytorch",
+           "pytorch_gpt_full_state_dict"]
 
 
 def gpt_tp_plan(cfg: GPTConfig, tp: int) -> dict:
@@ -54,3 +57,51 @@ def qkv_rows_for_pytorch(c: int, tp: int) -> torch.Tensor:
     exactly what ColwiseParallel(stacked=3) gives rank r of the course's [q; k; v] layout."""
     per = c // tp
     return torch.cat([torch.arange(per) + s * c + r * per for r in range(tp) for s in range(3)])
+
+
+def parallelize_gpt_with_pytorch(model: GPT, mesh) -> nn.Module:
+    """`parallelize_gpt`'s twin in PyTorch itself, for side-by-side checks (the demo, the tests): qkv's rows
+    reordered (`qkv_rows_for_pytorch`: PyTorch's ColwiseParallel cuts contiguous rows), then
+    `torch.distributed.tensor.parallel.parallelize_module` over mesh["tp"] with ColwiseParallel /
+    RowwiseParallel, then `torch.distributed.fsdp.fully_shard` of each block and of the root over mesh["dp"].
+    Its weights come back in the course's [q; k; v] order from `pytorch_gpt_full_state_dict`."""
+    from torch.distributed.fsdp import fully_shard as torch_fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel as TorchColwise
+    from torch.distributed.tensor.parallel import RowwiseParallel as TorchRowwise
+    from torch.distributed.tensor.parallel import parallelize_module as torch_parallelize_module
+
+    gpt_tp_plan(model.cfg, mesh["tp"].size())  # the same checks as ours, before any collective
+    rows = qkv_rows_for_pytorch(model.cfg.n_embd, mesh["tp"].size())
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.qkv.weight.copy_(block.attn.qkv.weight[rows])
+            block.attn.qkv.bias.copy_(block.attn.qkv.bias[rows])
+    plan = {"blocks.*.attn.qkv": TorchColwise(), "blocks.*.attn.proj": TorchRowwise(),
+            "blocks.*.mlp.fc": TorchColwise(), "blocks.*.mlp.proj": TorchRowwise()}
+    torch_parallelize_module(model, mesh["tp"], plan)
+    for block in model.blocks:
+        torch_fully_shard(block, mesh=mesh["dp"])
+    torch_fully_shard(model, mesh=mesh["dp"])
+    return model
+
+
+def pytorch_gpt_full_state_dict(model: GPT, mesh) -> dict[str, torch.Tensor]:
+    """The full state dict of a model from `parallelize_gpt_with_pytorch(model, mesh)`, on CPU, qkv in the
+    course's [q; k; v] order.
+    Collective over the whole mesh. PyTorch warns, on every rank, that gathering a weight sharded twice on
+    dim 0 takes two AllGathers: known and harmless here, so that logger is quieted while it runs."""
+    from torch.distributed.tensor import DTensor
+
+    logger = logging.getLogger("torch.distributed.tensor._redistribute")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        full = {n: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu().clone()
+                for n, v in model.state_dict().items()}
+    finally:
+        logger.setLevel(level)
+    back = torch.argsort(qkv_rows_for_pytorch(model.cfg.n_embd, mesh["tp"].size()))
+    for name in full:
+        if ".attn.qkv." in name:
+            full[name] = full[name][back]
+    return full

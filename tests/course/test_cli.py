@@ -46,10 +46,10 @@ def test_every_option_has_help_and_shows_its_default(name):
 
 
 def test_demo_runs_and_checks_itself():
-    out = run("demo", "--world-size", "2", "--no-pytorch")
+    out = run("demo", "--world-size", "4", "--no-pytorch")
     assert out.returncode == 0, out.stderr
     for name in ("1 process", "NO_SHARD (DDP)", "ZeRO-1", "SHARD_GRAD_OP (ZeRO-2)", "FULL_SHARD (ZeRO-3)",
-                 "HYBRID_SHARD (1x2)"):
+                 "HYBRID_SHARD (2x2)", "TP x fully_shard, 2x2"):
         assert f"\n{name} " in out.stdout, name
     assert "every strategy matches single-process training: True" in out.stdout
 

@@ -2047,3 +2047,33 @@ def test_adamw_on_cpu_is_the_for_loop_and_reads_and_writes_80_bytes_per_paramete
     # the fused kernel's schema marks the gradients as written (Tensor(b!)[] grads), hence 32 and not 28
     schema = torch.ops.aten._fused_adamw_.default._schema
     assert [a.alias_info is not None and a.alias_info.is_write for a in schema.arguments][:4] == [True] * 4
+
+
+# --- lesson 12: tensor parallelism ------------------------------------------------------------------------
+
+def _torch_tp_loss(reorder: bool):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    from fsdp_mini.course.tensor_parallel_plan import qkv_rows_for_pytorch
+
+    model = GPT(CFG)
+    if reorder:
+        rows = qkv_rows_for_pytorch(CFG.n_embd, 2)
+        with torch.no_grad():
+            for block in model.blocks:
+                block.attn.qkv.weight.copy_(block.attn.qkv.weight[rows])
+                block.attn.qkv.bias.copy_(block.attn.qkv.bias[rows])
+    mesh = init_device_mesh("cpu", (2,))
+    parallelize_module(model, mesh, {"blocks.*.attn.qkv": ColwiseParallel(), "blocks.*.attn.proj": RowwiseParallel()})
+    return model(*make_batch(CFG, 4)).item()
+
+
+def test_12_pytorchs_colwise_parallel_cuts_contiguous_rows_and_knows_no_fused_qkv(no_orphans):
+    # 12, "The same in PyTorch": "PyTorch's `ColwiseParallel` cuts a weight into contiguous blocks and has no
+    # notion of a fused qkv. So on its side we first reorder qkv's rows as [q_0; k_0; v_0; q_1; k_1; v_1]"
+    one_process = GPT(CFG)(*make_batch(CFG, 4)).item()
+    plain = launch(_torch_tp_loss, 2, args=(False,), timeout=60)[0]
+    reordered = launch(_torch_tp_loss, 2, args=(True,), timeout=60)[0]
+    assert abs(plain - one_process) > 1e-4  # rank 0 computed all of q with half of k: wrong heads
+    assert reordered == pytest.approx(one_process, rel=1e-5)

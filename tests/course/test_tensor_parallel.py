@@ -14,7 +14,8 @@ import torch.nn as nn
 
 from fsdp_mini import CommLog, launch
 from fsdp_mini.course.models import GPT, GPTConfig, make_batch
-from fsdp_mini.course.tensor_parallel_plan import gpt_tp_plan, parallelize_gpt, qkv_rows_for_pytorch
+from fsdp_mini.course.tensor_parallel_plan import (gpt_tp_plan, parallelize_gpt, parallelize_gpt_with_pytorch,
+                                                    pytorch_gpt_full_state_dict)
 from fsdp_mini.fully_shard import full_state_dict
 from fsdp_mini.tensor_parallel import (ColumnParallelLinear, ColwiseParallel, ParallelDims, RowwiseParallel, TPShard,
                                        gather_tensor_parallel, parallelize_module)
@@ -167,34 +168,10 @@ def test_tensor_parallel_with_fully_shard_on_a_2x2_mesh_matches_one_process(opt_
 # --- against PyTorch's parallelize_module + fully_shard on the same mesh ---------------------------------
 
 def _pytorch_2d(opt_name):
-    from torch.distributed.fsdp import fully_shard as torch_fully_shard
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor.parallel import ColwiseParallel as TorchColwise
-    from torch.distributed.tensor.parallel import RowwiseParallel as TorchRowwise
-    from torch.distributed.tensor.parallel import parallelize_module as torch_parallelize_module
-
     mesh = ParallelDims(dp=2, tp=2, world_size=4).build_mesh("cpu")
-    model = GPT(CFG)
-    rows = qkv_rows_for_pytorch(CFG.n_embd, 2)
-    with torch.no_grad():
-        for block in model.blocks:
-            block.attn.qkv.weight.copy_(block.attn.qkv.weight[rows])
-            block.attn.qkv.bias.copy_(block.attn.qkv.bias[rows])
-    plan = {"blocks.*.attn.qkv": TorchColwise(), "blocks.*.attn.proj": TorchRowwise(),
-            "blocks.*.mlp.fc": TorchColwise(), "blocks.*.mlp.proj": TorchRowwise()}
-    torch_parallelize_module(model, mesh["tp"], plan)
-    for block in model.blocks:
-        torch_fully_shard(block, mesh=mesh["dp"])
-    torch_fully_shard(model, mesh=mesh["dp"])
+    model = parallelize_gpt_with_pytorch(GPT(CFG), mesh)
     losses = _train_2d(model, mesh, opt_name)
-    weights = {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
-               for n, p in model.state_dict().items()}
-    back = torch.argsort(rows)
-    for name in list(weights):
-        if name.endswith("attn.qkv.weight") or name.endswith("attn.qkv.bias"):
-            weights[name] = weights[name][back]
-    ours = _tp_fsdp(opt_name)
-    return (losses, weights), ours
+    return (losses, pytorch_gpt_full_state_dict(model, mesh)), _tp_fsdp(opt_name)
 
 
 @pytest.mark.parametrize("opt_name", ["sgd", "adamw"])

@@ -1,0 +1,73 @@
+"""Lesson 12's pictures: where FSDP alone stops hiding its AllGathers as the cluster grows, and how
+FSDP, HSDP and TP x FSDP compare across cluster sizes (both from `fsdp_mini.course.scaling`)."""
+from __future__ import annotations
+
+from fsdp_mini.course.language import tr
+from fsdp_mini.course.viz import figure
+from fsdp_mini.course.viz.style import SMALL
+
+__all__ = ["plot_fsdp_scaling", "plot_plans"]
+
+PLAN_COLORS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3")
+
+
+def plot_fsdp_scaling(rows, title: str = ""):
+    """Left: tokens each GPU gets (a fixed global batch over N GPUs) against the tokens its unit needs to
+    hide the next AllGather, the first count that no longer hides marked. Right: one AllGather's time split
+    into the ring's latency term, (N - 1) alpha, and its bandwidth term. `rows`: `fsdp_scaling`'s."""
+    gpus = [r.gpus for r in rows]
+    fig, (left, right) = figure(width=9.5, height=3.4, ncols=2)
+    left.plot(gpus, [r.tokens_per_gpu for r in rows], "o-", color=PLAN_COLORS[0],
+              label=tr("tokens each GPU gets", "токенов достаётся GPU"))
+    left.plot(gpus, [r.tokens_to_hide for r in rows], "s--", color=PLAN_COLORS[3],
+              label=tr("tokens that hide the AllGather", "токенов, чтобы спрятать AllGather"))
+    stop = next((r for r in rows if not r.hides), None)
+    if stop is not None:
+        left.axvline(stop.gpus, color="#8C8C8C", linewidth=1, linestyle=":")
+        left.annotate(tr(f"stops hiding: {stop.gpus:,} GPUs", f"перестаёт прятаться: {stop.gpus} GPU"),
+                      (stop.gpus, stop.tokens_to_hide), xytext=(6, 14), textcoords="offset points",
+                      fontsize=SMALL)
+    left.set_ylabel(tr("tokens per GPU", "токенов на GPU"))
+    left.legend(fontsize=SMALL, frameon=False, loc="lower left")
+    right.plot(gpus, [r.bandwidth_s * 1e3 for r in rows], "o-", color=PLAN_COLORS[2],
+               label=tr("bandwidth term", "член пропускной способности"))
+    right.plot(gpus, [r.latency_s * 1e3 for r in rows], "s--", color=PLAN_COLORS[4],
+               label=tr("latency term, (N - 1) alpha", "член задержки, (N − 1) α"))
+    right.set_ylabel(tr("ms per AllGather", "мс на один AllGather"))
+    right.legend(fontsize=SMALL, frameon=False, loc="upper left")
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel(tr("GPUs", "GPU"))
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_plans(rows, models: list[str]):
+    """One panel per model: the share of each step spent on the model's FLOPs (compute / step) for every
+    plan across cluster sizes; a plan whose model states do not fit a GPU is drawn hollow and dotted.
+    `rows`: `compare_plans`'s."""
+    fig, axes = figure(width=9.5, height=3.4, ncols=len(models), sharey=True)
+    axes = list(axes) if len(models) > 1 else [axes]
+    plans = list(dict.fromkeys(r.plan for r in rows))
+    for ax, model in zip(axes, models):
+        for plan, color in zip(plans, PLAN_COLORS):
+            mine = [r for r in rows if r.model == model and r.plan == plan]
+            gpus = [r.gpus for r in mine]
+            ax.plot(gpus, [100 * r.efficiency for r in mine], "-", color=color, linewidth=1, alpha=0.5)
+            fits = [r for r in mine if r.fits]
+            no = [r for r in mine if not r.fits]
+            ax.plot([r.gpus for r in fits], [100 * r.efficiency for r in fits], "o", color=color, label=plan)
+            if no:
+                ax.plot([r.gpus for r in no], [100 * r.efficiency for r in no], "o", mfc="none", color=color,
+                        label=tr(f"{plan}: does not fit", f"{plan}: не помещается"))
+        ax.set_xscale("log", base=2)
+        ax.set_title(model)
+        ax.set_xlabel(tr("GPUs", "GPU"))
+        ax.set_ylim(0, 105)
+        ax.legend(fontsize=SMALL, frameon=False, loc="lower left")
+    axes[0].set_ylabel(tr("compute / step, %", "вычисления / шаг, %"))
+    fig.tight_layout()
+    return fig
