@@ -1,4 +1,4 @@
-"""A small GPT, the model that the tests, the lessons and the demo train.
+"""A small GPT, the model that the lessons, the course's tests and the demo train.
 
 The shape of nanoGPT (token + position embeddings, pre-LayerNorm blocks of causal self-attention and an
 MLP, a final LayerNorm, a head tied to the token embedding), shrunk so that four CPU processes train it

@@ -17,12 +17,22 @@ import torch.utils.checkpoint as tuc
 
 from fsdp_mini import FSDP, CommLog, full_state_dict, fully_shard, launch
 from fsdp_mini.fully_shard import gathered_memory
-from fsdp_mini.course.activations import checkpoint_blocks, course_bytes, measure_block, recomputations
-from fsdp_mini.course.models import GPT, Block, GPTConfig
-from fsdp_mini.course.train import train
+from small_model import Block, TinyConfig, TinyLM, train
 
-CFG = GPTConfig(n_layer=4)
+CFG = TinyConfig(depth=4)
 STEPS = 2
+
+
+class Checkpointed(nn.Module):
+    """One block under `torch.utils.checkpoint` (non-reentrant): forward keeps only the block's input,
+    backward runs the block's forward again first, inside the unit's backward."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return tuc.checkpoint(self.inner, x, use_reentrant=False)
 
 
 class TwoBlocks(nn.Module):
@@ -35,16 +45,22 @@ class TwoBlocks(nn.Module):
 
 
 def _build(mode):
-    model = GPT(CFG)
+    """The model with no checkpoint ("none"), one around each block ("unit"), or one spanning blocks 0 and 1
+    ("span"); and a list whose length counts the blocks' forward calls (recomputations included)."""
+    model = TinyLM(CFG)
     if mode == "span":
-        model.blocks = nn.ModuleList([TwoBlocks(model.blocks[0], model.blocks[1]), model.blocks[2], model.blocks[3]])
-        return model
-    return checkpoint_blocks(model, range(CFG.n_layer) if mode == "unit" else ())
+        model.blocks = nn.ModuleList([TwoBlocks(model.blocks[0], model.blocks[1]), *model.blocks[2:]])
+    elif mode == "unit":
+        model.blocks = nn.ModuleList(Checkpointed(block) for block in model.blocks)
+    forwards = []
+    for block in [m for m in model.modules() if isinstance(m, Block)]:
+        block.register_forward_pre_hook(lambda module, args: forwards.append(module))
+    return model, forwards
 
 
 def _run(engine, strategy, mode, early_stop):
     with tuc.set_checkpoint_early_stop(early_stop):
-        model = _build(mode)
+        model, forwards = _build(mode)
         if engine == "flat":
             model = FSDP(model, strategy, wrap=(Block,))
             tracker = model.memory
@@ -55,16 +71,16 @@ def _run(engine, strategy, mode, early_stop):
             tracker = gathered_memory(model)
             tracker.reset_peak()
         with CommLog() as log:
-            train(model, torch.optim.SGD(model.parameters(), lr=0.1), CFG, steps=STEPS, batch_size=8)
+            train(model, torch.optim.SGD(model.parameters(), lr=0.1), CFG, STEPS, 8)
     order = [(r.op, r.label) for r in sorted(log.records, key=lambda r: r.start)]
     gathers = Counter(label for op, label in order if op == "all_gather")
     return {"state": full_state_dict(model), "gathers": dict(gathers), "peak": tracker.peak, "order": order,
-            "recomputed": recomputations(model)}
+            "recomputed": len(forwards) - CFG.depth * STEPS}
 
 
 def _reference():
-    model = GPT(CFG)
-    train(model, torch.optim.SGD(model.parameters(), lr=0.1), CFG, steps=STEPS, batch_size=8, shard_batch=False)
+    model = TinyLM(CFG)
+    train(model, torch.optim.SGD(model.parameters(), lr=0.1), CFG, STEPS, 8, whole_batch=True)
     return model.state_dict()
 
 
@@ -79,7 +95,7 @@ def _span_key(name):
 
 
 def _max_diff(state, reference, mode):
-    key = _span_key if mode == "span" else (lambda k: k.replace(".block.", "."))
+    key = _span_key if mode == "span" else (lambda k: k.replace(".inner.", "."))
     return max((state[k] - reference[key(k)]).abs().max().item() for k in state)
 
 
@@ -99,8 +115,8 @@ def test_checkpointed_units_match_one_process_and_gather_as_without(engine, no_o
         if mode == "span":
             assert blocks.pop("blocks.0.first") == 3, where  # recomputed before its own pre-backward
         assert set(blocks.values()) == {expected}, (where, per_step)
-        if mode != "none":
-            assert res["recomputed"] == (CFG.n_layer * STEPS if mode == "unit" else 0), where
+        recomputed = {"none": 0, "unit": CFG.depth, "span": 2}[mode] * STEPS  # block forwards run again
+        assert res["recomputed"] == recomputed, where
         if strategy == "FULL_SHARD":
             assert res["peak"] == base["peak"], where  # no unit kept gathered until the end of backward
             # each block's ReduceScatter is issued before the next AllGather of the step's backward
@@ -108,9 +124,3 @@ def test_checkpointed_units_match_one_process_and_gather_as_without(engine, no_o
             scatters = [i for i, (op, _) in enumerate(first_step) if op == "reduce_scatter"]
             gathers_after = [i for i, (op, _) in enumerate(first_step) if op == "all_gather" and i > scatters[0]]
             assert gathers_after, (where, first_step)
-
-
-def test_the_course_formula_is_what_autograd_saves():
-    for b, s, h, a in [(8, 16, 30, 2), (2, 64, 64, 4), (3, 32, 48, 6)]:
-        block = GPT(GPTConfig(n_embd=h, n_head=a, block_size=s)).blocks[0]
-        assert measure_block(block, b, s) == course_bytes(s, b, h, a)

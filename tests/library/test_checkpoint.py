@@ -13,11 +13,11 @@ from torch.testing import assert_close
 from fsdp_mini import full_state_dict, fully_shard, get_device, launch
 from fsdp_mini.checkpoint import load_checkpoint, save_checkpoint, sharded_state_dict
 from fsdp_mini.fsdp import FSDP
-from fsdp_mini.course.models import GPT, Block, GPTConfig, make_batch
+from small_model import Block, TinyConfig, TinyLM, batch
 
 pytestmark = pytest.mark.usefixtures("no_orphans")
 
-CFG = GPTConfig()
+CFG = TinyConfig()
 BATCH = 12  # divisible by every world size tested: 1, 2, 3, 4
 STEPS, SPLIT = 5, 3  # 3 steps, checkpoint, 2 more steps
 TIMEOUT = 60
@@ -43,7 +43,7 @@ def _rows():
 def _train(model, opt, steps, rows=slice(None)):
     losses = []
     for s in steps:
-        x, y = make_batch(CFG, BATCH, step=s)
+        x, y = batch(CFG, BATCH, step=s)
         loss = model(x[rows].to(get_device()), y[rows].to(get_device()))
         loss.backward()
         opt.step()
@@ -55,27 +55,27 @@ def _train(model, opt, steps, rows=slice(None)):
 @functools.lru_cache(maxsize=None)
 def _reference(opt_name):
     """Single-process training on the global batch, all STEPS in one go: losses, final state_dict."""
-    model = GPT(CFG)
+    model = TinyLM(CFG)
     losses = _train(model, _optimizer(opt_name, model.parameters()), range(STEPS))
     return losses, model.state_dict()
 
 
-def _fsdp_gpt(strategy, cfg=CFG, seed=0):
-    """A sharded GPT: the flat design under `strategy`, or the per-parameter one ("fully_shard" on the
+def _sharded(strategy, cfg=CFG, seed=0):
+    """A sharded TinyLM: the flat design under `strategy`, or the per-parameter one ("fully_shard" on the
     whole world, "fully_shard_2x2" on a 2 x 2 mesh: HSDP)."""
     if not strategy.startswith("fully_shard"):
-        return FSDP(GPT(cfg, seed=seed), sharding_strategy=strategy, wrap=(Block,))
+        return FSDP(TinyLM(cfg, seed=seed), sharding_strategy=strategy, wrap=(Block,))
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh("cpu", (2, 2)) if strategy == "fully_shard_2x2" else None
-    model = GPT(cfg, seed=seed)
+    model = TinyLM(cfg, seed=seed)
     for block in model.blocks:
         fully_shard(block, mesh=mesh)
     return fully_shard(model, mesh=mesh)
 
 
 def _train_and_save(path, strategy, opt_name):
-    model = _fsdp_gpt(strategy)
+    model = _sharded(strategy)
     opt = _optimizer(opt_name, model.parameters())
     losses = _train(model, opt, range(SPLIT), _rows())
     save_checkpoint(path, model, opt)
@@ -84,7 +84,7 @@ def _train_and_save(path, strategy, opt_name):
 
 def _load_and_train(path, strategy, opt_name):
     # Other weights and another lr than the checkpoint's: loading must replace every one of them.
-    model = _fsdp_gpt(strategy, seed=1)
+    model = _sharded(strategy, seed=1)
     opt = _optimizer(opt_name, model.parameters(), lr_factor=3.0)
     load_checkpoint(path, model, opt)
     lr = opt.param_groups[0]["lr"]
@@ -123,7 +123,7 @@ def test_resumed_training_matches_uninterrupted_training(tmp_path, save, load, o
 # --- a model-only checkpoint, saved once by a 2x2 hybrid run ----------------------------------------
 
 def _save_model_only(path):
-    model = _fsdp_gpt("HYBRID_SHARD")
+    model = _sharded("HYBRID_SHARD")
     _train(model, _optimizer("sgd", model.parameters()), range(1), _rows())
     save_checkpoint(path, model)
     try:
@@ -151,8 +151,8 @@ def test_each_piece_is_written_once_under_the_original_name_and_shape(model_only
     path, results = model_only
     saved, _ = results[0]
     md = dcp.FileSystemReader(path).read_metadata()
-    plain = GPT(CFG)
-    assert set(md.state_dict_metadata) == set(plain.state_dict()) - {"lm_head.weight"}  # tied: saved once
+    plain = TinyLM(CFG)
+    assert set(md.state_dict_metadata) == set(plain.state_dict()) - {"head.weight"}  # tied: saved once
     written = {}  # file -> elements of parameters in it
     for name, p in plain.named_parameters():  # named_parameters skips the tied duplicate
         tmd = md.state_dict_metadata[name]
@@ -167,7 +167,7 @@ def test_each_piece_is_written_once_under_the_original_name_and_shape(model_only
     assert all(n < total / 2 for n in written.values()), written
     # So a plain module reads it with DCP alone, no fsdp_mini involved (here without torch.distributed).
     target = plain.state_dict()
-    del target["lm_head.weight"]  # the same tensor as tok_emb.weight: filled through it
+    del target["head.weight"]  # the same tensor as embed.weight: filled through it
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
         dcp.load(target, checkpoint_id=path, no_dist=True)
@@ -176,7 +176,7 @@ def test_each_piece_is_written_once_under_the_original_name_and_shape(model_only
 
 
 def _load_model_only(path):
-    model = _fsdp_gpt("FULL_SHARD", seed=1)
+    model = _sharded("FULL_SHARD", seed=1)
     load_checkpoint(path, model)
     loaded = model.full_state_dict()
     try:
@@ -192,12 +192,13 @@ def test_model_only_checkpoint_loads_at_another_world_size(model_only):
     for loaded, error in launch(_load_model_only, 3, args=(path,), timeout=TIMEOUT):
         assert list(loaded) == list(saved[0][0])
         assert all(torch.equal(loaded[k], saved[0][0][k]) for k in loaded)  # copied, bit for bit
-        assert "missing keys ['optim.tok_emb.weight.step'" in error and "'optim.tok_emb.weight.exp_avg'" in error
+        first = next(iter(TinyLM(CFG).state_dict()))
+        assert f"missing keys ['optim.{first}.step'" in error and f"'optim.{first}.exp_avg'" in error
         assert "saved without the optimizer" in error
 
 
 def _load_into(path, cfg):
-    model = _fsdp_gpt("FULL_SHARD", cfg=cfg, seed=1)
+    model = _sharded("FULL_SHARD", cfg=cfg, seed=1)
     before = model.full_state_dict()
     try:
         load_checkpoint(path, model)
@@ -208,13 +209,25 @@ def _load_into(path, cfg):
     return error, all(torch.equal(before[k], after[k]) for k in before)
 
 
-@pytest.mark.parametrize("cfg, message", [
-    (GPTConfig(n_layer=3), "missing keys ['blocks.2.ln_1.weight', 'blocks.2.ln_1.bias'"),
-    (GPTConfig(n_layer=1), "unexpected keys ['blocks.1.attn.proj.bias', 'blocks.1.attn.proj.weight'"),
-    (GPTConfig(n_embd=32), "tok_emb.weight: (61, 30) in the checkpoint, (61, 32) here"),
-])
-def test_another_architecture_is_a_clear_error_and_leaves_the_model_alone(model_only, cfg, message):
+def _mismatch(cfg: TinyConfig) -> str:
+    """What loading a checkpoint of CFG into a model of `cfg` must say first, derived from the state dicts:
+    missing keys in the model's order, unexpected ones sorted, or the first key whose shape differs."""
+    saved, here = TinyLM(CFG).state_dict(), TinyLM(cfg).state_dict()
+    missing = [k for k in here if k not in saved]
+    unexpected = sorted(k for k in saved if k not in here and k != "head.weight")
+    if missing:
+        return f"missing keys {missing[:2]}"[:-1]
+    if unexpected:
+        return f"unexpected keys {unexpected[:2]}"[:-1]
+    key = next(k for k in here if here[k].shape != saved[k].shape)
+    return f"{key}: {tuple(saved[key].shape)} in the checkpoint, {tuple(here[key].shape)} here"
+
+
+@pytest.mark.parametrize("cfg", [CFG.but(depth=CFG.depth + 1), CFG.but(depth=CFG.depth - 1),
+                                 CFG.but(width=CFG.width + 4)], ids=["deeper", "shallower", "wider"])
+def test_another_architecture_is_a_clear_error_and_leaves_the_model_alone(model_only, cfg):
     path, _ = model_only
+    message = _mismatch(cfg)
     for error, untouched in launch(_load_into, 2, args=(path, cfg), timeout=TIMEOUT):
         assert "does not match the model" in error and message in error, error
         assert untouched

@@ -21,18 +21,18 @@ from fsdp_mini import FSDP, LaunchError, fully_shard, launch
 from fsdp_mini.checkpoint import (CheckpointError, CorruptCheckpointError, IncompleteCheckpointError, load_checkpoint,
                                   save_checkpoint)
 from fsdp_mini.checkpoint_integrity import MANIFEST, SaveStep, open_checkpoint, replaced_path, staging_path
-from fsdp_mini.course.models import GPT, Block, GPTConfig, make_batch
+from small_model import Block, TinyConfig, TinyLM, batch
 
 pytestmark = pytest.mark.usefixtures("no_orphans")
 
-CFG = GPTConfig()
+CFG = TinyConfig()
 BATCH = 4
 TIMEOUT = 60
 DESIGNS = ["flat", "per_param"]
 
 
 def _model(design, seed=0):
-    model = GPT(CFG, seed=seed)
+    model = TinyLM(CFG, seed=seed)
     if design == "flat":
         return FSDP(model, sharding_strategy="FULL_SHARD", wrap=(Block,))
     for block in model.blocks:
@@ -48,7 +48,7 @@ def _train(model, opt, steps):
     rank, world = dist.get_rank(), dist.get_world_size()
     rows = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
     for s in steps:
-        x, y = make_batch(CFG, BATCH, step=s)
+        x, y = batch(CFG, BATCH, step=s)
         model(x[rows], y[rows]).backward()
         opt.step()
         opt.zero_grad()
@@ -410,7 +410,7 @@ def test_a_plain_dcp_checkpoint_reads_the_same_tensors(tmp_path):
     # The manifest sits beside DCP's files: the directory stays a plain DCP checkpoint.
     path = str(tmp_path / "ckpt")
     saved = launch(_save_trained, 2, args=(path, "flat"), timeout=TIMEOUT)[0]
-    target = {k: torch.empty_like(v) for k, v in saved.items() if k != "lm_head.weight"}  # tied: saved once
+    target = {k: torch.empty_like(v) for k, v in saved.items() if k != "head.weight"}  # tied: saved once
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
         dcp.load(target, checkpoint_id=path, no_dist=True)

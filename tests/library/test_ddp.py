@@ -1,6 +1,6 @@
 """DDP from scratch (fsdp_mini.ddp): parity with one process on the global batch and with torch's DDP,
 the bucket plan, what it communicates (CommLog), no_sync, the broadcast at construction, unused
-parameters, process groups, clear errors, and the bucket plots of lesson 03.
+parameters, process groups and clear errors (the bucket plots of lesson 03: tests/course/test_viz_buckets.py).
 
 SGD with momentum catches a wrong averaging factor (Adam's update is invariant to a gradient scale);
 AdamW uses eps=1e-3 for the reason given in test_fsdp_parity.py (rounding noise of gradients that are
@@ -8,31 +8,25 @@ truly ~0, divided by a tiny eps, would exceed rtol=1e-5 even between two single-
 """
 from functools import partial
 
-import matplotlib
 import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
 from fsdp_mini import CommLog, launch
-from fsdp_mini.comm_log import CommRecord
 from fsdp_mini.ddp import DistributedDataParallel, all_reduce_gradients, plan_buckets
 from fsdp_mini.grad_buckets import MiB
-from fsdp_mini.course.language import set_language
-from fsdp_mini.course.models import GPT, GPTConfig, make_batch
-from fsdp_mini.course.train import local_rows, train
-from fsdp_mini.course.viz.buckets import part_of, plot_bucket_layout, plot_bucket_timeline, short_name
+from small_model import TinyConfig, TinyLM, batch, rank_rows, train
 
-matplotlib.use("Agg")
-
-CFG = GPTConfig()
+CFG = TinyConfig()
 STEPS, BATCH = 4, 12  # 12 rows split evenly over 1, 2, 3 and 4 ranks
 OPTIMIZERS = {
     "sgd": partial(torch.optim.SGD, lr=0.1, momentum=0.9),
     "adamw": partial(torch.optim.AdamW, lr=1e-2, weight_decay=0.1, eps=1e-3),
 }
 TOL = dict(rtol=1e-5, atol=1e-6)
-CAP = 0.02  # MiB: six buckets for the default GPT (99,000 bytes)
+MODEL_MIB = 4 * CFG.numel() / MiB  # the model's fp32 gradients, all trainable
+CAP = MODEL_MIB / 5  # five or six buckets
 
 
 def _trainable_bytes(model):
@@ -47,7 +41,7 @@ def reference():
     optimizer step imports in the parent, so the forked ranks do not each pay for it)."""
     out = {}
     for name, opt in OPTIMIZERS.items():
-        model = GPT(CFG)
+        model = TinyLM(CFG)
         out[name] = (train(model, opt(model.parameters()), CFG, STEPS, BATCH), model.state_dict())
     return out
 
@@ -55,11 +49,11 @@ def reference():
 def _parity_worker():
     out = {}
     for name, opt in OPTIMIZERS.items():
-        model = DistributedDataParallel(GPT(CFG), bucket_cap_mb=CAP)
+        model = DistributedDataParallel(TinyLM(CFG), bucket_cap_mb=CAP)
         out[name] = (train(model, opt(model.parameters()), CFG, STEPS, BATCH), model.module.state_dict())
-    model = DistributedDataParallel(GPT(CFG), bucket_cap_mb=CAP, impl="ring")
+    model = DistributedDataParallel(TinyLM(CFG), bucket_cap_mb=CAP, impl="ring")
     out["ring"] = (train(model, OPTIMIZERS["sgd"](model.parameters()), CFG, STEPS, BATCH), model.module.state_dict())
-    theirs = nn.parallel.DistributedDataParallel(GPT(CFG))
+    theirs = nn.parallel.DistributedDataParallel(TinyLM(CFG))
     out["torch"] = (train(theirs, OPTIMIZERS["sgd"](theirs.parameters()), CFG, STEPS, BATCH),
                     theirs.module.state_dict())
     return out
@@ -88,26 +82,27 @@ def _reverse_trainable(model):
 
 
 def test_tiny_cap_gives_one_bucket_per_parameter_in_reverse_order():
-    model = GPT(CFG)
+    model = TinyLM(CFG)
     buckets = plan_buckets(model, 1e-9)
     assert [b.names for b in buckets] == [(n,) for n in _reverse_trainable(model)]
     assert [b.index for b in buckets] == list(range(len(buckets)))
-    assert buckets[0].names == ("ln_f.bias",) and buckets[-1].names == ("tok_emb.weight",)
-    assert "lm_head.weight" not in {n for b in buckets for n in b.names}  # tied: once, first name
+    assert buckets[0].names == ("norm.weight",) and buckets[-1].names == ("pos",)
+    assert "head.weight" not in {n for b in buckets for n in b.names}  # tied: once, first name
 
 
 def test_huge_cap_gives_one_bucket_of_everything():
-    model = GPT(CFG)
+    model = TinyLM(CFG)
     (bucket,) = plan_buckets(model, 1e6)
     assert bucket.names == tuple(_reverse_trainable(model))
-    assert bucket.nbytes == _trainable_bytes(model) == 99_000
+    assert bucket.nbytes == _trainable_bytes(model) == 4 * CFG.numel()
 
 
-@pytest.mark.parametrize("cap", [0.005, CAP, 0.05, 0.1])
+@pytest.mark.parametrize("cap", [MODEL_MIB / 20, CAP, MODEL_MIB / 2, 2 * MODEL_MIB],
+                         ids=["model/20", "model/5", "model/2", "2*model"])
 def test_buckets_follow_pytorch_ddps_rule(cap):
     """The same buckets as PyTorch's DDP computes (its reducer's assignment, in backward order): a bucket
     closes as soon as it holds at least the cap."""
-    model = GPT(CFG)
+    model = TinyLM(CFG)
     sizes = {n: p.numel() * 4 for n, p in model.named_parameters()}
     buckets = plan_buckets(model, cap)
     order = _reverse_trainable(model)
@@ -140,15 +135,15 @@ def test_frozen_parameters_are_left_out_and_dtypes_get_their_own_buckets():
 
 def _comm_worker(caps):
     rank, world = dist.get_rank(), dist.get_world_size()
-    x, y = (local_rows(t, rank, world) for t in make_batch(CFG, BATCH))
+    x, y = (rank_rows(t, rank, world) for t in batch(CFG, BATCH))
     out = {}
     for cap in caps:
-        model = DistributedDataParallel(GPT(CFG), bucket_cap_mb=cap)
+        model = DistributedDataParallel(TinyLM(CFG), bucket_cap_mb=cap)
         loss = model(x, y)
         with CommLog() as log:
             loss.backward()
         out[cap] = ([(r.op, r.label, r.nbytes) for r in log.records], [b.nbytes for b in model.buckets])
-    model = GPT(CFG)
+    model = TinyLM(CFG)
     model(x, y).backward()
     with CommLog() as log:
         all_reduce_gradients(model)
@@ -159,7 +154,7 @@ def _comm_worker(caps):
 def test_one_all_reduce_per_bucket_and_the_trainable_bytes_in_all(no_orphans):
     caps = (1e-9, CAP, 1e6)
     results = launch(_comm_worker, 2, args=(caps,), timeout=60)
-    model = GPT(CFG)
+    model = TinyLM(CFG)
     for res in results:
         for cap in caps:
             records, bucket_bytes = res[cap]
@@ -176,11 +171,11 @@ def test_one_all_reduce_per_bucket_and_the_trainable_bytes_in_all(no_orphans):
 
 def _no_sync_worker(micro):
     rank, world = dist.get_rank(), dist.get_world_size()
-    model = DistributedDataParallel(GPT(CFG), bucket_cap_mb=CAP)
-    x, y = make_batch(CFG, BATCH * micro)
+    model = DistributedDataParallel(TinyLM(CFG), bucket_cap_mb=CAP)
+    x, y = batch(CFG, BATCH * micro)
     calls = []
     for i, (xc, yc) in enumerate(zip(x.chunk(micro), y.chunk(micro))):
-        xc, yc = local_rows(xc, rank, world), local_rows(yc, rank, world)
+        xc, yc = rank_rows(xc, rank, world), rank_rows(yc, rank, world)
         with CommLog() as log:
             if i < micro - 1:
                 with model.no_sync():
@@ -193,8 +188,8 @@ def _no_sync_worker(micro):
 
 def test_no_sync_accumulation_equals_one_big_batch(no_orphans):
     micro = 3
-    ref = GPT(CFG)
-    ref(*make_batch(CFG, BATCH * micro)).backward()
+    ref = TinyLM(CFG)
+    ref(*batch(CFG, BATCH * micro)).backward()
     results = launch(_no_sync_worker, 2, args=(micro,), timeout=60)
     for calls, grads in results:
         assert calls == [0] * (micro - 1) + [len(plan_buckets(ref, CAP))]  # silent, then one per bucket
@@ -220,18 +215,18 @@ class _WithBuffer(nn.Module):
 
 def _broadcast_worker():
     rank = dist.get_rank()
-    gpt = DistributedDataParallel(GPT(CFG, seed=rank))
+    lm = DistributedDataParallel(TinyLM(CFG, seed=rank))
     small = DistributedDataParallel(_WithBuffer(seed=rank + 5))
-    return gpt.module.state_dict(), small.module.state_dict()
+    return lm.module.state_dict(), small.module.state_dict()
 
 
 def test_broadcast_at_construction_makes_differently_seeded_ranks_identical(no_orphans):
     results = launch(_broadcast_worker, 3, timeout=60)
-    ref, small_ref = GPT(CFG, seed=0).state_dict(), _WithBuffer(seed=5).state_dict()
-    assert not torch.equal(GPT(CFG, seed=1).state_dict()["tok_emb.weight"], ref["tok_emb.weight"])
-    for gpt_sd, small_sd in results:
+    ref, small_ref = TinyLM(CFG, seed=0).state_dict(), _WithBuffer(seed=5).state_dict()
+    assert not torch.equal(TinyLM(CFG, seed=1).state_dict()["embed.weight"], ref["embed.weight"])
+    for lm_sd, small_sd in results:
         for k in ref:
-            assert torch.equal(gpt_sd[k], ref[k]), k
+            assert torch.equal(lm_sd[k], ref[k]), k
         for k in small_ref:
             assert torch.equal(small_sd[k], small_ref[k]), k
         assert small_sd["count"].dtype == torch.int64
@@ -241,9 +236,9 @@ def _group_worker():
     rank = dist.get_rank()
     pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     group = pairs[rank // 2]
-    model = DistributedDataParallel(GPT(CFG, seed=rank), bucket_cap_mb=CAP, group=group)
-    x, y = make_batch(CFG, 4, step=rank // 2)  # each pair its own batch of 4 rows, 2 per rank
-    model(local_rows(x, rank % 2, 2), local_rows(y, rank % 2, 2)).backward()
+    model = DistributedDataParallel(TinyLM(CFG, seed=rank), bucket_cap_mb=CAP, group=group)
+    x, y = batch(CFG, 4, step=rank // 2)  # each pair its own batch of 4 rows, 2 per rank
+    model(rank_rows(x, rank % 2, 2), rank_rows(y, rank % 2, 2)).backward()
     return model.module.state_dict(), {n: p.grad for n, p in model.module.named_parameters()}
 
 
@@ -251,8 +246,8 @@ def test_a_process_group_replicates_and_averages_within_itself(no_orphans):
     results = launch(_group_worker, 4, timeout=60)
     for rank, (sd, grads) in enumerate(results):
         leader = rank // 2 * 2  # the group's rank 0 broadcast its seed's weights
-        ref = GPT(CFG, seed=leader)
-        ref(*make_batch(CFG, 4, step=rank // 2)).backward()
+        ref = TinyLM(CFG, seed=leader)
+        ref(*batch(CFG, 4, step=rank // 2)).backward()
         for k, v in ref.state_dict().items():
             assert torch.equal(sd[k], v), (rank, k)
         for n, p in ref.named_parameters():
@@ -313,22 +308,22 @@ def test_unused_parameters_are_reduced_at_the_end_of_backward(cap, no_orphans):
 def test_bad_input_is_a_value_error_before_any_collective(kwargs, match):
     assert not dist.is_initialized()  # raised here, in the parent: no process group, no collective
     with pytest.raises(ValueError, match=match):
-        DistributedDataParallel(GPT(CFG), **kwargs)
+        DistributedDataParallel(TinyLM(CFG), **kwargs)
 
 
 def test_other_errors():
     with pytest.raises(ValueError, match="nn.Module"):
         DistributedDataParallel(lambda x: x)
     with pytest.raises(ValueError, match="bucket_cap_mb"):
-        plan_buckets(GPT(CFG), 0)
+        plan_buckets(TinyLM(CFG), 0)
     with pytest.raises(RuntimeError, match="torch.distributed"):
-        DistributedDataParallel(GPT(CFG))
+        DistributedDataParallel(TinyLM(CFG))
     with pytest.raises(ValueError, match="impl"):
-        all_reduce_gradients(GPT(CFG), impl="mpi")
+        all_reduce_gradients(TinyLM(CFG), impl="mpi")
 
 
 def _mismatch_worker():
-    DistributedDataParallel(GPT(GPTConfig(n_layer=1 + dist.get_rank())))
+    DistributedDataParallel(TinyLM(CFG.but(depth=1 + dist.get_rank())))
 
 
 def test_ranks_with_different_models_fail_clearly(no_orphans):
@@ -336,53 +331,3 @@ def test_ranks_with_different_models_fail_clearly(no_orphans):
 
     with pytest.raises(LaunchError, match="different model"):
         launch(_mismatch_worker, 2, timeout=30)
-
-
-# --- the plots of lesson 03 ----------------------------------------------------------------------------
-
-@pytest.fixture
-def english_afterwards():
-    yield
-    set_language("en")
-
-
-def test_layout_plot_has_a_segment_per_parameter_and_totals(english_afterwards):
-    import matplotlib.pyplot as plt
-
-    buckets = plan_buckets(GPT(CFG), CAP)
-    fig = plot_bucket_layout(buckets, cap_mb=CAP, title="t", unit=1, unit_name="B")
-    (ax,) = fig.axes
-    assert len(ax.patches) == sum(len(b.names) for b in buckets)
-    assert round(sum(p.get_width() for p in ax.patches)) == 99_000
-    texts = [t.get_text() for t in ax.texts]
-    assert all(f"{b.nbytes:.3g} B" in texts for b in buckets) and " bucket cap" in texts
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["ln_f", "blocks.1", "blocks.0", "pos_emb", "tok_emb"]
-    plt.close(fig)
-    set_language("ru")
-    fig = plot_bucket_layout(buckets)
-    assert fig.axes[0].get_ylabel() == "бакет (порядок AllReduce)" and fig.axes[0].get_xlabel() == "кБ"
-    plt.close(fig)
-    with pytest.raises(ValueError, match="no buckets"):
-        plot_bucket_layout([])
-
-
-def test_timeline_plot_draws_one_bar_per_bucket(english_afterwards):
-    import matplotlib.pyplot as plt
-
-    records = [CommRecord("all_reduce", "builtin", 8, 8, 2, 0, 10.0 + 0.001 * i, 10.01, f"bucket {i}")
-               for i in (2, 0, 1)]
-    fig = plot_bucket_timeline(records + [CommRecord("all_gather", "builtin", 8, 8, 2, 0, 10.0, 10.1, "x")],
-                               t0=10.0, backward_end=10.012)
-    (ax,) = fig.axes
-    bars = sorted((round(p.get_y() + p.get_height() / 2), round(p.get_x(), 6), round(p.get_width(), 6))
-                  for p in ax.patches if abs(p.get_height() - 0.6) < 1e-9)
-    assert bars == [(0, 0.0, 10.0), (1, 1.0, 9.0), (2, 2.0, 8.0)]
-    assert ax.get_xlabel() == "ms since backward started"
-    plt.close(fig)
-    with pytest.raises(ValueError, match="bucket i"):
-        plot_bucket_timeline(records[:0], 0.0, 1.0)
-
-
-def test_part_and_short_names():
-    assert part_of("blocks.1.mlp.fc.weight") == "blocks.1" and part_of("ln_f.bias") == "ln_f"
-    assert short_name("blocks.1.mlp.fc.weight") == "mlp.fc.w" and short_name("tok_emb.weight") == "tok_emb.w"

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -22,20 +23,19 @@ from fsdp_mini import FSDP, LaunchError, fully_shard, launch, register_fsdp_forw
 from fsdp_mini import collectives as C
 from fsdp_mini.flight_recorder import (FLIGHT_DIR_ENV, Entry, FlightRecorder, diagnose, find_divergence, load_records,
                                        load_run, record_path)
-from fsdp_mini.course.models import GPT, Block, GPTConfig, make_batch
-from fsdp_mini.course.train import local_rows
+from small_model import Block, TinyConfig, TinyLM, batch, rank_rows
 
-CFG = GPTConfig(n_layer=3)
+CFG = TinyConfig(depth=3)
+TESTS = Path(__file__).resolve().parents[1]  # where small_model.py is, for the torchrun script
 HANG_S = 6  # how long a hung launch waits before it reports
 
 
 def _batch(step=0):
-    return (local_rows(t, dist.get_rank(), dist.get_world_size()) for t in make_batch(CFG, 8, step))
+    return (rank_rows(t, dist.get_rank(), dist.get_world_size()) for t in batch(CFG, 8, step))
 
 
-class SkipsABlockOnRank1(GPT):
-    def hidden(self, idx):
-        x = self.tok_emb(idx) + self.pos_emb(torch.arange(idx.shape[1]))
+class SkipsABlockOnRank1(TinyLM):
+    def run_blocks(self, x):
         for i, block in enumerate(self.blocks):
             if i == 1 and dist.get_rank() == 1:  # data-dependent control flow, taken on one rank only
                 continue
@@ -50,14 +50,14 @@ def skipped_block():
 
 
 def one_batch_fewer():
-    model = FSDP(GPT(CFG), "FULL_SHARD", wrap=(Block,))
+    model = FSDP(TinyLM(CFG), "FULL_SHARD", wrap=(Block,))
     for step in range(3 if dist.get_rank() == 0 else 2):  # uneven data: rank 0 has a batch more
         x, y = _batch(step)
         model(x, y).backward()
 
 
 def state_dict_on_rank0():
-    model = FSDP(GPT(CFG), "FULL_SHARD", wrap=(Block,))
+    model = FSDP(TinyLM(CFG), "FULL_SHARD", wrap=(Block,))
     x, y = _batch()
     model(x, y).backward()
     if dist.get_rank() == 0:
@@ -67,7 +67,7 @@ def state_dict_on_rank0():
 
 
 def generate_on_rank0():
-    model = GPT(CFG)
+    model = TinyLM(CFG)
     for block in model.blocks:
         fully_shard(block)
     fully_shard(model)
@@ -83,7 +83,7 @@ def different_shapes():
 
 
 def dies_mid_step():
-    model = FSDP(GPT(CFG), "FULL_SHARD", wrap=(Block,))
+    model = FSDP(TinyLM(CFG), "FULL_SHARD", wrap=(Block,))
     x, y = _batch()
     model(x, y).backward()
     if dist.get_rank() == 2:
@@ -123,7 +123,7 @@ def test_each_failure_mode_names_where_the_ranks_diverged(fn, world, starts, con
 
 def test_ranks_that_agree_have_no_verdict_and_a_healthy_launch_is_untouched(no_orphans):
     def fine():
-        model = FSDP(GPT(CFG), "FULL_SHARD", wrap=(Block,))
+        model = FSDP(TinyLM(CFG), "FULL_SHARD", wrap=(Block,))
         x, y = _batch()
         model(x, y).backward()
         return 1
@@ -245,16 +245,14 @@ import os, sys, time
 import torch, torch.distributed as dist
 import fsdp_mini
 from fsdp_mini import FSDP
-from fsdp_mini.course.models import GPT, Block, GPTConfig, make_batch
-from fsdp_mini.course.train import local_rows
+from small_model import Block, TinyConfig, TinyLM, batch, rank_rows
 
 rank, world = fsdp_mini.init(timeout=float(sys.argv[1]))
-CFG = GPTConfig(n_layer=3)
+CFG = TinyConfig(depth=3)
 
 
-class SkipsABlockOnRank1(GPT):
-    def hidden(self, idx):
-        x = self.tok_emb(idx) + self.pos_emb(torch.arange(idx.shape[1]))
+class SkipsABlockOnRank1(TinyLM):
+    def run_blocks(self, x):
         for i, block in enumerate(self.blocks):
             if i == 1 and rank == 1:
                 continue
@@ -263,7 +261,7 @@ class SkipsABlockOnRank1(GPT):
 
 
 model = FSDP(SkipsABlockOnRank1(CFG), "FULL_SHARD", wrap=(Block,))
-x, y = (local_rows(t, rank, world) for t in make_batch(CFG, 8, 0))
+x, y = (rank_rows(t, rank, world) for t in batch(CFG, 8, 0))
 with open(os.path.join(sys.argv[2], f"hang_starts.{rank}"), "w") as f:
     f.write(repr(time.time()))
 model(x, y).backward()
@@ -290,7 +288,8 @@ def test_a_torchrun_hang_prints_the_verdict_within_the_timeout_with_nothing_set(
     script = tmp_path / "skips_a_block.py"
     script.write_text(HANG_SCRIPT)
     env = {k: v for k, v in os.environ.items() if k != FLIGHT_DIR_ENV}
-    env.update(OMP_NUM_THREADS="1", TMPDIR=str(tmp_path))
+    env.update(OMP_NUM_THREADS="1", TMPDIR=str(tmp_path),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH")])))
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                           str(script), str(timeout_s), str(tmp_path)],
                          env=env, capture_output=True, text=True, timeout=150)  # the safety net

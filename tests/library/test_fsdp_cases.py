@@ -9,8 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from fsdp_mini import FSDP, CommLog, MixedPrecision, launch
-from fsdp_mini.course.models import GPT, Block, GPTConfig, make_batch
-from fsdp_mini.course.train import local_rows, train
+from small_model import Block, TinyConfig, TinyLM, batch, rank_rows, train
 
 TOL = dict(rtol=1e-5, atol=1e-6)
 SGD = partial(torch.optim.SGD, lr=0.1, momentum=0.9)
@@ -82,7 +81,7 @@ def train_toy(model, opt, steps=5):
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     losses = []
     for step in range(steps):
-        x, y = (local_rows(t, rank, world) for t in toy_batch(step))
+        x, y = (rank_rows(t, rank, world) for t in toy_batch(step))
         loss = model(x, y)
         loss.backward()
         opt.step()
@@ -145,10 +144,10 @@ def test_weights_tied_across_units_are_a_clear_error(no_orphans):
 
 
 def _mixed_precision_worker():
-    cfg = GPTConfig()
+    cfg = TinyConfig()
     out = {}
     for name, mp in (("fp32", None), ("bf16", MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))):
-        model = FSDP(GPT(cfg), "FULL_SHARD", wrap=(Block,), mixed_precision=mp)
+        model = FSDP(TinyLM(cfg), "FULL_SHARD", wrap=(Block,), mixed_precision=mp)
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
         from fsdp_mini import CommLog
         with CommLog() as log:
@@ -176,15 +175,15 @@ def test_mixed_precision_trains_close_to_fp32(no_orphans):
 
 
 def _no_sync_worker(strategy, micro):
-    cfg = GPTConfig()
+    cfg = TinyConfig()
     rank, world = dist.get_rank(), dist.get_world_size()
-    model = FSDP(GPT(cfg), strategy, wrap=(Block,))
+    model = FSDP(TinyLM(cfg), strategy, wrap=(Block,))
     opt = SGD(model.parameters())
     for step in range(2):
-        x, y = make_batch(cfg, 12 * micro, step)
+        x, y = batch(cfg, 12 * micro, step)
         chunks = list(zip(x.chunk(micro), y.chunk(micro)))
         for i, (xc, yc) in enumerate(chunks):
-            xc, yc = local_rows(xc, rank, world), local_rows(yc, rank, world)
+            xc, yc = rank_rows(xc, rank, world), rank_rows(yc, rank, world)
             if i < micro - 1:
                 with model.no_sync():
                     (model(xc, yc) / micro).backward()
@@ -198,11 +197,11 @@ def _no_sync_worker(strategy, micro):
 
 @pytest.mark.parametrize("strategy", ["NO_SHARD", "SHARD_GRAD_OP", "FULL_SHARD"])
 def test_no_sync_accumulation_equals_one_big_batch(strategy, no_orphans):
-    cfg = GPTConfig()
-    ref = GPT(cfg)
+    cfg = TinyConfig()
+    ref = TinyLM(cfg)
     opt = SGD(ref.parameters())
     for step in range(2):
-        x, y = make_batch(cfg, 36, step)
+        x, y = batch(cfg, 36, step)
         ref(x, y).backward()
         opt.step()
         opt.zero_grad()
@@ -212,9 +211,9 @@ def test_no_sync_accumulation_equals_one_big_batch(strategy, no_orphans):
 
 
 def _clip_worker(max_norm, impl):
-    cfg = GPTConfig()
-    model = FSDP(GPT(cfg), "FULL_SHARD", wrap=(Block,), impl=impl)
-    x, y = (local_rows(t, dist.get_rank(), dist.get_world_size()) for t in make_batch(cfg, 12, 0))
+    cfg = TinyConfig()
+    model = FSDP(TinyLM(cfg), "FULL_SHARD", wrap=(Block,), impl=impl)
+    x, y = (rank_rows(t, dist.get_rank(), dist.get_world_size()) for t in batch(cfg, 12, 0))
     model(x, y).backward()
     with CommLog() as log:
         norm = model.clip_grad_norm_(max_norm).item()
@@ -229,9 +228,9 @@ def _clip_worker(max_norm, impl):
 def test_clip_grad_norm_equals_single_process_clipping(impl, no_orphans):
     """Both norms equal torch's on the unsharded model, and each is one logged AllReduce of one number
     (SUM of |g|^2, MAX for the infinity norm) through the chosen impl."""
-    cfg, max_norm = GPTConfig(), 0.05
-    ref = GPT(cfg)
-    ref(*make_batch(cfg, 12, 0)).backward()
+    cfg, max_norm = TinyConfig(), 0.05
+    ref = TinyLM(cfg)
+    ref(*batch(cfg, 12, 0)).backward()
     ref_norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), max_norm).item()
     ref_inf = torch.nn.utils.clip_grad_norm_(ref.parameters(), float("inf")).item()
     ref.zero_grad()
@@ -248,22 +247,22 @@ def test_clip_grad_norm_equals_single_process_clipping(impl, no_orphans):
 
 
 def _meta_worker():
-    cfg = GPTConfig(n_layer=3)
+    cfg = TinyConfig(depth=3)
     with torch.device("meta"):
-        meta = GPT(cfg, seed=7)
+        meta = TinyLM(cfg, seed=7)
     model = FSDP(meta, "FULL_SHARD", wrap=(Block,), param_init_fn=meta.init_parameter)
     unit_bytes = [sum(h.nbytes for h in u.handles) for u in model.units]
     return model.full_state_dict(), model.memory.peak, unit_bytes, model.memory_stats()["params"]
 
 
 def test_meta_init_materialises_one_unit_at_a_time(no_orphans):
-    cfg = GPTConfig(n_layer=3)
-    expected = GPT(cfg, seed=7).state_dict()
+    cfg = TinyConfig(depth=3)
+    expected = TinyLM(cfg, seed=7).state_dict()
     for sd, peak, unit_bytes, shard_bytes in launch(_meta_worker, 2, timeout=60):
         assert list(sd) == list(expected)
         for k, v in expected.items():
             torch.testing.assert_close(sd[k], v, rtol=0, atol=0)
-        assert len(unit_bytes) == 4 and peak == max(unit_bytes), "never more than one whole unit at a time"
+        assert len(unit_bytes) == cfg.depth + 1 and peak == max(unit_bytes), "never more than one whole unit at a time"
         assert shard_bytes == sum(unit_bytes) // 2
 
 
@@ -315,10 +314,10 @@ def test_mixed_precision_casts_floats_only_and_the_inner_module_is_usable_under_
 
 
 def _generate_on_a_flat_model():
-    model = FSDP(GPT(GPTConfig()), "FULL_SHARD", wrap=(Block,))
+    model = FSDP(TinyLM(), "FULL_SHARD", wrap=(Block,))
     prompt = torch.tensor([[1, 2, 3]])
     try:
-        model.generate(prompt, 4)  # the inner GPT.generate calls the root unit's embedding directly
+        model.generate(prompt, 4)  # the inner TinyLM.generate calls the root unit's embedding directly
         direct = "no error"
     except RuntimeError as e:
         direct = str(e)
@@ -329,13 +328,13 @@ def _generate_on_a_flat_model():
 
 def test_a_method_beside_forward_gets_a_clear_error_and_works_under_summon(no_orphans):
     direct, tokens = launch(_generate_on_a_flat_model, 2, timeout=60)[0]
-    assert direct.startswith("tok_emb (Embedding) is inside an FSDP wrapper and its parameters are sharded")
-    assert torch.equal(tokens, GPT(GPTConfig()).generate(torch.tensor([[1, 2, 3]]), 4))
+    assert direct.startswith("embed (Embedding) is inside an FSDP wrapper and its parameters are sharded")
+    assert torch.equal(tokens, TinyLM().generate(torch.tensor([[1, 2, 3]]), 4))
 
 
 def _unseeded_flat(strategy, sync):
     try:
-        model = FSDP(GPT(GPTConfig(), seed=dist.get_rank()), strategy, wrap=(Block,), sync_module_states=sync)
+        model = FSDP(TinyLM(seed=dist.get_rank()), strategy, wrap=(Block,), sync_module_states=sync)
     except ValueError as exc:
         return str(exc)
     return model.full_state_dict()
@@ -343,9 +342,11 @@ def _unseeded_flat(strategy, sync):
 
 @pytest.mark.parametrize("strategy", ["NO_SHARD", "FULL_SHARD"])
 def test_ranks_that_start_differently_are_named_or_synced_from_rank_0(strategy, no_orphans):
+    seeded = [dict(TinyLM(seed=rank).named_parameters()) for rank in (0, 1)]
+    first = next(name for name, p in seeded[0].items() if not torch.equal(p, seeded[1][name]))
     messages = launch(_unseeded_flat, 3, args=(strategy, False), timeout=60)
     assert len(set(messages)) == 1 and messages[0].startswith(
-        "ranks [1, 2] start from different values than rank 0 (first differing: tok_emb.weight)")
+        f"ranks [1, 2] start from different values than rank 0 (first differing: {first})")
     for sd in launch(_unseeded_flat, 3, args=(strategy, True), timeout=60):
-        for k, v in GPT(GPTConfig(), seed=0).state_dict().items():
+        for k, v in TinyLM(seed=0).state_dict().items():
             torch.testing.assert_close(sd[k], v, rtol=0, atol=0)

@@ -10,21 +10,20 @@ import torch.nn as nn
 
 from fsdp_mini import FSDP, CommLog, MixedPrecision, launch
 from fsdp_mini.comm_log import ring_model_sent
-from fsdp_mini.course.models import GPT, Block, GPTConfig, make_batch
-from fsdp_mini.course.train import local_rows, train
+from small_model import Block, TinyConfig, TinyLM, batch, rank_rows, train
 
-CFG = GPTConfig()
+CFG = TinyConfig()
 
 
-def _frozen_gpt(cfg=CFG):
-    model = GPT(cfg)
-    model.blocks[0].ln_1.weight.requires_grad_(False)  # block 0 gets a second, frozen, flat parameter
+def _frozen_model(cfg=CFG):
+    model = TinyLM(cfg)
+    model.blocks[0].norm.weight.requires_grad_(False)  # block 0 gets a second, frozen, flat parameter
     return model
 
 
 def _unit_params(cfg=CFG):
     """(unit name, [(numel, requires_grad)] per flat parameter), counted from the plain model."""
-    model = _frozen_gpt(cfg)
+    model = _frozen_model(cfg)
     blocks = [(f"blocks.{i}", b) for i, b in enumerate(model.blocks)]
     in_blocks = {id(p) for _, b in blocks for p in b.parameters()}
 
@@ -74,7 +73,7 @@ def _comm_worker(impl):
     for case, shard_size in CASES:
         strategy, _, per_unit = case.partition(", ")
         cap = TINY_BUCKETS if per_unit else 25
-        model = FSDP(_frozen_gpt(), strategy, wrap=(Block,), shard_size=shard_size, impl=impl, bucket_cap_mb=cap)
+        model = FSDP(_frozen_model(), strategy, wrap=(Block,), shard_size=shard_size, impl=impl, bucket_cap_mb=cap)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         logs = []
         for step in range(2):  # step 0 records the execution order, step 1 prefetches: same bytes
@@ -99,15 +98,15 @@ def test_comm_per_step_equals_the_documented_formula(impl, no_orphans):
 
 
 def _memory_worker():
-    cfg = GPTConfig(n_layer=4)
+    cfg = TinyConfig(depth=4)
     out = {}
     for name, strategy, prefetch in (("full", "FULL_SHARD", True), ("full_no_prefetch", "FULL_SHARD", False),
                                      ("grad_op", "SHARD_GRAD_OP", True), ("ddp", "NO_SHARD", True)):
-        model = FSDP(GPT(cfg), strategy, wrap=(Block,), prefetch=prefetch)
+        model = FSDP(TinyLM(cfg), strategy, wrap=(Block,), prefetch=prefetch)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         train(model, opt, cfg, 1, 8)  # records the order that prefetch follows
         model.memory.reset_peak()
-        x, y = (local_rows(t, dist.get_rank(), 2) for t in make_batch(cfg, 8, 1))
+        x, y = (rank_rows(t, dist.get_rank(), 2) for t in batch(cfg, 8, 1))
         model(x, y).backward()
         stats = model.memory_stats(opt)
         out[name] = (stats, [sum(h.nbytes for h in u.handles) for u in model.units])
@@ -128,7 +127,7 @@ def test_memory_is_tracked_per_strategy(no_orphans):
     assert res["grad_op"][0]["unsharded_peak"] == total, "ZeRO-2 holds every unit from forward to backward"
     ddp = res["ddp"][0]
     assert ddp["unsharded_peak"] == 0, "NO_SHARD computes on its own full copy: nothing is gathered"
-    assert ddp["params"] == 4 * sum(p.numel() for p in GPT(GPTConfig(n_layer=4)).parameters())
+    assert ddp["params"] == 4 * TinyConfig(depth=4).numel()
 
 
 def _errors_worker():
@@ -139,24 +138,24 @@ def _errors_worker():
             return f"{type(e).__name__}: {e}"
         return "no error"
 
-    model = FSDP(GPT(CFG), "FULL_SHARD", wrap=(Block,))
+    model = FSDP(TinyLM(CFG), "FULL_SHARD", wrap=(Block,))
     good_sd = model.full_state_dict()
     with CommLog() as log:
         msgs = {
-            "shard_size": message(lambda: FSDP(GPT(CFG), "HYBRID_SHARD", wrap=(Block,), shard_size=3)),
-            "shard_size_not_hybrid": message(lambda: FSDP(GPT(CFG), "FULL_SHARD", shard_size=2)),
-            "wrap_matches_nothing": message(lambda: FSDP(GPT(CFG), wrap=(nn.Conv2d,))),
-            "wrap_not_a_class": message(lambda: FSDP(GPT(CFG), wrap=("Block",))),
-            "zero1": message(lambda: FSDP(GPT(CFG), "ZERO1")),
-            "impl": message(lambda: FSDP(GPT(CFG), impl="mpi")),
-            "bucket_cap_mb": message(lambda: FSDP(GPT(CFG), "NO_SHARD", bucket_cap_mb=0)),
-            "mixed_precision": message(lambda: FSDP(GPT(CFG), mixed_precision=torch.bfloat16)),
+            "shard_size": message(lambda: FSDP(TinyLM(CFG), "HYBRID_SHARD", wrap=(Block,), shard_size=3)),
+            "shard_size_not_hybrid": message(lambda: FSDP(TinyLM(CFG), "FULL_SHARD", shard_size=2)),
+            "wrap_matches_nothing": message(lambda: FSDP(TinyLM(CFG), wrap=(nn.Conv2d,))),
+            "wrap_not_a_class": message(lambda: FSDP(TinyLM(CFG), wrap=("Block",))),
+            "zero1": message(lambda: FSDP(TinyLM(CFG), "ZERO1")),
+            "impl": message(lambda: FSDP(TinyLM(CFG), impl="mpi")),
+            "bucket_cap_mb": message(lambda: FSDP(TinyLM(CFG), "NO_SHARD", bucket_cap_mb=0)),
+            "mixed_precision": message(lambda: FSDP(TinyLM(CFG), mixed_precision=torch.bfloat16)),
             "wrapped_twice": message(lambda: FSDP(model)),
             "wrong_device": message(lambda: model(torch.zeros(2, 4, dtype=torch.long, device="meta"))),
             "missing_key": message(lambda: model.load_full_state_dict({k: v for k, v in good_sd.items()
-                                                                       if k != "ln_f.bias"})),
+                                                                       if k != "norm.weight"})),
             "unexpected_key": message(lambda: model.load_full_state_dict({**good_sd, "extra.weight": torch.zeros(1)})),
-            "wrong_shape": message(lambda: model.load_full_state_dict({**good_sd, "ln_f.bias": torch.zeros(3)})),
+            "wrong_shape": message(lambda: model.load_full_state_dict({**good_sd, "norm.weight": torch.zeros(3)})),
         }
     msgs["collectives issued"] = len(log.records)
     return msgs
@@ -168,7 +167,7 @@ def test_bad_input_is_a_clear_error_before_any_collective(no_orphans):
         expected = {
             "shard_size": "shard_size=3 must be a positive divisor of the world size 2",
             "shard_size_not_hybrid": "shard_size applies to the hybrid strategies only",
-            "wrap_matches_nothing": "wrap class Conv2d matches no submodule of GPT",
+            "wrap_matches_nothing": "wrap class Conv2d matches no submodule of TinyLM",
             "wrap_not_a_class": "wrap must hold nn.Module classes",
             "zero1": "fsdp_mini.zero",
             "impl": "impl must be one of",
@@ -176,18 +175,18 @@ def test_bad_input_is_a_clear_error_before_any_collective(no_orphans):
             "mixed_precision": "mixed_precision must be a MixedPrecision",
             "wrapped_twice": "already wrapped",
             "wrong_device": "input on meta, but this rank computes on cpu",
-            "missing_key": "missing keys ['ln_f.bias']",
+            "missing_key": "missing keys ['norm.weight']",
             "unexpected_key": "unexpected keys ['extra.weight']",
-            "wrong_shape": "ln_f.bias: shape (3,) in the state dict, (30,) in the model",
+            "wrong_shape": f"norm.weight: shape (3,) in the state dict, ({CFG.width},) in the model",
         }
         for case, text in expected.items():
             assert text in msgs[case], f"{case}: {msgs[case]}"
 
 
 def _mismatch_worker():
-    cfg = GPTConfig(n_layer=3) if dist.get_rank() == 1 else CFG
+    cfg = CFG.but(depth=CFG.depth + 1) if dist.get_rank() == 1 else CFG
     try:
-        FSDP(GPT(cfg), wrap=(Block,))
+        FSDP(TinyLM(cfg), wrap=(Block,))
     except ValueError as e:
         return str(e)
 
@@ -199,18 +198,18 @@ def test_ranks_wrapping_different_models_fail_together(no_orphans):
 
 def test_fsdp_needs_a_process_group():
     with pytest.raises(RuntimeError, match="fsdp_mini.init"):
-        FSDP(GPT(CFG))
+        FSDP(TinyLM(CFG))
 
 
 def _summon_worker():
-    model = FSDP(GPT(CFG), "FULL_SHARD", wrap=(Block,))
+    model = FSDP(TinyLM(CFG), "FULL_SHARD", wrap=(Block,))
     with model.summon_full_params():
-        inside = model.module.blocks[1].mlp.fc.weight.clone()
+        inside = model.module.blocks[1].up.weight.clone()
     return inside, model.memory.current
 
 
 def test_summon_full_params_shows_the_original_parameters(no_orphans):
-    expected = GPT(CFG).blocks[1].mlp.fc.weight.detach()
+    expected = TinyLM(CFG).blocks[1].up.weight.detach()
     for inside, after in launch(_summon_worker, 2, timeout=60):
         torch.testing.assert_close(inside, expected, rtol=0, atol=0)
         assert after == 0

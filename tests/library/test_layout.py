@@ -1,5 +1,6 @@
 """The package's shape: two floors (the library never imports the course), no import cycles, no reaches
-into another module's underscore names, and `import fsdp_mini` stays light.
+into another module's underscore names, and `import fsdp_mini` stays light; and the library's tests
+(tests/library/) import nothing from the course floor either: they train their own model (tests/small_model.py).
 
 The checks read the source (every import statement, also those inside functions), so they see what a
 reader sees. Each one is run on a small package written here with a deliberate violation, to show that it
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-COURSE = "course"  # fsdp_mini.course: the course's floor
+COURSE = "course"  # the course's floor, a subpackage of fsdp_mini
 ENTRY_POINTS = {"__main__"}  # `python -m fsdp_mini` forwards to the course's command line; nothing imports it
 
 
@@ -78,6 +79,33 @@ def floor_violations(root: Path, package: str) -> list[str]:
     skip = {f"{package}.{e}" for e in ENTRY_POINTS}
     return sorted(f"{src} imports {dst}" for src, targets in graph.items() if not is_course(src, package)
                   and src not in skip for dst in targets if is_course(dst, package))
+
+
+def course_imports_in_tests(folder: Path, package: str) -> list[str]:
+    """`file:line imports module` for each import of `package`'s course floor in the Python files of
+    `folder`: import statements anywhere in a file, and in the Python scripts its strings hold (a test that
+    runs a script under torchrun writes one), since either would make the library's tests need the course."""
+    out = []
+    for path in sorted(folder.glob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        sources = [(tree, 0)]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and "import" in node.value:
+                try:
+                    sources.append((ast.parse(textwrap.dedent(node.value)), node.lineno - 1))
+                except SyntaxError:
+                    pass  # prose, not a script
+        for source, offset in sources:
+            for node in ast.walk(source):
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and not node.level:
+                    whole = is_course(node.module, package)
+                    names = [node.module] if whole else [f"{node.module}.{alias.name}" for alias in node.names]
+                else:
+                    continue
+                out += [f"{path.name}:{offset + node.lineno} imports {n}" for n in names if is_course(n, package)]
+    return sorted(set(out))
 
 
 def cycles(root: Path, package: str) -> list[list[str]]:
@@ -224,6 +252,26 @@ def test_the_checks_find_deliberate_violations(bad_package):
                                                    "pkg/engine.py:7 reads pkg.helpers._internal"]
 
 
+def test_the_test_check_finds_course_imports_in_statements_and_in_scripts(tmp_path):
+    _write(tmp_path, {
+        "test_a.py": "import torch\nfrom pkg import course\nfrom pkg.engine import run\n",
+        "test_b.py": '''
+            SCRIPT = """
+            import sys
+            from pkg.course.models import Model
+            """
+            NOTE = "a sentence that says import but is no script"
+
+            def test_it():
+                import pkg.course.plots as P
+            ''',
+        "helpers.py": "from pkg import helpers\n",
+    })
+    assert course_imports_in_tests(tmp_path, "pkg") == ["test_a.py:2 imports pkg.course",
+                                                        "test_b.py:4 imports pkg.course.models",
+                                                        "test_b.py:9 imports pkg.course.plots"]
+
+
 def test_the_design_check_finds_a_design_reaching_the_other(bad_package):
     _write(bad_package, {"pkg/flat.py": "from pkg import dispatch\n", "pkg/dispatch.py": "import pkg.per_param\n",
                          "pkg/per_param.py": "from pkg import helpers\n"})
@@ -243,6 +291,10 @@ def test_the_light_import_check_sees_a_heavy_import(bad_package):
 
 def test_the_library_never_imports_the_course():
     assert floor_violations(ROOT, "fsdp_mini") == []
+
+
+def test_the_library_tests_never_import_the_course():
+    assert course_imports_in_tests(ROOT / "tests" / "library", "fsdp_mini") == []
 
 
 def test_no_import_cycles():
@@ -272,9 +324,9 @@ def test_both_floors_exist_and_the_entry_point_only_forwards():
     library = [n for n in names if not is_course(n, "fsdp_mini")]
     course = [n for n in names if is_course(n, "fsdp_mini")]
     assert {"fsdp_mini.fsdp", "fsdp_mini.plan", "fsdp_mini.runtime", "fsdp_mini.launch"} <= set(library)
-    assert {"fsdp_mini.course.cli", "fsdp_mini.course.viz", "fsdp_mini.course.bench"} <= set(course)
+    assert {f"fsdp_mini.{COURSE}.{m}" for m in ("cli", "viz", "bench")} <= set(course)
     graph = import_graph(ROOT, "fsdp_mini")
-    assert graph["fsdp_mini.__main__"] == {"fsdp_mini.course.cli"}
+    assert graph["fsdp_mini.__main__"] == {f"fsdp_mini.{COURSE}.cli"}
     assert not any("fsdp_mini.__main__" in targets for targets in graph.values())
 
 
@@ -285,7 +337,7 @@ def test_the_readmes_list_every_module_of_both_floors(readme):
     for name in modules(ROOT, "fsdp_mini"):
         if name == "fsdp_mini":
             continue
-        short = name.removeprefix("fsdp_mini.course.") if is_course(name, "fsdp_mini") else name.removeprefix("fsdp_mini.")
-        if name != "fsdp_mini.course" and f"`{short}`" not in text:
+        short = name.removeprefix(f"fsdp_mini.{COURSE}.") if is_course(name, "fsdp_mini") else name.removeprefix("fsdp_mini.")
+        if name != f"fsdp_mini.{COURSE}" and f"`{short}`" not in text:
             missing.append(short)
     assert missing == []

@@ -6,16 +6,15 @@ import torch.distributed as dist
 from fsdp_mini import FSDP, fully_shard, launch
 from fsdp_mini.memory import optimizer_state_bytes, tensor_bytes
 from fsdp_mini.memory_ledger import KINDS, MemoryBudgetExceeded, MemoryLedger
-from fsdp_mini.course.models import GPT, Block, GPTConfig, make_batch
-from fsdp_mini.course.train import local_rows
+from small_model import Block, TinyConfig, TinyLM, batch, rank_rows
 
-CFG = GPTConfig(n_layer=3)
+CFG = TinyConfig(depth=3)
 
 
 def _model(design):
     if design == "flat":
-        return FSDP(GPT(CFG), "FULL_SHARD", wrap=(Block,))
-    model = GPT(CFG)
+        return FSDP(TinyLM(CFG), "FULL_SHARD", wrap=(Block,))
+    model = TinyLM(CFG)
     for block in model.blocks:
         fully_shard(block)
     return fully_shard(model)
@@ -25,8 +24,8 @@ def _steps(design, batches=(8, 16), budget=None):
     model = _model(design)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     out = []
-    for step, batch in enumerate(batches):
-        x, y = (local_rows(t, dist.get_rank(), dist.get_world_size()) for t in make_batch(CFG, batch, step))
+    for step, rows in enumerate(batches):
+        x, y = (rank_rows(t, dist.get_rank(), dist.get_world_size()) for t in batch(CFG, rows, step))
         with MemoryLedger(model, opt, budget=budget) as ledger:
             model(x, y).backward()
             after_backward = ledger.snapshot()
@@ -58,20 +57,21 @@ def test_the_ledger_accounts_a_step_by_kind_and_phase(design, no_orphans):
 def test_a_budget_below_the_peak_fails_naming_the_largest_part(no_orphans):
     def over():
         try:
-            _steps("flat", batches=(64,), budget=1_000_000)
+            # 64 rows: ~0.5 MB of activations in forward, ~10 kB of parameters and gathered weights
+            _steps("flat", batches=(64,), budget=100_000)
         except MemoryBudgetExceeded as e:
             return str(e), e.snapshot.largest()[0]
         return "fits", ""
 
     message, largest = launch(over, 2, timeout=120)[0]
-    assert message.startswith("memory budget of 1.0 MB exceeded in forward: ") and largest == "activations"
+    assert message.startswith("memory budget of 100.0 kB exceeded in forward: ") and largest == "activations"
     assert "the largest part activations" in message
     assert launch(_steps, 2, args=("flat", (8,), 10**9), timeout=120)  # a generous budget is silent
 
 
 def test_only_sharded_models_have_a_ledger():
-    with pytest.raises(ValueError, match="follows an FSDP or fully_shard model, got GPT"):
-        MemoryLedger(GPT(CFG))
+    with pytest.raises(ValueError, match="follows an FSDP or fully_shard model, got TinyLM"):
+        MemoryLedger(TinyLM(CFG))
 
 
 def _activations_twice():

@@ -8,11 +8,10 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from fsdp_mini import FSDP, launch
-from fsdp_mini.course.models import GPT, Block, GPTConfig, make_batch
-from fsdp_mini.course.train import local_rows
 from fsdp_mini.fsdp import ExecutionOrder
 from fsdp_mini.states import ReduceStage, ShardedState, TrainingState
 from fsdp_mini.plan import plan_units, unit_label, unit_of_label, wrap_classes
+from small_model import Block, TinyConfig, TinyLM, batch, rank_rows
 
 
 class TwoDtypes(nn.Module):
@@ -23,14 +22,14 @@ class TwoDtypes(nn.Module):
         self.head = nn.Linear(3, 2)
 
 
-def test_gpt_plan_root_first_blocks_then_labels():
-    model = GPT(GPTConfig(n_layer=2))
+def test_the_plan_puts_the_root_first_then_the_blocks_and_labels_them():
+    model = TinyLM(TinyConfig(depth=2))
     plan = plan_units(model, Block)
     assert [u.name for u in plan.units] == ["", "blocks.0", "blocks.1"]
     assert [u.label for u in plan.units] == ["root", "blocks.0", "blocks.1"]
     assert plan.units[0].is_root and not plan.units[1].is_root
     root_names = [p.names for p in plan.units[0].flat_params[0].params]
-    assert ("tok_emb.weight", "lm_head.weight") in root_names  # tied: one tensor, both names
+    assert ("embed.weight", "head.weight") in root_names  # tied: one tensor, both names
     assert plan.state_dict_keys == tuple(model.state_dict())
     assert sum(layout.numel for layout in plan.layouts(3).values()) == sum(p.numel() for p in model.parameters())
 
@@ -69,9 +68,9 @@ def test_execution_order_records_one_pass_then_names_the_next_unit():
 
 
 def _states(strategy):
-    cfg = GPTConfig(n_layer=2)
-    model = FSDP(GPT(cfg), strategy, wrap=(Block,))
-    x, y = (local_rows(t, dist.get_rank(), dist.get_world_size()) for t in make_batch(cfg, 4, 0))
+    cfg = TinyConfig(depth=2)
+    model = FSDP(TinyLM(cfg), strategy, wrap=(Block,))
+    x, y = (rank_rows(t, dist.get_rank(), dist.get_world_size()) for t in batch(cfg, 4, 0))
     seen = {"after construction": [h.sharded_state for h in model.handles]}
     loss = model(x, y)
     seen["after forward"] = [h.sharded_state for h in model.handles]

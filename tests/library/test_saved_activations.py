@@ -3,7 +3,7 @@ import torch
 import torch.nn as nn
 
 from fsdp_mini.memory import SavedActivations
-from fsdp_mini.course.models import GPT, GPTConfig, make_batch
+from small_model import TinyLM, batch
 
 
 def test_a_linear_layer_saves_its_input_and_not_its_weight():
@@ -18,14 +18,14 @@ def test_a_linear_layer_saves_its_input_and_not_its_weight():
 
 
 def test_activations_grow_with_the_batch_and_the_hooks_go_away():
-    model = GPT(GPTConfig())
+    model = TinyLM()
     sizes = []
-    for batch in (2, 4, 8):
+    for rows in (2, 4, 8):
         with SavedActivations(exclude=model.parameters()) as saved:
-            model(*make_batch(model.cfg, batch))
+            model(*batch(model.cfg, rows))
         sizes.append(saved.nbytes)
     assert sizes[0] < sizes[1] < sizes[2]
     assert abs(sizes[2] - 2 * sizes[1]) < 0.01 * sizes[2]  # linear in the batch, up to a few constants
     after = saved.nbytes
-    model(*make_batch(model.cfg, 8)).backward()
+    model(*batch(model.cfg, 8)).backward()
     assert saved.nbytes == after

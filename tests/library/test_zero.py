@@ -9,18 +9,18 @@ from torch.testing import assert_close
 
 from fsdp_mini import launch
 from fsdp_mini.comm_log import CommLog, ring_model_sent
-from fsdp_mini.course.models import GPT, GPTConfig, make_batch
 from fsdp_mini.zero import ZeroRedundancyOptimizer
+from small_model import TinyConfig, TinyLM, batch
 
 pytestmark = pytest.mark.usefixtures("no_orphans")
 
-CFG = GPTConfig()
+CFG = TinyConfig()
 BATCH = 12  # divisible by every world size tested: 1, 2, 3, 4
 STEPS = 5
 # SGD with momentum catches a wrong gradient averaging factor (Adam's update is nearly scale-invariant).
 # AdamW's eps is raised from 1e-8: Adam divides by sqrt(v) + eps, so where a gradient is nearly zero (a
-# dead GELU unit; the key bias, which softmax ignores) it amplifies rounding noise up to lr/eps. With
-# eps=1e-8 merely splitting the batch in ONE process moves weights by 5e-4; with 1e-3, by ~1e-7.
+# dead GELU unit) it amplifies rounding noise up to lr/eps. On the course's GPT, with eps=1e-8 merely
+# splitting the batch in ONE process moved weights by 5e-4; with 1e-3, by ~1e-7.
 OPTIMIZERS = {
     "sgd": (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}),
     "adamw": (torch.optim.AdamW, {"lr": 1e-2, "weight_decay": 0.1, "eps": 1e-3}),
@@ -32,11 +32,11 @@ def _reference(opt_name):
     """Single-process training on the global batch: per-step losses and the final state_dict."""
     cls, kwargs = OPTIMIZERS[opt_name]
     torch.manual_seed(0)
-    model = GPT(CFG)
+    model = TinyLM(CFG)
     opt = cls(model.parameters(), **kwargs)
     losses = []
     for s in range(STEPS):
-        loss = model(*make_batch(CFG, BATCH, step=s))
+        loss = model(*batch(CFG, BATCH, step=s))
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -49,12 +49,12 @@ def _train_zero(opt_name, impl):
     rank, n = dist.get_rank(), dist.get_world_size()
     cls, kwargs = OPTIMIZERS[opt_name]
     torch.manual_seed(0)
-    model = GPT(CFG)
+    model = TinyLM(CFG)
     opt = ZeroRedundancyOptimizer(model.parameters(), cls, impl=impl, **kwargs)
     rows = slice(rank * BATCH // n, (rank + 1) * BATCH // n)
     losses = []
     for s in range(STEPS):
-        x, y = make_batch(CFG, BATCH, step=s)
+        x, y = batch(CFG, BATCH, step=s)
         loss = model(x[rows], y[rows])
         loss.backward()
         opt.step()
@@ -121,18 +121,18 @@ def test_one_step_is_one_reduce_scatter_and_one_all_gather_per_dtype(impl):
 
 def _state_bytes():
     torch.manual_seed(0)
-    model = GPT(CFG)
+    model = TinyLM(CFG)
     opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.AdamW, lr=1e-3)
-    model(*make_batch(CFG, 4)).backward()
+    model(*batch(CFG, 4)).backward()
     opt.step()
     (layout,) = opt.layouts.values()
     return opt.optimizer_state_bytes(), layout.shard_numel
 
 
 def test_each_rank_keeps_a_quarter_of_the_optimizer_state():
-    model = GPT(CFG)
+    model = TinyLM(CFG)
     full = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    model(*make_batch(CFG, 4)).backward()
+    model(*batch(CFG, 4)).backward()
     full.step()
     full_bytes = sum(v.nbytes for s in full.state.values() for v in s.values())
     results = launch(_state_bytes, 4, timeout=60)
@@ -146,13 +146,13 @@ def test_each_rank_keeps_a_quarter_of_the_optimizer_state():
 def _bookkeeping():
     """Tied weights once, frozen ones skipped, zero_grad clears, closure returns the loss."""
     torch.manual_seed(0)
-    model = GPT(CFG)
-    model.pos_emb.weight.requires_grad_(False)
-    frozen = model.pos_emb.weight.detach().clone()
+    model = TinyLM(CFG)
+    model.pos.requires_grad_(False)
+    frozen = model.pos.detach().clone()
     params = list(model.parameters())
     opt = ZeroRedundancyOptimizer(params + params, torch.optim.SGD, lr=0.1)  # duplicates: counted once
     (layout,) = opt.layouts.values()
-    x, y = make_batch(CFG, 4)
+    x, y = batch(CFG, 4)
 
     def closure():
         loss = model(x, y)
@@ -164,12 +164,12 @@ def _bookkeeping():
     opt.zero_grad()
     return (len(layout.params), layout.numel, isinstance(loss, torch.Tensor), all(grads_before),
             all(p.grad is None for p in model.parameters()), all(s.grad is None for s in opt.shards.values()),
-            torch.equal(model.pos_emb.weight, frozen), len(opt.param_groups), opt.param_groups[0]["lr"])
+            torch.equal(model.pos, frozen), len(opt.param_groups), opt.param_groups[0]["lr"])
 
 
 def test_bookkeeping():
-    model = GPT(CFG)
-    trainable = [p for p in model.parameters() if p is not model.pos_emb.weight]
+    model = TinyLM(CFG)
+    trainable = [p for p in model.parameters() if p is not model.pos]
     expected = (len(trainable), sum(p.numel() for p in trainable), True, True, True, True, True, 1, 0.1)
     assert launch(_bookkeeping, 2, timeout=60) == [expected] * 2
 
