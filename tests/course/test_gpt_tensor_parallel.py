@@ -1,4 +1,4 @@
-"""Tensor parallelism from scratch (`fsdp_mini.tensor_parallel`, `fsdp_mini.tp_operators`): parity with one
+"""Tensor parallelism on the course GPT (`fsdp_mini.course.tensor_parallel_plan`): parity with one
 process, TP alone (world 2) and TP x fully_shard on a 2 x 2 (dp, tp) mesh (world 4); parity with PyTorch's own
 parallelize_module + fully_shard on the same mesh; bytes per step derived from the shapes; clear errors
 before any collective."""
@@ -17,7 +17,7 @@ from fsdp_mini.course.models import GPT, GPTConfig, make_batch
 from fsdp_mini.course.tensor_parallel_plan import (gpt_tp_plan, parallelize_gpt, parallelize_gpt_with_pytorch,
                                                     pytorch_gpt_full_state_dict)
 from fsdp_mini.fully_shard import full_state_dict
-from fsdp_mini.tensor_parallel import (ColumnParallelLinear, ColwiseParallel, ParallelDims, RowwiseParallel, TPShard,
+from fsdp_mini.tensor_parallel import (ColumnParallelLinear, ColwiseParallel, ParallelDims, RowwiseParallel,
                                        gather_tensor_parallel, parallelize_module)
 from fsdp_mini.tp_operators import TP_LABEL
 
@@ -52,41 +52,6 @@ def tp_mesh(tp):
     from torch.distributed.device_mesh import init_device_mesh
 
     return init_device_mesh("cpu", (tp,), mesh_dim_names=("tp",))
-
-
-# --- the pieces: a stacked cut and its inverse, the operators' backward --------------------------------
-
-def test_a_stacked_cut_gives_each_rank_the_same_rows_of_every_matrix_and_gathering_undoes_it():
-    full = torch.arange(3 * 4 * 2.0).view(12, 2)  # q, k, v of 4 rows each
-    pieces = [TPShard(0, 2, r, 3, None, "").local(full, 0) for r in range(2)]
-    assert pieces[0][:, 0].tolist() == [0, 2, 8, 10, 16, 18]  # rows 0-1 of q, of k, of v
-    assert torch.equal(TPShard(0, 2, 0, 3, None, "").full(pieces, 0), full)
-    cols = [TPShard(1, 2, r, 1, None, "").local(full, 1) for r in range(2)]
-    assert torch.equal(TPShard(1, 2, 0, 1, None, "").full(cols, 1), full)
-
-
-def _operators():
-    from fsdp_mini.tp_operators import copy_to_tensor_model_parallel_region as f
-    from fsdp_mini.tp_operators import reduce_from_tensor_model_parallel_region as g
-
-    rank = dist.get_rank()
-    x = torch.full((2,), float(rank + 1), requires_grad=True)
-    with CommLog() as log:
-        y = f(x, None, "f")
-        fwd_f = len(log.records)
-        (y * (rank + 1)).sum().backward()
-    z = torch.full((2,), float(rank + 1), requires_grad=True)
-    with CommLog() as log2:
-        out = g(z, None, "g")
-        fwd_g = len(log2.records)
-        (out * (rank + 1)).sum().backward()
-    return fwd_f, [r.label for r in log.records], x.grad.tolist(), fwd_g, out.tolist(), z.grad.tolist()
-
-
-def test_f_sums_gradients_in_backward_and_g_sums_outputs_in_forward(no_orphans):
-    for rank, (fwd_f, labels_f, grad_x, fwd_g, out, grad_z) in enumerate(launch(_operators, 2, timeout=60)):
-        assert (fwd_f, labels_f, grad_x) == (0, ["f"], [3.0, 3.0])  # nothing forward; 1 + 2 backward
-        assert (fwd_g, out, grad_z) == (1, [3.0, 3.0], [rank + 1.0] * 2)  # 1 + 2 forward; its own backward
 
 
 # --- TP alone, world 2: one process's losses, gradients and weights -------------------------------------

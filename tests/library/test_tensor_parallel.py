@@ -1,0 +1,204 @@
+"""Tensor parallelism from scratch, the library alone (`fsdp_mini.tensor_parallel`, `fsdp_mini.tp_operators`), on
+a small two-layer MLP of its own: Megatron's f and g, the stacked cut, parity with one process for TP alone
+(world 2) and TP x fully_shard on a 2 x 2 (dp, tp) mesh (world 4), and the errors raised before any
+collective. The course GPT's plan, PyTorch's parallelize_module beside ours and the bytes per step are in
+tests/course/test_gpt_tensor_parallel.py."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from fsdp_mini import CommLog, launch
+from fsdp_mini.fully_shard import full_state_dict, fully_shard
+from fsdp_mini.tensor_parallel import (ColumnParallelLinear, ColwiseParallel, ParallelDims, RowwiseParallel, TPShard,
+                                       gather_tensor_parallel, parallelize_module)
+
+TOL = dict(rtol=1e-5, atol=1e-6)
+PLAN = {"up": ColwiseParallel(), "down": RowwiseParallel()}
+STEPS, ROWS = 3, 8
+
+
+class MLP(nn.Module):
+    """LayerNorm, then up (column parallel: 12 -> 24, cut into output features) and down (row parallel:
+    24 -> 12, cut into input features, its bias added once): Megatron's MLP, with a replicated LayerNorm in
+    front whose gradient f's AllReduce makes whole on every rank."""
+
+    def __init__(self, seed: int = 0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.norm, self.up, self.down = nn.LayerNorm(12), nn.Linear(12, 24), nn.Linear(24, 12)
+
+    def forward(self, x):
+        return self.down(F.gelu(self.up(self.norm(x))))
+
+
+def batch(step: int):
+    g = torch.Generator().manual_seed(step)
+    return torch.randn(ROWS, 12, generator=g), torch.randn(ROWS, 12, generator=g)
+
+
+def optimizer(name, params):
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+    return torch.optim.AdamW(params, lr=1e-2, eps=1e-3, weight_decay=0.1)  # eps: see NOTES (AdamW noise)
+
+
+def train(model, opt, rows=slice(None)):
+    losses = []
+    for step in range(STEPS):
+        x, y = (t[rows] for t in batch(step))
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def one_process(opt_name):
+    model = MLP()
+    return train(model, optimizer(opt_name, model.parameters())), model.state_dict()
+
+
+# --- the pieces: a stacked cut and its inverse, the operators' backward --------------------------------
+
+def test_a_stacked_cut_gives_each_rank_the_same_rows_of_every_matrix_and_gathering_undoes_it():
+    full = torch.arange(3 * 4 * 2.0).view(12, 2)  # q, k, v of 4 rows each
+    pieces = [TPShard(0, 2, r, 3, None, "").local(full, 0) for r in range(2)]
+    assert pieces[0][:, 0].tolist() == [0, 2, 8, 10, 16, 18]  # rows 0-1 of q, of k, of v
+    assert torch.equal(TPShard(0, 2, 0, 3, None, "").full(pieces, 0), full)
+    cols = [TPShard(1, 2, r, 1, None, "").local(full, 1) for r in range(2)]
+    assert torch.equal(TPShard(1, 2, 0, 1, None, "").full(cols, 1), full)
+
+
+def _operators():
+    from fsdp_mini.tp_operators import copy_to_tensor_model_parallel_region as f
+    from fsdp_mini.tp_operators import reduce_from_tensor_model_parallel_region as g
+
+    rank = dist.get_rank()
+    x = torch.full((2,), float(rank + 1), requires_grad=True)
+    with CommLog() as log:
+        y = f(x, None, "f")
+        fwd_f = len(log.records)
+        (y * (rank + 1)).sum().backward()
+    z = torch.full((2,), float(rank + 1), requires_grad=True)
+    with CommLog() as log2:
+        out = g(z, None, "g")
+        fwd_g = len(log2.records)
+        (out * (rank + 1)).sum().backward()
+    return fwd_f, [r.label for r in log.records], x.grad.tolist(), fwd_g, out.tolist(), z.grad.tolist()
+
+
+def test_f_sums_gradients_in_backward_and_g_sums_outputs_in_forward(no_orphans):
+    for rank, (fwd_f, labels_f, grad_x, fwd_g, out, grad_z) in enumerate(launch(_operators, 2, timeout=60)):
+        assert (fwd_f, labels_f, grad_x) == (0, ["f"], [3.0, 3.0])  # nothing forward; 1 + 2 backward
+        assert (fwd_g, out, grad_z) == (1, [3.0, 3.0], [rank + 1.0] * 2)  # 1 + 2 forward; its own backward
+
+
+# --- parity with one process -----------------------------------------------------------------------------
+
+def _tp_alone(opt_name):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    model = parallelize_module(MLP(), init_device_mesh("cpu", (2,)), PLAN)
+    kinds = (type(model.up).__name__, type(model.down).__name__)
+    shapes = (tuple(model.up.weight.shape), tuple(model.down.weight.shape), tuple(model.down.bias.shape))
+    losses = train(model, optimizer(opt_name, model.parameters()))  # every TP rank sees the same rows
+    return losses, gather_tensor_parallel(model, model.state_dict()), kinds, shapes
+
+
+@pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
+def test_tensor_parallel_alone_matches_one_process(opt_name, no_orphans):
+    losses, weights = one_process(opt_name)
+    for got_losses, got_weights, kinds, shapes in launch(_tp_alone, 2, args=(opt_name,), timeout=60):
+        assert got_losses == pytest.approx(losses, rel=1e-5)
+        for name in weights:
+            torch.testing.assert_close(got_weights[name], weights[name], **TOL)
+        assert kinds == ("ColumnParallelLinear", "RowParallelLinear")
+        assert shapes == ((12, 12), (12, 12), (12,))  # up: half its rows; down: half its columns, bias whole
+
+
+def _tp_fsdp(opt_name):
+    mesh = ParallelDims(dp=2, tp=2, world_size=4).build_mesh("cpu")
+    model = parallelize_module(MLP(), mesh["tp"], PLAN)
+    fully_shard(model, mesh=mesh["dp"])
+    half = ROWS // 2
+    dp_rank = mesh["dp"].get_local_rank()
+    losses = train(model, optimizer(opt_name, model.parameters()), slice(dp_rank * half, (dp_rank + 1) * half))
+    return losses, gather_tensor_parallel(model, full_state_dict(model))
+
+
+@pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
+def test_tensor_parallel_with_fully_shard_on_a_2x2_mesh_matches_one_process(opt_name, no_orphans):
+    losses, weights = one_process(opt_name)
+    results = launch(_tp_fsdp, 4, args=(opt_name,), timeout=90)
+    for rank, (got_losses, got_weights) in enumerate(results):
+        partner = results[rank ^ 2][0]  # the other dp rank: the other half of the batch
+        assert [(a + b) / 2 for a, b in zip(got_losses, partner)] == pytest.approx(losses, rel=1e-5)
+        for name in weights:
+            torch.testing.assert_close(got_weights[name], weights[name], **TOL)
+
+
+# --- errors before any collective ---------------------------------------------------------------------------
+
+def message(fn) -> str:
+    try:
+        fn()
+    except ValueError as e:
+        return str(e)
+    return "no error"
+
+
+def test_the_mesh_shape_is_checked_without_any_process_group():
+    assert "a mesh of dp x tp = 3 x 2 = 6 ranks does not match the world of 4 ranks" in message(
+        lambda: ParallelDims(dp=3, tp=2, world_size=4))
+    assert "tp must be a positive integer, got 0" in message(lambda: ParallelDims(dp=4, tp=0, world_size=4))
+    assert "stacked must be a positive number of matrices, got 0" in message(lambda: ColwiseParallel(stacked=0))
+    assert not dist.is_initialized()
+
+
+def _errors():
+    """Rank 0 alone makes each mistake while the others wait at the barrier: a check that sent anything
+    first would hang rank 0 (and the launch would time out)."""
+    mesh = ParallelDims(dp=1, tp=4, world_size=4).build_mesh("cpu")
+    tp = mesh["tp"]
+    out = {}
+    if dist.get_rank() == 0:
+        model = MLP()
+        before = dict(model.named_parameters())
+        out["hidden"] = message(lambda: parallelize_module(nn.Linear(30, 30), tp, ColwiseParallel()))
+        out["rows"] = message(lambda: parallelize_module(nn.Linear(30, 30), tp, RowwiseParallel()))
+        out["stacked"] = message(lambda: parallelize_module(nn.Linear(4, 6), tp, ColwiseParallel(stacked=3)))
+        out["partly"] = message(lambda: parallelize_module(model, tp, {"up": ColwiseParallel(),
+                                                                        "down": RowwiseParallel(), "norm": PLAN["up"]}))
+        out["untouched"] = all(p is before[n] for n, p in model.named_parameters())
+        out["no_match"] = message(lambda: parallelize_module(model, tp, {"gate": RowwiseParallel()}))
+        out["mesh_2d"] = message(lambda: parallelize_module(model, mesh, PLAN))
+        out["world"] = message(lambda: ParallelDims(dp=1, tp=2, world_size=2).build_mesh("cpu"))
+        done = nn.Sequential(nn.Linear(4, 4))
+        done[0].__class__ = ColumnParallelLinear  # what ColwiseParallel leaves behind
+        out["twice"] = message(lambda: parallelize_module(done, tp, {"0": RowwiseParallel()}))
+        with CommLog() as log:
+            message(lambda: parallelize_module(MLP(), tp, {"up": ColwiseParallel(stacked=5)}))
+        out["sent"] = len(log.records)
+    dist.barrier()
+    return out
+
+
+def test_bad_input_gets_a_clear_error_before_any_collective(no_orphans):
+    out = launch(_errors, 4, timeout=60)[0]
+    assert "the tensor-parallel degree 4 does not divide the module's 30 output features" in out["hidden"]
+    assert "the tensor-parallel degree 4 does not divide the module's 30 input features" in out["rows"]
+    assert "the tensor-parallel degree 4 does not divide the module's 2 output features of each of its 3 stacked " \
+        "matrices" in out["stacked"]
+    assert "ColwiseParallel applies to nn.Linear, but norm is a LayerNorm" in out["partly"]
+    assert out["untouched"] is True  # the plan's good entries were not applied either
+    assert "plan entry 'gate' matches no submodule of MLP" in out["no_match"]
+    assert "device_mesh must be 1-D (the tensor-parallel dimension), got a mesh of shape (1, 4): pass mesh['tp']" \
+        in out["mesh_2d"]
+    assert "ParallelDims was made for 2 ranks, but the world has 4" in out["world"]
+    assert "0 is already tensor-parallel (ColumnParallelLinear)" in out["twice"]
+    assert out["sent"] == 0
