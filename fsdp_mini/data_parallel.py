@@ -30,6 +30,14 @@ __all__ = ["check_same_everywhere", "check_same_values", "check_same_fingerprint
            "fingerprint", "GradientSync"]
 
 
+def _global_ranks(group, ranks: list[int]) -> list[int]:
+    """The global ranks of `group`'s ranks: a message names a rank as the user sees it (on a 2-D mesh the
+    checks run over subgroups, whose rank 0 is not global rank 0)."""
+    if group is None or group is dist.group.WORLD:
+        return list(ranks)
+    return [dist.get_global_rank(group, r) for r in ranks]
+
+
 def check_same_everywhere(description: object, what: str, hint: str = "", group=None, device=None) -> None:
     """Raise a ValueError naming the ranks of `group` whose `repr(description)` differs from its rank 0's.
 
@@ -45,7 +53,8 @@ def check_same_everywhere(description: object, what: str, hint: str = "", group=
     torch_all_gather_into_tensor(everyone, mine, group=group)
     differ = [r for r, d in enumerate(everyone.tolist()) if d != everyone[0].item()]
     if differ:
-        raise ValueError(f"ranks {differ} wrap a different {what} than rank 0{hint}")
+        first, *others = _global_ranks(group, [0, *differ])
+        raise ValueError(f"ranks {others} wrap a different {what} than rank {first}{hint}")
 
 
 def fingerprint(t: torch.Tensor) -> torch.Tensor:
@@ -80,9 +89,10 @@ def check_same_fingerprints(named: list[tuple[str, torch.Tensor]], group=None, d
               if not torch.equal(everyone[r], everyone[0])}
     if differ:
         first = named[min(differ.values())][0]
-        raise ValueError(f"ranks {sorted(differ)} start from different values than rank 0 (first differing: "
+        source, *others = _global_ranks(group, [0, *sorted(differ)])
+        raise ValueError(f"ranks {others} start from different values than rank {source} (first differing: "
                          f"{first}{where}): seed every rank the same way before building the model, or pass "
-                         f"sync_module_states=True to start every rank from rank 0's values")
+                         f"sync_module_states=True to start every rank from rank {source}'s values")
 
 
 def broadcast_from_rank0(tensors: list[torch.Tensor], group=None) -> None:

@@ -202,3 +202,25 @@ def test_bad_input_gets_a_clear_error_before_any_collective(no_orphans):
     assert "ParallelDims was made for 2 ranks, but the world has 4" in out["world"]
     assert "0 is already tensor-parallel (ColumnParallelLinear)" in out["twice"]
     assert out["sent"] == 0
+
+
+def _different_slice_on_rank_3():
+    mesh = ParallelDims(dp=2, tp=2, world_size=4).build_mesh("cpu")
+    model = parallelize_module(MLP(), mesh["tp"], PLAN)
+    if dist.get_rank() == 3:
+        with torch.no_grad():
+            model.up.weight.add_(1.0)  # rank 3 holds other values than rank 1, its data-parallel peer
+    try:
+        fully_shard(model, mesh=mesh["dp"])
+    except ValueError as e:
+        return str(e)
+    return "no error"
+
+
+def test_a_mismatch_on_a_data_parallel_subgroup_names_global_ranks():
+    """fully_shard over mesh["dp"] checks values among the ranks of its own dp group (ranks 1 and 3 here):
+    the message names them as the user numbers them, global ranks, not their indices inside the group."""
+    out = launch(_different_slice_on_rank_3, 4, timeout=60)
+    assert out[0] == out[2] == "no error"  # their dp group, [0, 2], agrees
+    assert out[1] == out[3]
+    assert out[3].startswith("ranks [3] start from different values than rank 1 (first differing: up.weight")
