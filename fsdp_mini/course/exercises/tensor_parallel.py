@@ -40,7 +40,8 @@ TOL = dict(rtol=1e-5, atol=1e-6)
 
 # --- reference solutions (the lesson's folded solutions are these functions' source) ------------------
 
-def row_parallel_forward(x_shard: torch.Tensor, weight_shard: torch.Tensor, bias: torch.Tensor, group) -> torch.Tensor:
+def row_parallel_forward(x_shard: torch.Tensor, weight_shard: torch.Tensor, bias: torch.Tensor,
+                         group) -> torch.Tensor:
     # this rank's input features times its columns: a partial sum of the output
     partial = x_shard @ weight_shard.t()
     # g: AllReduce in forward; in backward the output's gradient is already whole
