@@ -62,7 +62,13 @@ __all__ = ["fully_shard", "FSDPModule", "FSDPState", "UnshardHandle", "register_
 _STATES: "weakref.WeakKeyDictionary[nn.Module, FSDPState]" = weakref.WeakKeyDictionary()
 _MANAGED: dict[int, tuple[weakref.ref, str]] = {}  # id(original parameter) -> (the parameter, its unit's label)
 _DEFAULT_MESH: dict[int, object] = {}
-_TRACKERS: dict[int, MemoryTracker] = {}  # one per mesh: the gathered bytes of every unit on it
+_TRACKERS: dict[tuple, MemoryTracker] = {}  # one per mesh (`_mesh_key`): the gathered bytes of its units
+
+
+def _mesh_key(mesh) -> tuple:
+    """A mesh by its ranks and layout, not by object: `mesh["dp"]` of a 2-D mesh makes a new DeviceMesh at
+    every call, and an id() can be reused once a mesh is gone; units on the same ranks share one tracker."""
+    return mesh.device_type, tuple(mesh.mesh.shape), tuple(mesh.mesh.flatten().tolist())
 
 
 def state_of(module: nn.Module) -> "FSDPState":
@@ -482,7 +488,7 @@ def fully_shard(module: nn.Module | list[nn.Module], *, mesh=None, reshard_after
         mark_replaced([p for _, _, p in params])  # an optimizer built before this fails at its first step
         reduce_dtype = mp.reduce_dtype or mp.param_dtype
         pf = post_forward_shards(mesh_info, post_forward) if post_forward else None
-        tracker = _TRACKERS.setdefault(id(mesh), MemoryTracker())
+        tracker = _TRACKERS.setdefault(_mesh_key(mesh), MemoryTracker())
         group = FSDPParamGroup(fsdp_params, label, mesh_info, reduce_dtype, impl, tracker,
                                reshard_after_forward in (None, True), pf)
         group.auto_reshard_after_forward = reshard_after_forward is None

@@ -224,3 +224,23 @@ def test_a_mismatch_on_a_data_parallel_subgroup_names_global_ranks():
     assert out[0] == out[2] == "no error"  # their dp group, [0, 2], agrees
     assert out[1] == out[3]
     assert out[3].startswith("ranks [3] start from different values than rank 1 (first differing: up.weight")
+
+
+def _trackers_of_units_on_a_sub_mesh():
+    from fsdp_mini.fully_shard import gathered_memory
+
+    mesh = ParallelDims(dp=2, tp=1, world_size=2).build_mesh("cpu")
+    model = nn.Sequential(MLP(), MLP())
+    for child in model:
+        fully_shard(child, mesh=mesh["dp"])  # mesh["dp"] is a new DeviceMesh object at every call
+    fully_shard(model, mesh=mesh["dp"])
+    model(batch(0)[0]).sum().backward()
+    one_unit = 4 * sum(p.numel() for p in MLP().parameters())
+    return gathered_memory(model[0]) is gathered_memory(model[1]), gathered_memory(model[0]).peak >= one_unit
+
+
+def test_units_on_the_same_sub_mesh_share_one_gathered_memory_tracker(no_orphans):
+    """The peak of gathered bytes covers every unit on the same ranks, however the mesh object was obtained
+    (keyed by ranks, not by object identity): otherwise the demo's TP x fully_shard row saw only the root."""
+    for shared, covers_a_block in launch(_trackers_of_units_on_a_sub_mesh, 2, timeout=60):
+        assert shared and covers_a_block
