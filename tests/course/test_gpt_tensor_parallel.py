@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from expect import error_text
 from fsdp_mini import CommLog, launch
 from fsdp_mini.course.models import GPT, GPTConfig, make_batch
 from fsdp_mini.course.tensor_parallel_plan import (gpt_tp_plan, parallelize_gpt, parallelize_gpt_with_pytorch,
@@ -202,18 +203,10 @@ def test_bytes_per_step_follow_from_the_shapes(no_orphans):
 
 # --- errors before any collective -----------------------------------------------------------------------
 
-def message(fn) -> str:
-    try:
-        fn()
-    except ValueError as e:
-        return str(e)
-    return "no error"
-
-
 def test_the_heads_are_checked_without_any_process_group():
-    assert "the tensor-parallel degree 2 does not divide the 3 attention heads" in message(
+    assert "the tensor-parallel degree 2 does not divide the 3 attention heads" in error_text(
         lambda: gpt_tp_plan(GPTConfig(n_head=3, n_embd=30), 2))
-    assert "the tensor-parallel degree 4 does not divide the 2 attention heads" in message(lambda: gpt_tp_plan(CFG, 4))
+    assert "the tensor-parallel degree 4 does not divide the 2 attention heads" in error_text(lambda: gpt_tp_plan(CFG, 4))
     assert not dist.is_initialized()
 
 
@@ -226,12 +219,12 @@ def _errors():
     if dist.get_rank() == 0:
         model = GPT(CFG)
         before = {n: p for n, p in model.named_parameters()}
-        out["stacked"] = message(lambda: parallelize_module(model, tp, gpt_tp_plan(CFG, 2)))
+        out["stacked"] = error_text(lambda: parallelize_module(model, tp, gpt_tp_plan(CFG, 2)))
         out["untouched"] = all(p is before[n] for n, p in model.named_parameters())
-        out["not_linear"] = message(lambda: parallelize_module(model, tp, {"blocks.0.ln_1": ColwiseParallel()}))
-        out["no_match"] = message(lambda: parallelize_module(model, tp, {"blocks.*.mlp.gate": RowwiseParallel()}))
-        out["gpt_mesh"] = message(lambda: parallelize_gpt(GPT(CFG), tp))
-        out["gpt_heads"] = message(lambda: parallelize_gpt(GPT(CFG), mesh))
+        out["not_linear"] = error_text(lambda: parallelize_module(model, tp, {"blocks.0.ln_1": ColwiseParallel()}))
+        out["no_match"] = error_text(lambda: parallelize_module(model, tp, {"blocks.*.mlp.gate": RowwiseParallel()}))
+        out["gpt_mesh"] = error_text(lambda: parallelize_gpt(GPT(CFG), tp))
+        out["gpt_heads"] = error_text(lambda: parallelize_gpt(GPT(CFG), mesh))
     dist.barrier()
     return out
 

@@ -11,6 +11,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from expect import error_text
 from fsdp_mini import CommLog, launch
 from fsdp_mini.fully_shard import full_state_dict, fully_shard
 from fsdp_mini.tensor_parallel import (ColumnParallelLinear, ColwiseParallel, ParallelDims, RowwiseParallel, TPShard,
@@ -144,19 +145,11 @@ def test_tensor_parallel_with_fully_shard_on_a_2x2_mesh_matches_one_process(opt_
 
 # --- errors before any collective ---------------------------------------------------------------------------
 
-def message(fn) -> str:
-    try:
-        fn()
-    except ValueError as e:
-        return str(e)
-    return "no error"
-
-
 def test_the_mesh_shape_is_checked_without_any_process_group():
-    assert "a mesh of dp x tp = 3 x 2 = 6 ranks does not match the world of 4 ranks" in message(
+    assert "a mesh of dp x tp = 3 x 2 = 6 ranks does not match the world of 4 ranks" in error_text(
         lambda: ParallelDims(dp=3, tp=2, world_size=4))
-    assert "tp must be a positive integer, got 0" in message(lambda: ParallelDims(dp=4, tp=0, world_size=4))
-    assert "stacked must be a positive number of matrices, got 0" in message(lambda: ColwiseParallel(stacked=0))
+    assert "tp must be a positive integer, got 0" in error_text(lambda: ParallelDims(dp=4, tp=0, world_size=4))
+    assert "stacked must be a positive number of matrices, got 0" in error_text(lambda: ColwiseParallel(stacked=0))
     assert not dist.is_initialized()
 
 
@@ -169,20 +162,20 @@ def _errors():
     if dist.get_rank() == 0:
         model = MLP()
         before = dict(model.named_parameters())
-        out["hidden"] = message(lambda: parallelize_module(nn.Linear(30, 30), tp, ColwiseParallel()))
-        out["rows"] = message(lambda: parallelize_module(nn.Linear(30, 30), tp, RowwiseParallel()))
-        out["stacked"] = message(lambda: parallelize_module(nn.Linear(4, 6), tp, ColwiseParallel(stacked=3)))
-        out["partly"] = message(lambda: parallelize_module(model, tp, {"up": ColwiseParallel(),
+        out["hidden"] = error_text(lambda: parallelize_module(nn.Linear(30, 30), tp, ColwiseParallel()))
+        out["rows"] = error_text(lambda: parallelize_module(nn.Linear(30, 30), tp, RowwiseParallel()))
+        out["stacked"] = error_text(lambda: parallelize_module(nn.Linear(4, 6), tp, ColwiseParallel(stacked=3)))
+        out["partly"] = error_text(lambda: parallelize_module(model, tp, {"up": ColwiseParallel(),
                                                                         "down": RowwiseParallel(), "norm": PLAN["up"]}))
         out["untouched"] = all(p is before[n] for n, p in model.named_parameters())
-        out["no_match"] = message(lambda: parallelize_module(model, tp, {"gate": RowwiseParallel()}))
-        out["mesh_2d"] = message(lambda: parallelize_module(model, mesh, PLAN))
-        out["world"] = message(lambda: ParallelDims(dp=1, tp=2, world_size=2).build_mesh("cpu"))
+        out["no_match"] = error_text(lambda: parallelize_module(model, tp, {"gate": RowwiseParallel()}))
+        out["mesh_2d"] = error_text(lambda: parallelize_module(model, mesh, PLAN))
+        out["world"] = error_text(lambda: ParallelDims(dp=1, tp=2, world_size=2).build_mesh("cpu"))
         done = nn.Sequential(nn.Linear(4, 4))
         done[0].__class__ = ColumnParallelLinear  # what ColwiseParallel leaves behind
-        out["twice"] = message(lambda: parallelize_module(done, tp, {"0": RowwiseParallel()}))
+        out["twice"] = error_text(lambda: parallelize_module(done, tp, {"0": RowwiseParallel()}))
         with CommLog() as log:
-            message(lambda: parallelize_module(MLP(), tp, {"up": ColwiseParallel(stacked=5)}))
+            error_text(lambda: parallelize_module(MLP(), tp, {"up": ColwiseParallel(stacked=5)}))
         out["sent"] = len(log.records)
     dist.barrier()
     return out
