@@ -5,9 +5,9 @@
  * (BigInt): tensor parallelism of degree tp first leaves ceil(num_params / tp) parameters to each TP rank;
  * a state a strategy shards then costs ceil(that / G) elements per rank, G being the shard group among the
  * world / tp data-parallel ranks (1 for NO_SHARD, all of them for ZeRO-1/2/3, shard_size for the hybrids);
- * a replicated state costs the TP rank's whole share. Sizes print as fsdp_mini.format_bytes prints them (decimal units, one decimal,
- * Python's round-half-even), in Russian with a decimal comma and Russian units.
- * tests/test_site.py sets the inputs in Chromium and compares every number with Python's.
+ * a replicated state costs the TP rank's whole share. Sizes print as fsdp_mini.format_bytes prints them
+ * (decimal units, one decimal, Python's round-half-even), in Russian with a decimal comma and Russian units.
+ * tests/site/test_site.py sets the inputs in Chromium and compares every number with Python's.
  */
 (function () {
   "use strict";
