@@ -4,8 +4,8 @@ For each strategy: the final loss, how far the trained weights are from single-p
 from PyTorch's own implementation (DDP or FSDP2 `fully_shard`), what each rank holds in memory, and
 how many bytes it sent per step. On an even world of 4 or more, one more row: tensor parallelism inside
 pairs of ranks and `fully_shard` across them on a 2-D mesh (lesson 12), against PyTorch's
-`parallelize_module` + `fully_shard` on the same mesh. The three claims of the course in one table: sharding does not change
-the numbers, it divides the memory, and it pays for that in communication.
+`parallelize_module` + `fully_shard` on the same mesh. The three claims of the course in one table:
+sharding does not change the numbers, it divides the memory, and it pays for that in communication.
 """
 from __future__ import annotations
 
@@ -88,36 +88,22 @@ def tensor_parallel_degree(world: int) -> int | None:
     return 2 if world % 2 == 0 and world > 2 and CFG.n_head % 2 == 0 else None
 
 
-def _train_2d(model, mesh) -> tuple[list[float], torch.optim.Optimizer]:
-    """`train`, with the batch split over the data-parallel ranks only: a TP group sees the same rows.
-    Returns this rank's losses and the optimizer."""
-    opt = _optimizer(model.parameters())
-    dp, dp_rank = mesh["dp"].size(), mesh["dp"].get_local_rank()
-    losses = []
-    for step in range(STEPS):
-        x, y = (local_rows(t, dp_rank, dp).to(get_device()) for t in make_batch(CFG, BATCH, step))
-        loss = model(x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    return losses, opt
-
-
 def _run_2d(with_pytorch: bool) -> dict:
     """Tensor parallel inside each pair of ranks, fully_shard across them (lesson 12)."""
     world = dist.get_world_size()
     tp = tensor_parallel_degree(world)
     mesh = ParallelDims(world // tp, tp, world).build_mesh(get_device().type)
+    rows_of = (mesh["dp"].get_local_rank(), mesh["dp"].size())  # a TP group shares its rows of the batch
     model = parallelize_gpt(GPT(CFG).to(get_device()), mesh)
+    opt = _optimizer(model.parameters())
     with CommLog() as log:
-        losses, opt = _train_2d(model, mesh)
-    _measure_step(model, opt, gathered_memory(model), rows_of=(mesh["dp"].get_local_rank(), mesh["dp"].size()))
+        losses = train(model, opt, CFG, STEPS, BATCH, rows_of=rows_of)
+    _measure_step(model, opt, gathered_memory(model), rows_of=rows_of)
     row = {"strategy": "2-D", "losses": _global_mean(losses), "memory": memory_stats(model, opt),
            "sd": gather_tensor_parallel(model, full_state_dict(model)), "sent": log.sent / STEPS, "vs_pytorch": None}
     if with_pytorch:
         theirs = parallelize_gpt_with_pytorch(GPT(CFG).to(get_device()), mesh)
-        _train_2d(theirs, mesh)
+        train(theirs, _optimizer(theirs.parameters()), CFG, STEPS, BATCH, rows_of=rows_of)
         their_sd = pytorch_gpt_full_state_dict(theirs, mesh)
         row["vs_pytorch"] = max((row["sd"][k].cpu() - their_sd[k]).abs().max().item() for k in their_sd)
     row["sd"] = {k: v.cpu() for k, v in row["sd"].items()}

@@ -30,14 +30,17 @@ def local_rows(t: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
 
 
 def train(model, optimizer, cfg: GPTConfig, steps: int, batch_size: int, max_norm: float | None = None,
-          device=None, seed: int = 0, shard_batch: bool = True) -> list[float]:
+          device=None, seed: int = 0, shard_batch: bool = True,
+          rows_of: tuple[int, int] | None = None) -> list[float]:
     """Train `steps` steps on `make_batch(cfg, batch_size, step)`; return this rank's local losses.
 
     Inside torch.distributed each rank takes its rows on its device; outside it (or with
-    `shard_batch=False`, e.g. a reference computed on one rank) the whole batch.
+    `shard_batch=False`, e.g. a reference computed on one rank) the whole batch. `rows_of`: the (rank,
+    size) whose rows this rank takes when they are not its global ones: on a (dp, tp) mesh its data-parallel
+    coordinates, since every rank of a TP group works on the same rows.
     `max_norm` clips with the model's own `clip_grad_norm_` if it has one (FSDP), else torch's."""
     distributed = dist.is_initialized() and shard_batch
-    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    rank, world = (rows_of or (dist.get_rank(), dist.get_world_size())) if distributed else (0, 1)
     device = device or (get_device() if distributed else "cpu")
     losses = []
     for step in range(steps):

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from expect import error_text
 from fsdp_mini import CommLog, launch
 from fsdp_mini.course.models import GPT, GPTConfig, make_batch
+from fsdp_mini.course.train import local_rows, train
 from fsdp_mini.course.tensor_parallel_plan import (gpt_tp_plan, parallelize_gpt, parallelize_gpt_with_pytorch,
                                                     pytorch_gpt_full_state_dict)
 from fsdp_mini.fully_shard import full_state_dict
@@ -92,23 +93,9 @@ def test_tensor_parallel_alone_matches_one_process(opt_name, no_orphans):
 
 # --- TP x fully_shard on a 2 x 2 mesh, world 4 -----------------------------------------------------------
 
-def _dp_rows(t, mesh):
-    dp, r = mesh["dp"].size(), mesh["dp"].get_local_rank()
-    per = t.shape[0] // dp
-    return t[r * per:(r + 1) * per]
-
-
 def _train_2d(model, mesh, opt_name):
-    opt = make_optimizer(opt_name, model.parameters())
-    losses = []
-    for step in range(STEPS):
-        x, y = make_batch(CFG, BATCH, step)
-        opt.zero_grad()
-        loss = model(_dp_rows(x, mesh), _dp_rows(y, mesh))
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
+    rows_of = (mesh["dp"].get_local_rank(), mesh["dp"].size())  # a TP group shares its rows of the batch
+    return train(model, make_optimizer(opt_name, model.parameters()), CFG, STEPS, BATCH, rows_of=rows_of)
 
 
 def _tp_fsdp(opt_name):
@@ -159,11 +146,11 @@ def _bytes():
     mesh = ParallelDims(dp=2, tp=2, world_size=4).build_mesh("cpu")
     model = parallelize_gpt(GPT(CFG), mesh)
     opt = make_optimizer("sgd", model.parameters())
-    x, y = make_batch(CFG, BATCH)
+    x, y = (local_rows(t, mesh["dp"].get_local_rank(), mesh["dp"].size()) for t in make_batch(CFG, BATCH))
     for _ in range(2):  # the second step is the steady one (the first records the prefetch order)
         with CommLog() as log:
             opt.zero_grad()
-            model(_dp_rows(x, mesh), _dp_rows(y, mesh)).backward()
+            model(x, y).backward()
             opt.step()
     return [(r.op, r.label, r.nbytes, r.group_size, r.sent) for r in log.records]
 
