@@ -70,14 +70,15 @@ def parallelize_gpt_with_pytorch(model: GPT, mesh) -> nn.Module:
     from torch.distributed.tensor.parallel import RowwiseParallel as TorchRowwise
     from torch.distributed.tensor.parallel import parallelize_module as torch_parallelize_module
 
-    gpt_tp_plan(model.cfg, mesh["tp"].size())  # the same checks as ours, before any collective
+    ours = gpt_tp_plan(model.cfg, mesh["tp"].size())  # the same plan and checks, before any collective
     rows = qkv_rows_for_pytorch(model.cfg.n_embd, mesh["tp"].size())
     with torch.no_grad():
         for block in model.blocks:
             block.attn.qkv.weight.copy_(block.attn.qkv.weight[rows])
             block.attn.qkv.bias.copy_(block.attn.qkv.bias[rows])
-    plan = {"blocks.*.attn.qkv": TorchColwise(), "blocks.*.attn.proj": TorchRowwise(),
-            "blocks.*.mlp.fc": TorchColwise(), "blocks.*.mlp.proj": TorchRowwise()}
+    # the same plan in PyTorch's styles (stacked=3 needs none: the rows were reordered above)
+    plan = {path: TorchColwise() if isinstance(style, ColwiseParallel) else TorchRowwise()
+            for path, style in ours.items()}
     torch_parallelize_module(model, mesh["tp"], plan)
     for block in model.blocks:
         torch_fully_shard(block, mesh=mesh["dp"])

@@ -20,6 +20,7 @@ from fsdp_mini.comm_log import CommLog
 from fsdp_mini.course.exercise import CodeExercise, NotYet, Verdict
 from fsdp_mini.course.language import num, tr
 from fsdp_mini.course.models import GPT, GPTConfig, make_batch
+from fsdp_mini.course.train import local_rows
 from fsdp_mini.course.tensor_parallel_plan import parallelize_gpt
 from fsdp_mini.flight_recorder import RECORDER
 from fsdp_mini.fully_shard import full_state_dict
@@ -209,9 +210,14 @@ def _as_grid(out, world: int, gpus_per_node: int, tp: int) -> tuple[list[list[in
     return [list(row) for row in out], ""
 
 
+def _nodes(ranks, gpus_per_node: int) -> list[int]:
+    """The nodes `ranks` run on (ranks numbered node by node)."""
+    return sorted({r // gpus_per_node for r in ranks})
+
+
 def _node_problem(grid, world: int, gpus_per_node: int, tp: int) -> str:
     for row in grid:
-        nodes = sorted({r // gpus_per_node for r in row})
+        nodes = _nodes(row, gpus_per_node)
         if len(nodes) > 1:
             return tr(f"world {world}, {gpus_per_node} GPUs per node, tp {tp}: your TP group {row} spans nodes "
                       f"{nodes}: its two AllReduces per block, forward and backward, would cross the network",
@@ -228,8 +234,7 @@ def _layout_step(grid):
     mesh = DeviceMesh("cpu", torch.tensor(grid), mesh_dim_names=("dp", "tp"))
     model = parallelize_gpt(GPT(TRIAL_CFG), mesh)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    dp, r = mesh["dp"].size(), mesh["dp"].get_local_rank()
-    x, y = (t[r * _BATCH // dp:(r + 1) * _BATCH // dp] for t in make_batch(TRIAL_CFG, _BATCH))
+    x, y = (local_rows(t, mesh["dp"].get_local_rank(), mesh["dp"].size()) for t in make_batch(TRIAL_CFG, _BATCH))
     with CommLog() as log:
         loss = model(x, y)
         loss.backward()
@@ -266,7 +271,7 @@ def _judge_layout(fn) -> Verdict:
                                             f"ранг {rank}: CommLog увидел {len(tp_ops)} TP-операций, а не "
                                             f"{4 * blocks} AllReduce по {tp} рангам"))
         for group in tp_groups:
-            nodes = sorted({r // gpus_per_node for r in group})
+            nodes = _nodes(group, gpus_per_node)
             if len(nodes) > 1:
                 return Verdict.wrong(where + tr(
                     f"rank {rank}'s TP AllReduces ran in the group {list(group)}, which spans nodes {nodes}: "
