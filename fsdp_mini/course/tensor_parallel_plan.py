@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 
 from fsdp_mini.course.models import GPT, GPTConfig
+from fsdp_mini.course.pytorch_equivalent import pytorch_full_state_dict
 from fsdp_mini.fully_shard import fully_shard
 from fsdp_mini.tensor_parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
@@ -91,14 +92,11 @@ def pytorch_gpt_full_state_dict(model: GPT, mesh) -> dict[str, torch.Tensor]:
     course's [q; k; v] order.
     Collective over the whole mesh. PyTorch warns, on every rank, that gathering a weight sharded twice on
     dim 0 takes two AllGathers: known and harmless here, so that logger is quieted while it runs."""
-    from torch.distributed.tensor import DTensor
-
     logger = logging.getLogger("torch.distributed.tensor._redistribute")
     level = logger.level
     logger.setLevel(logging.ERROR)
     try:
-        full = {n: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu().clone()
-                for n, v in model.state_dict().items()}
+        full = pytorch_full_state_dict(model)
     finally:
         logger.setLevel(level)
     back = torch.argsort(qkv_rows_for_pytorch(model.cfg.n_embd, mesh["tp"].size()))
