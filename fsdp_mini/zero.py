@@ -74,6 +74,14 @@ class FlatShard:
     def dtype(self) -> torch.dtype:
         return self.shard.dtype
 
+    @torch.no_grad()
+    def copy_from_params(self, rank: int) -> None:
+        """Refresh the shard from the parameters' values (its pieces of them): the model, not the shard, is
+        where the weights live, so a `model.load_state_dict` between steps is what the next step updates."""
+        for piece in self.layout.pieces(rank):
+            p = self.params[self.layout.params.index(piece.param)]
+            self.shard[piece.shard_offset:piece.shard_offset + piece.numel].copy_(p.reshape(-1)[piece.start:piece.end])
+
 
 def _unique_tensors(params, where: str) -> list[torch.Tensor]:
     """`params` as a list, each tensor once (tied weights, or a list given twice), in order."""
@@ -199,6 +207,8 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         if self._grads is GradientState.IN_PARAMS:  # not averaged into the shards by clip_grad_norm_ yet
             self._shard_gradients()  # the ReduceScatter: this rank's 1/n of the averaged gradient
         _copy_hyperparameters(self.param_groups, self.optim.param_groups)  # e.g. an LR scheduler's lr
+        for fs in self.flat_shards:
+            fs.copy_from_params(self.rank)  # the weights as they are now (loaded since the last step?)
         self.optim.step()  # updates this rank's shards only
         for fs in self.flat_shards:
             flat = torch.empty(fs.layout.padded_numel, dtype=fs.dtype, device=fs.shard.device)
