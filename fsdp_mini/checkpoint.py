@@ -75,6 +75,7 @@ from fsdp_mini.fully_shard import FSDPModule
 from fsdp_mini.runtime import local_world_size, require_distributed
 from fsdp_mini.torch_internals import (Shard, ShardedTensor, ShardedTensorMetadata, ShardMetadata,
                                        TensorProperties)
+from fsdp_mini.zero_checkpoint import is_replicated, replicated_state_dict
 
 __all__ = ["save_checkpoint", "load_checkpoint", "sharded_state_dict", "CheckpointError", "CorruptCheckpointError",
            "IncompleteCheckpointError"]
@@ -268,6 +269,8 @@ def _state_dict(model, optimizer, saving: bool):
     values that are not views, scalars and objects, into place)."""
     if isinstance(model, FSDPModule):
         return _per_param_state_dict(model, optimizer, saving)
+    if is_replicated(model):  # plain or DDP, with a ZeroRedundancyOptimizer: fsdp_mini.zero_checkpoint
+        return replicated_state_dict(model, optimizer, saving, OPTIM_PREFIX, PARAM_GROUPS_KEY)
     _check_model(model)
     plans = _layout_plans(model)
     sd: dict[str, Any] = {}
@@ -487,7 +490,7 @@ def load_checkpoint(path: str | os.PathLike, model, optimizer=None, *, verify: b
         sd[extra_key] = None  # an object: DCP puts the unpickled dict here
     for step in prepare:
         step()
-    if not isinstance(model, FSDPModule):
+    if not isinstance(model, FSDPModule) and not is_replicated(model):
         model.reshard()  # the gathered copies would be stale: drop them (as load_full_state_dict does)
     with torch.no_grad(), _quiet(), _as_runtime_error("loading", path):
         dcp.load(sd, storage_reader=dcp.FileSystemReader(os.fspath(path)),
