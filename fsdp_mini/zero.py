@@ -180,7 +180,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             with torch.no_grad():
                 shard = flatten([p.detach() for p in ps], layout)[lo:hi].clone()
             self.flat_shards.append(FlatShard(index, ps, layout, nn.Parameter(shard)))
-            for p in ps:
+            for p in ps:  # it only notes p.grad's version, for step(): no communication in backward
                 p.register_post_accumulate_grad_hook(self._on_gradient_accumulated)
 
     def _shards_of(self, index: int) -> list[nn.Parameter]:
@@ -199,17 +199,21 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        """Average gradients into this rank's shard, step the shard, gather the updated parameters."""
+        """Average gradients into this rank's shards, step the shards, gather the updated parameters."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        if self._grads is GradientState.IN_PARAMS:  # not averaged into the shards by clip_grad_norm_ yet
-            self._shard_gradients()  # the ReduceScatter: this rank's 1/n of the averaged gradient
-        _copy_hyperparameters(self.param_groups, self.optim.param_groups)  # e.g. an LR scheduler's lr
+        # 1. ReduceScatter: this rank's 1/n of the averaged gradient (unless clip_grad_norm_ did it already)
+        if self._grads is GradientState.IN_PARAMS:
+            self._shard_gradients()
+        # 2. the optimizer step, on this rank's shards only: from the weights as they are now (a
+        #    model.load_state_dict since the last step counts), with the options an LR scheduler set
         for fs in self.flat_shards:
-            fs.copy_from_params(self.rank)  # the weights as they are now (loaded since the last step?)
-        self.optim.step()  # updates this rank's shards only
+            fs.copy_from_params(self.rank)
+        _copy_hyperparameters(self.param_groups, self.optim.param_groups)
+        self.optim.step()
+        # 3. AllGather: every rank's updated slice, copied into the parameters
         for fs in self.flat_shards:
             flat = torch.empty(fs.layout.padded_numel, dtype=fs.dtype, device=fs.shard.device)
             all_gather_into_tensor(flat, fs.shard.detach(), self.group, impl=self.impl)
