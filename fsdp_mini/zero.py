@@ -108,6 +108,21 @@ def _param_groups(params) -> list[dict]:
     return [{"params": _unique_tensors(params, "params")}]
 
 
+def _pytorch_options(group, defaults: dict):
+    """PyTorch's ZeroRedundancyOptimizer's own keywords, taken out of `defaults` (which go to the inner
+    optimizer): `process_group` is `group` under PyTorch's name; its two layouts of the step are refused."""
+    if "process_group" in defaults:
+        if group is not None:
+            raise ValueError("pass the process group once: group= or PyTorch's name for it, process_group=")
+        group = defaults.pop("process_group")
+    for option, why in [("overlap_with_ddp", "the step runs in step(), after backward"),
+                        ("parameters_as_bucket_view", "the shards are flat buffers already, and the parameters "
+                                                      "stay the model's own tensors")]:
+        if defaults.pop(option, False):
+            raise ValueError(f"{option}=True is PyTorch's ZeroRedundancyOptimizer's option, not supported here: {why}")
+    return group
+
+
 def _hyperparameters(group: dict) -> dict:
     return {k: v for k, v in group.items() if k != "params"}
 
@@ -136,6 +151,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                  impl: str = "builtin", **defaults):
         if impl not in IMPLS:
             raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+        group = _pytorch_options(group, defaults)
         if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, torch.optim.Optimizer)):
             raise ValueError(f"optimizer_class must be a torch.optim.Optimizer subclass, got {optimizer_class!r}")
         groups = _param_groups(params)

@@ -310,3 +310,61 @@ def test_checkpoint_resumed_at_another_world_size_equals_one_process(tmp_path, o
     assert_close(torch.cat(losses), torch.tensor(ref_losses), **TOL)
     for _, state in after:
         assert_close(state, ref_states[5][0], **TOL)
+
+
+# --- the rest of the drop-in surface: norm types, PyTorch's keywords, bad input ----------------------------
+
+def _clip_one_step(norm_type):
+    torch.manual_seed(0)
+    model = TinyLM(CFG)
+    opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.SGD, lr=0.1, momentum=0.9)
+    x, y = batch(CFG, BATCH)
+    model(x[_rows()], y[_rows()]).backward()
+    norm = opt.clip_grad_norm_(0.05, norm_type)
+    opt.step()
+    return norm.item(), model.state_dict()
+
+
+@pytest.mark.parametrize("norm_type", [1.0, float("inf")])
+def test_clip_grad_norm_of_any_norm_type_equals_one_process(norm_type):
+    torch.manual_seed(0)
+    model = TinyLM(CFG)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(*batch(CFG, BATCH)).backward()
+    ref_norm = clip_grad_norm_(model.parameters(), 0.05, norm_type).item()
+    opt.step()
+    assert ref_norm > 0.05
+    for norm, state in launch(_clip_one_step, 3, args=(norm_type,), timeout=60):
+        assert norm == pytest.approx(ref_norm, rel=1e-5)
+        assert_close(state, model.state_dict(), **TOL)
+
+
+def _pytorch_keywords_and_bad_state():
+    model = TinyLM(CFG)
+    opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD, process_group=dist.group.WORLD,
+                                  parameters_as_bucket_view=False, lr=0.1)
+    errors = []
+    for call in (lambda: opt.load_state_dict({"state": {}, "param_groups": [{"params": [0, 1], "lr": 0.1}]}),
+                 lambda: opt.consolidate_state_dict(to=1),
+                 lambda: save_checkpoint("unused", model, torch.optim.SGD(model.parameters(), lr=0.1))):
+        try:
+            call()
+            errors.append(None)
+        except ValueError as exc:
+            errors.append(str(exc))
+    return opt.group is dist.group.WORLD, "process_group" in opt.defaults, errors
+
+
+def test_pytorchs_keywords_and_bad_state_dicts_are_clear():
+    n = sum(1 for _ in TinyLM(CFG).parameters())
+    assert launch(_pytorch_keywords_and_bad_state, 1, timeout=60) == [(True, False, [
+        f"the state dict's parameter groups hold [2] parameters, this optimizer's [{n}]",
+        "to=1 is not a rank of a group of 1",
+        "a checkpoint of a plain or DistributedDataParallel model takes its ZeroRedundancyOptimizer (or no "
+        "optimizer), got SGD"])]
+
+
+@pytest.mark.parametrize("option", ["overlap_with_ddp", "parameters_as_bucket_view"])
+def test_pytorchs_other_layouts_are_refused_before_any_communication(option):
+    with pytest.raises(ValueError, match=f"{option}=True is PyTorch's ZeroRedundancyOptimizer's option"):
+        ZeroRedundancyOptimizer([nn.Parameter(torch.ones(3))], torch.optim.SGD, lr=0.1, **{option: True})
