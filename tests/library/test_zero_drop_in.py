@@ -181,6 +181,41 @@ def test_gradients_ddp_averaged_are_not_averaged_again():
         assert records == [("all_gather", 3 * 2 * 8), ("all_gather", padded_numel * 4)]
 
 
+def _ddp_accumulated_two_microbatches(opt_name):
+    """DDP with gradient accumulation: the first microbatch under no_sync() (each rank's own gradient), the
+    second synchronised (the average of both); then torch's clip and ZeRO's step."""
+    cls, kwargs, _ = OPTIMIZERS[opt_name]
+    torch.manual_seed(0)
+    module = TinyLM(CFG)
+    model = DistributedDataParallel(module)
+    opt = ZeroRedundancyOptimizer(_param_groups(module, opt_name), cls, **kwargs)
+    sched = StepLR(opt, step_size=2, gamma=0.5)
+    losses = []
+    for s in range(4):
+        x, y = (t[_rows()] for t in batch(CFG, BATCH, step=s))
+        half = x.shape[0] // 2
+        with model.no_sync():
+            first = model(x[:half], y[:half]) / 2
+            first.backward()
+        second = model(x[half:], y[half:]) / 2
+        second.backward()
+        clip_grad_norm_(module.parameters(), MAX_NORM)
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+        losses.append(first.item() + second.item())
+    return losses, [], module.state_dict()
+
+
+@pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
+def test_ddp_gradient_accumulation_with_clipping_equals_one_process(opt_name):
+    ref_losses, _, ref_states = _one_process(opt_name)
+    results = launch(_ddp_accumulated_two_microbatches, 2, args=(opt_name,), timeout=90)
+    assert_close(torch.tensor([r[0] for r in results]).mean(0), torch.tensor(ref_losses[:4]), **TOL)
+    for _, _, state in results:
+        assert_close(state, ref_states[3][0], **TOL)
+
+
 @pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
 def test_equals_pytorchs_zero_redundancy_optimizer(opt_name):
     """PyTorch's ZeroRedundancyOptimizer under PyTorch's DDP, with two parameter groups, StepLR and
