@@ -246,10 +246,10 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                       for fs in self.flat_shards]
         averaged = self._averaged_already(flat_grads)
         for fs, flat_grad in zip(self.flat_shards, flat_grads):
-            if averaged:
+            if averaged:  # DDP's AllReduce averaged them in backward: this rank's slice, no second average
                 lo, hi = fs.layout.shard_range(self.rank)
                 fs.shard.grad = flat_grad[lo:hi].clone()
-            else:
+            else:  # each rank's own gradient: the ReduceScatter keeps this rank's 1/n of the average
                 fs.shard.grad = torch.empty_like(fs.shard)
                 reduce_scatter_tensor(fs.shard.grad, flat_grad, AVG, self.group, impl=self.impl)
         self._grads = GradientState.IN_SHARDS
