@@ -1,0 +1,244 @@
+"""`replicate` (fsdp_mini.replicate, PyTorch's composable DDP) on its own and beside `fully_shard`: parity with
+one process and with PyTorch's `torch.distributed._composable.replicate` + `fully_shard` on gloo, plain
+parameters, bytes per step derived from the shapes, nothing reduced twice, gradient accumulation, rank 0's
+values at the first forward, and clear errors before any collective.
+
+The composition is CS336's FSDP handout's (assignment 2): the blocks sharded, the rest (embeddings, the
+final norm, the tied head) replicated as plain tensors with all-reduced gradients.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.tensor import DTensor
+
+from fsdp_mini import FSDP, CommLog, DistributedDataParallel, full_state_dict, launch
+from fsdp_mini.fully_shard import FSDPModule, fully_shard
+from fsdp_mini.replicate import ReplicateModule, replicate, replicated_parameters
+from expect import error_text
+from small_model import TinyConfig, TinyLM, batch, rank_rows, train
+
+CFG = TinyConfig()
+STEPS, BATCH = 3, 12  # 12 rows split evenly over 2 and 3 ranks
+TOL = dict(rtol=1e-5, atol=1e-6)
+ROOT_NAMES = ["pos", "embed.weight", "norm.weight"]  # TinyLM's parameters outside its blocks (head = embed)
+
+
+def make_optimizer(name, params):
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+    return torch.optim.AdamW(params, lr=1e-2, eps=1e-3, weight_decay=0.1)  # eps: see tests/library/test_ddp.py
+
+
+def full_weights(model) -> dict[str, torch.Tensor]:
+    """PyTorch's model: each DTensor gathered whole, plain tensors as they are."""
+    return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone() for k, v in model.state_dict().items()}
+
+
+def composed(model, order="blocks first", **kwargs):
+    """fully_shard each block and replicate the root (either order: replicate collects at the first forward)."""
+    if order == "replicate first":
+        replicate(model, **kwargs)
+    for block in model.blocks:
+        fully_shard(block)
+    if order == "blocks first":
+        replicate(model, **kwargs)
+    return model
+
+
+def pytorch_composed(model):
+    from torch.distributed._composable import replicate as torch_replicate
+    from torch.distributed.fsdp import fully_shard as torch_fully_shard
+
+    for block in model.blocks:
+        torch_fully_shard(block)
+    return torch_replicate(model)
+
+
+# --- parity: one process, PyTorch ---------------------------------------------------------------------
+
+def _parity():
+    out = {}
+    for opt_name in ("sgd", "adamw"):
+        for order in ("blocks first", "replicate first"):
+            model = composed(TinyLM(CFG), order)
+            losses = train(model, make_optimizer(opt_name, model.parameters()), CFG, STEPS, BATCH)
+            out[opt_name, order] = (losses, full_state_dict(model))
+        model = pytorch_composed(TinyLM(CFG))
+        out[opt_name, "pytorch"] = (train(model, make_optimizer(opt_name, model.parameters()), CFG, STEPS, BATCH),
+                                    full_weights(model))
+    model = replicate(TinyLM(CFG), impl="ring")  # replicate alone: DDP applied in place
+    out["sgd", "alone, ring"] = (train(model, make_optimizer("sgd", model.parameters()), CFG, STEPS, BATCH),
+                                 full_weights(model))
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_composed_with_fully_shard_matches_one_process_and_pytorch(world, no_orphans):
+    results = launch(_parity, world, timeout=150)
+    for opt_name in ("sgd", "adamw"):
+        ref = TinyLM(CFG)
+        ref_losses = train(ref, make_optimizer(opt_name, ref.parameters()), CFG, STEPS, BATCH)
+        cases = ["blocks first", "replicate first", "pytorch"] + (["alone, ring"] if opt_name == "sgd" else [])
+        for case in cases:
+            mean = torch.tensor([r[opt_name, case][0] for r in results]).mean(0)
+            torch.testing.assert_close(mean, torch.tensor(ref_losses), **TOL, msg=lambda m: f"{opt_name} {case}: {m}")
+            for rank, r in enumerate(results):
+                sd = r[opt_name, case][1]
+                assert list(sd) == list(ref.state_dict())
+                for k, v in ref.state_dict().items():
+                    torch.testing.assert_close(sd[k], v, **TOL, msg=lambda m: f"{opt_name} {case} rank {rank} {k}: {m}")
+        for r in results:  # ours against PyTorch's on the same rank: the same local losses and weights
+            ours, theirs = r[opt_name, "blocks first"], r[opt_name, "pytorch"]
+            torch.testing.assert_close(torch.tensor(ours[0]), torch.tensor(theirs[0]), **TOL)
+            for k, v in theirs[1].items():
+                torch.testing.assert_close(ours[1][k], v, **TOL)
+
+
+# --- what a user sees: plain parameters, names, the class ---------------------------------------------
+
+def _what_it_holds():
+    model = composed(TinyLM(CFG))
+    before_forward = replicated_parameters(model)
+    train(model, make_optimizer("sgd", model.parameters()), CFG, 1, BATCH)
+    kinds = {name: (type(p).__name__, isinstance(p, DTensor)) for name, p in model.named_parameters()}
+    return (before_forward, replicated_parameters(model), kinds, type(model).__name__,
+            isinstance(model, ReplicateModule), isinstance(model, TinyLM), list(model.state_dict()))
+
+
+def test_replicated_parameters_stay_plain_tensors_and_blocks_become_dtensors(no_orphans):
+    before, after, kinds, cls, is_replicate, is_tinylm, keys = launch(_what_it_holds, 2, timeout=90)[0]
+    assert before == []  # collected at the first forward, as PyTorch's replicate does
+    assert after == ROOT_NAMES  # the tied head counts once, under its first name
+    for name, (kind, is_dtensor) in kinds.items():
+        in_block = name.startswith("blocks.")
+        assert is_dtensor == in_block, name
+        if not in_block:
+            assert kind == "Parameter", name
+    assert (cls, is_replicate, is_tinylm) == ("ReplicateTinyLM", True, True)
+    assert keys == list(TinyLM(CFG).state_dict())  # the model's own keys: nothing is wrapped
+
+
+# --- bytes per step: derived from the shapes ----------------------------------------------------------
+
+def _bytes(bucket_cap_mb, alias, ignore_norm):
+    model = TinyLM(CFG)
+    if alias:  # the root reaches a block's submodule under a second name
+        model.shortcut = model.blocks[0].up
+    for block in model.blocks:
+        fully_shard(block)
+    replicate(model, ignored_modules=[model.norm] if ignore_norm else None, bucket_cap_mb=bucket_cap_mb)
+    opt = make_optimizer("sgd", model.parameters())
+    train(model, opt, CFG, 1, BATCH)
+    with CommLog() as log:
+        train(model, opt, CFG, 1, BATCH)
+    return Counter((r.op, r.nbytes) for r in log.records)
+
+
+def expected_bytes(world, root_params, per_bucket):
+    """Each block (its own fully_shard root, so it keeps its parameters from forward into backward, as
+    FSDP2 does): one AllGather and one ReduceScatter of its parameters' chunks padded to ceil(rows / n) rows,
+    n of them; the replicated parameters: one AllReduce of all of them (`per_bucket`: one per parameter)."""
+    out = Counter()
+    for block in TinyLM(CFG).blocks:
+        nbytes = 4 * world * sum(math.ceil(p.shape[0] / world) * math.prod(p.shape[1:]) for p in block.parameters())
+        out["all_gather", nbytes] += 1
+        out["reduce_scatter", nbytes] += 1
+    if per_bucket:
+        out.update(("all_reduce", 4 * p.numel()) for p in root_params)
+    else:
+        out["all_reduce", 4 * sum(p.numel() for p in root_params)] += 1
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("bucket_cap_mb, alias, ignore_norm", [(25, False, False), (1e-9, True, False),
+                                                                (25, True, True)])
+def test_bytes_per_step_follow_from_the_shapes_and_nothing_is_reduced_twice(world, bucket_cap_mb, alias, ignore_norm,
+                                                                             no_orphans):
+    got = launch(_bytes, world, args=(bucket_cap_mb, alias, ignore_norm), timeout=120)
+    params = dict(TinyLM(CFG).named_parameters())
+    root = [params[n] for n in ROOT_NAMES if not (ignore_norm and n == "norm.weight")]
+    for counts in got:
+        assert counts == expected_bytes(world, root, per_bucket=bucket_cap_mb < 1)
+
+
+# --- gradient accumulation ----------------------------------------------------------------------------
+
+MICRO = 2  # micro-batches per optimizer step
+
+
+def _accumulation_step(model, opt, step, pause):
+    """One optimizer step over MICRO micro-batches, syncing only on the last; returns the losses and, per
+    micro-batch, the collectives its backward issued (ours only)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    losses, ops = [], []
+    for micro in range(MICRO):
+        pause(micro < MICRO - 1)
+        x, y = (rank_rows(t, rank, world) for t in batch(CFG, BATCH, step * MICRO + micro))
+        loss = model(x, y)
+        with CommLog() as log:
+            loss.backward()
+        losses.append(loss.item())
+        ops.append(sorted({r.op for r in log.records}))
+    opt.step()
+    opt.zero_grad()
+    return losses, ops
+
+
+def _accumulate(which):
+    model = composed(TinyLM(CFG)) if which == "ours" else pytorch_composed(TinyLM(CFG))
+
+    def pause(paused):
+        model.set_requires_gradient_sync(not paused)  # the replicated parameters only, as in PyTorch
+        for block in model.blocks:
+            block.set_requires_gradient_sync(not paused)
+
+    opt = make_optimizer("sgd", model.parameters())
+    steps = [_accumulation_step(model, opt, step, pause) for step in range(STEPS)]
+    weights = full_state_dict(model) if which == "ours" else full_weights(model)
+    return steps, weights
+
+
+def _only_replicate_paused():
+    """Pause replicate alone: the blocks still reduce-scatter, the replicated parameters do not all-reduce."""
+    model = composed(TinyLM(CFG))
+    opt = make_optimizer("sgd", model.parameters())
+    with_no_sync = []
+    for step in range(STEPS):
+        def pause(paused):
+            model.set_requires_gradient_sync(not paused)
+        with_no_sync.append(_accumulation_step(model, opt, step, pause))
+    return with_no_sync, full_state_dict(model)
+
+
+def test_gradient_accumulation_without_sync_matches_one_process_and_pytorch(no_orphans):
+    ref = TinyLM(CFG)
+    opt = make_optimizer("sgd", ref.parameters())
+    for step in range(STEPS):
+        for micro in range(MICRO):
+            ref(*batch(CFG, BATCH, step * MICRO + micro)).backward()
+        opt.step()
+        opt.zero_grad()
+    ours = launch(_accumulate, 2, args=("ours",), timeout=120)
+    theirs = launch(_accumulate, 2, args=("pytorch",), timeout=120)
+    alone = launch(_only_replicate_paused, 2, timeout=120)
+    for rank in range(2):
+        steps, weights = ours[rank]
+        for _, ops in steps:
+            # paused: nothing at all; then the blocks' ReduceScatters and the replicated parameters' AllReduce
+            # (each block is a fully_shard root, so it kept its parameters: no AllGather in backward)
+            assert ops == [[], ["all_reduce", "reduce_scatter"]]
+        torch.testing.assert_close(torch.tensor([s[0] for s in steps]), torch.tensor([s[0] for s in theirs[rank][0]]),
+                                   **TOL)
+        for k, v in ref.state_dict().items():
+            torch.testing.assert_close(weights[k], v, **TOL, msg=lambda m: f"ours rank {rank} {k}: {m}")
+            torch.testing.assert_close(theirs[rank][1][k], v, **TOL, msg=lambda m: f"pytorch rank {rank} {k}: {m}")
+            torch.testing.assert_close(alone[rank][1][k], v, **TOL, msg=lambda m: f"replicate paused {k}: {m}")
+        for _, ops in alone[rank][0]:
+            assert ops[0] == ["reduce_scatter"]
