@@ -55,6 +55,7 @@ class ReplicateState:
     forward on) the DDP over the replicated parameters; `ddp is None` means not initialised yet."""
 
     module: nn.Module
+    kind: str  # the module's class name before replicate, for messages
     ignored_modules: tuple[nn.Module, ...]
     bucket_cap_mb: float
     impl: str
@@ -72,7 +73,7 @@ class ReplicateState:
         rank replicates the same ones (a tiny AllGather, before any real collective), then let fsdp_mini's
         DDP broadcast rank 0's values and hook them."""
         named = _replicated(self.module, self.ignored_modules)
-        what = type(self.module).__name__
+        what = self.kind
         if not named:
             raise ValueError(f"replicate: {what} has no trainable parameters left outside fully_shard units and "
                              f"ignored_modules at its first forward: there is nothing to all-reduce "
@@ -164,7 +165,7 @@ def replicate(module: nn.Module, ignored_modules=None, *, device_id: int | torch
     if not _replicated(module, ignored):
         raise ValueError(f"replicate was given a {what} with no trainable parameters outside fully_shard units and "
                          f"ignored_modules: there is nothing to all-reduce")
-    state = ReplicateState(module, ignored, bucket_cap_mb, impl, process_group)
+    state = ReplicateState(module, what, ignored, bucket_cap_mb, impl, process_group)
     _STATES[module] = state
 
     def pre_forward(_module, _args) -> None:

@@ -242,3 +242,109 @@ def test_gradient_accumulation_without_sync_matches_one_process_and_pytorch(no_o
             torch.testing.assert_close(alone[rank][1][k], v, **TOL, msg=lambda m: f"replicate paused {k}: {m}")
         for _, ops in alone[rank][0]:
             assert ops[0] == ["reduce_scatter"]
+
+
+# --- rank 0's values, and clear errors ----------------------------------------------------------------
+
+def _values_from_rank0():
+    from torch.distributed._composable import replicate as torch_replicate
+
+    out = {}
+    for name, apply in (("ours", replicate), ("pytorch", torch_replicate)):
+        torch.manual_seed(dist.get_rank())  # the mistake: every rank draws different weights
+        model = nn.Linear(3, 3)
+        initial = model.weight.detach().clone()
+        apply(model)
+        model(torch.ones(1, 3))  # both broadcast rank 0's values at the first forward
+        out[name] = (initial, model.weight.detach().clone())
+    return out
+
+
+def test_every_rank_starts_from_rank0s_values_as_in_pytorch(no_orphans):
+    results = launch(_values_from_rank0, 2, timeout=90)
+    rank0_initial = results[0]["ours"][0]
+    assert not torch.equal(results[1]["ours"][0], rank0_initial)  # they did differ
+    for r in results:
+        for name in ("ours", "pytorch"):
+            assert torch.equal(r[name][1], rank0_initial), name
+
+
+def _call_errors():
+    """Every collective object is built on both ranks; the mistakes run on rank 1 only: had replicate entered a
+    collective, rank 1 would wait for rank 0 forever and the launch would time out."""
+    flat = FSDP(nn.Sequential(nn.Linear(4, 4)))
+    ddp = DistributedDataParallel(nn.Linear(4, 4))
+    sharded = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    fully_shard(sharded[0])
+    all_sharded = nn.Sequential(nn.Linear(4, 4))
+    fully_shard(all_sharded[0])
+    if dist.get_rank() == 0:
+        return None
+    out = {}
+    out["flat FSDP"] = error_text(lambda: replicate(flat))
+    out["DDP inside"] = error_text(lambda: replicate(nn.Sequential(ddp)))
+    out["fully_shard"] = error_text(lambda: replicate(sharded[0]))
+    twice = replicate(nn.Linear(4, 4))
+    out["twice"] = error_text(lambda: replicate(twice))
+    inner = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    replicate(inner[1])
+    out["nested"] = error_text(lambda: replicate(inner))
+    out["no parameters"] = error_text(lambda: replicate(nn.ReLU()))
+    out["frozen"] = error_text(lambda: replicate(nn.Linear(4, 4).requires_grad_(False)))
+    out["all sharded"] = error_text(lambda: replicate(all_sharded))
+    out["fully_shard after"] = error_text(lambda: fully_shard(replicate(nn.Linear(4, 4))))
+    out["bucket"] = error_text(lambda: replicate(nn.Linear(4, 4), bucket_cap_mb=0))
+    out["impl"] = error_text(lambda: replicate(nn.Linear(4, 4), impl="rings"))
+    out["device_id type"] = error_text(lambda: replicate(nn.Linear(4, 4), device_id="cpu"))
+    out["device_id"] = error_text(lambda: replicate(nn.Linear(4, 4), device_id=torch.device("meta")))
+    out["ignored"] = error_text(lambda: replicate(nn.Linear(4, 4), ignored_modules=[nn.Linear(2, 2)]))
+    return out
+
+
+def test_bad_calls_fail_at_the_call_before_any_collective(no_orphans):
+    out = launch(_call_errors, 2, timeout=90)[1]
+    expected = {
+        "flat FSDP": "wrapped by FSDP (fsdp_mini's flat FSDP or DDP)",
+        "DDP inside": "wrapped by DistributedDataParallel",
+        "fully_shard": "replicate was given a FSDPLinear managed by fully_shard",
+        "twice": "replicate was already applied to this module",
+        "nested": "replicate was already applied to 1 (ReplicateLinear): its parameters would be all-reduced twice",
+        "no parameters": "replicate was given a ReLU with no trainable parameters",
+        "frozen": "replicate was given a Linear with no trainable parameters",
+        "all sharded": "replicate was given a Sequential with no trainable parameters outside fully_shard units",
+        "fully_shard after": "fully_shard was given a module wrapped by ReplicateLinear (fsdp_mini's flat FSDP or DDP, or "
+                             "replicate): the two designs do not mix; apply fully_shard to the plain model (beside "
+                             "replicate: fully_shard the blocks, replicate their parent)",
+        "bucket": "bucket_cap_mb must be a positive number of MiB, got 0",
+        "impl": "impl must be one of ('builtin', 'ring'), got 'rings'",
+        "device_id type": "device_id must be an int or a torch.device, got str",
+        "device_id": "device_id meta is not this rank's device cpu (rank 1)",
+        "ignored": "ignored_modules must hold submodules of the Linear given to replicate, got Linear",
+    }
+    assert set(out) == set(expected)
+    for case, text in expected.items():
+        assert text in out[case], f"{case}: {out[case]}"
+
+
+def _first_forward_errors():
+    rank = dist.get_rank()
+    out = {}
+    differs = replicate(nn.Linear(4, 4 + rank))  # every rank builds its own shape: the mistake
+    out["shapes"] = error_text(lambda: differs(torch.ones(1, 4)))
+    torch.manual_seed(0)
+    taken = nn.Sequential(nn.Linear(4, 4))
+    replicate(taken)
+    fully_shard(taken[0])  # after replicate: the unit takes every parameter
+    out["taken"] = error_text(lambda: taken(torch.ones(1, 4)))
+    return out
+
+
+def test_ranks_that_replicate_different_models_are_named_at_the_first_forward(no_orphans):
+    for out in launch(_first_forward_errors, 2, timeout=90):
+        assert out["shapes"].startswith("ranks [1] wrap a different set of parameters to replicate (Linear) than "
+                                        "rank 0 (every rank must build the same model"), out["shapes"]
+        assert "Sequential has no trainable parameters left outside fully_shard units" in out["taken"], out["taken"]
+
+
+def test_replicate_needs_torch_distributed():
+    assert "replicate needs torch.distributed" in error_text(lambda: replicate(nn.Linear(2, 2)), RuntimeError)
