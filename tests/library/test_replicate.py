@@ -51,13 +51,16 @@ def composed(model, order="blocks first", **kwargs):
     return model
 
 
-def pytorch_composed(model):
-    from torch.distributed._composable import replicate as torch_replicate
+def pytorch_composed(model, which="composable"):
+    """PyTorch 2.13 has two: the composable DDP (`torch.distributed._composable.replicate`, what fsdp_mini's
+    mirrors) and the FSDP2-era one (`_composable.replicate_with_fsdp.replicate`: DTensor(Replicate()) params)."""
+    from torch.distributed._composable import replicate as composable_replicate
+    from torch.distributed._composable.replicate_with_fsdp import replicate as fsdp2_era_replicate
     from torch.distributed.fsdp import fully_shard as torch_fully_shard
 
     for block in model.blocks:
         torch_fully_shard(block)
-    return torch_replicate(model)
+    return (composable_replicate if which == "composable" else fsdp2_era_replicate)(model)
 
 
 # --- parity: one process, PyTorch ---------------------------------------------------------------------
@@ -69,9 +72,10 @@ def _parity():
             model = composed(TinyLM(CFG), order)
             losses = train(model, make_optimizer(opt_name, model.parameters()), CFG, STEPS, BATCH)
             out[opt_name, order] = (losses, full_state_dict(model))
-        model = pytorch_composed(TinyLM(CFG))
-        out[opt_name, "pytorch"] = (train(model, make_optimizer(opt_name, model.parameters()), CFG, STEPS, BATCH),
-                                    full_weights(model))
+        for which in ("composable", "fsdp2-era"):
+            model = pytorch_composed(TinyLM(CFG), which)
+            out[opt_name, f"pytorch {which}"] = (
+                train(model, make_optimizer(opt_name, model.parameters()), CFG, STEPS, BATCH), full_weights(model))
     model = replicate(TinyLM(CFG), impl="ring")  # replicate alone: DDP applied in place
     out["sgd", "alone, ring"] = (train(model, make_optimizer("sgd", model.parameters()), CFG, STEPS, BATCH),
                                  full_weights(model))
@@ -84,7 +88,8 @@ def test_composed_with_fully_shard_matches_one_process_and_pytorch(world, no_orp
     for opt_name in ("sgd", "adamw"):
         ref = TinyLM(CFG)
         ref_losses = train(ref, make_optimizer(opt_name, ref.parameters()), CFG, STEPS, BATCH)
-        cases = ["blocks first", "replicate first", "pytorch"] + (["alone, ring"] if opt_name == "sgd" else [])
+        cases = ["blocks first", "replicate first", "pytorch composable", "pytorch fsdp2-era"] + (
+            ["alone, ring"] if opt_name == "sgd" else [])
         for case in cases:
             mean = torch.tensor([r[opt_name, case][0] for r in results]).mean(0)
             torch.testing.assert_close(mean, torch.tensor(ref_losses), **TOL, msg=lambda m: f"{opt_name} {case}: {m}")
@@ -94,10 +99,12 @@ def test_composed_with_fully_shard_matches_one_process_and_pytorch(world, no_orp
                 for k, v in ref.state_dict().items():
                     torch.testing.assert_close(sd[k], v, **TOL, msg=lambda m: f"{opt_name} {case} rank {rank} {k}: {m}")
         for r in results:  # ours against PyTorch's on the same rank: the same local losses and weights
-            ours, theirs = r[opt_name, "blocks first"], r[opt_name, "pytorch"]
-            torch.testing.assert_close(torch.tensor(ours[0]), torch.tensor(theirs[0]), **TOL)
-            for k, v in theirs[1].items():
-                torch.testing.assert_close(ours[1][k], v, **TOL)
+            ours = r[opt_name, "blocks first"]
+            for which in ("composable", "fsdp2-era"):
+                theirs = r[opt_name, f"pytorch {which}"]
+                torch.testing.assert_close(torch.tensor(ours[0]), torch.tensor(theirs[0]), **TOL)
+                for k, v in theirs[1].items():
+                    torch.testing.assert_close(ours[1][k], v, **TOL)
 
 
 # --- what a user sees: plain parameters, names, the class ---------------------------------------------
@@ -107,12 +114,20 @@ def _what_it_holds():
     before_forward = replicated_parameters(model)
     train(model, make_optimizer("sgd", model.parameters()), CFG, 1, BATCH)
     kinds = {name: (type(p).__name__, isinstance(p, DTensor)) for name, p in model.named_parameters()}
+    theirs = {}
+    for which in ("composable", "fsdp2-era"):
+        torch_model = pytorch_composed(TinyLM(CFG), which)
+        train(torch_model, make_optimizer("sgd", torch_model.parameters()), CFG, 1, BATCH)
+        theirs[which] = (type(torch_model.pos).__name__, type(torch_model).__name__)
     return (before_forward, replicated_parameters(model), kinds, type(model).__name__,
-            isinstance(model, ReplicateModule), isinstance(model, TinyLM), list(model.state_dict()))
+            isinstance(model, ReplicateModule), isinstance(model, TinyLM), list(model.state_dict()), theirs)
 
 
 def test_replicated_parameters_stay_plain_tensors_and_blocks_become_dtensors(no_orphans):
-    before, after, kinds, cls, is_replicate, is_tinylm, keys = launch(_what_it_holds, 2, timeout=90)[0]
+    before, after, kinds, cls, is_replicate, is_tinylm, keys, theirs = launch(_what_it_holds, 2, timeout=90)[0]
+    # PyTorch's composable DDP keeps plain parameters too (its class name: DDP<Class>); its FSDP2-era
+    # replicate makes them DTensors (Replicate()) and names the class Replicate<Class>, as fsdp_mini does
+    assert theirs == {"composable": ("Parameter", "DDPTinyLM"), "fsdp2-era": ("DTensor", "ReplicateTinyLM")}
     assert before == []  # collected at the first forward, as PyTorch's replicate does
     assert after == ROOT_NAMES  # the tied head counts once, under its first name
     for name, (kind, is_dtensor) in kinds.items():
@@ -166,6 +181,35 @@ def test_bytes_per_step_follow_from_the_shapes_and_nothing_is_reduced_twice(worl
     root = [params[n] for n in ROOT_NAMES if not (ignore_norm and n == "norm.weight")]
     for counts in got:
         assert counts == expected_bytes(world, root, per_bucket=bucket_cap_mb < 1)
+
+
+def _issue_order():
+    from fsdp_mini.flight_recorder import RECORDER
+
+    model = composed(TinyLM(CFG), bucket_cap_mb=1e-9)  # one bucket per parameter
+    opt = make_optimizer("sgd", model.parameters())
+    train(model, opt, CFG, 1, BATCH)
+    RECORDER.reset()
+    train(model, opt, CFG, 1, BATCH)
+    return [(e.op, math.prod(e.shapes[0])) for e in RECORDER.entries()]
+
+
+def test_a_full_bucket_travels_while_backward_goes_on_through_the_blocks(no_orphans):
+    """Backward reaches the final norm first: its bucket's AllReduce is issued before the blocks' ReduceScatters
+    (overlap). The token table (also the head: its gradient is complete only once the embedding's part is in)
+    and the position table come last; buckets start in index order (reverse registration: embed, then pos)."""
+    world = 2
+    # the flight recorder keeps each collective's input: a block's padded shard for its AllGather, all of
+    # its padded chunks for its ReduceScatter
+    shard = [sum(math.ceil(p.shape[0] / world) * math.prod(p.shape[1:]) for p in b.parameters())
+             for b in TinyLM(CFG).blocks]
+    padded = [world * n for n in shard]
+    expected = ([("all_gather", n) for n in shard]
+                + [("all_reduce", CFG.width)]
+                + [("reduce_scatter", n) for n in reversed(padded)]
+                + [("all_reduce", CFG.vocab * CFG.width), ("all_reduce", CFG.context * CFG.width)])
+    for order in launch(_issue_order, world, timeout=90):
+        assert order == expected
 
 
 # --- gradient accumulation ----------------------------------------------------------------------------
