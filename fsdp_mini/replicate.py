@@ -25,10 +25,11 @@ PyTorch 2.13 has two replicates, and this is the first (torch/distributed/_compo
 skips fully_shard'ed subtrees at :42, drops their parameters reached by other paths at :91-92, builds
 `DistributedDataParallel(self._param_list)` at :116, offers `set_requires_gradient_sync` at :166). The
 second, `_composable/replicate_with_fsdp.py`, is FSDP2's machinery with a replicate-only mesh: its
-parameters become `DTensor`s with a `Replicate()` placement and its gradients are all-reduced per module,
-not in buckets. Both train TinyLM beside `fully_shard` to the same weights as this one
-(tests/library/test_replicate.py); the class name `Replicate<Class>` is the second's, the plain parameters
-and the buckets the first's.
+parameters become `DTensor`s with a `Replicate()` placement and its gradients travel in one AllReduce per
+replicated module once backward is done with it, as FSDP2 reduces a unit, not in DDP's buckets
+(fsdp/_fully_shard/_fsdp_collectives.py:634, "HSDP or DDP/replicate"). Both train TinyLM beside
+`fully_shard` to the same weights as this one (tests/library/test_replicate.py); the class name
+`Replicate<Class>` is the second's, the plain parameters and the buckets the first's.
 
 PyTorch's `replicate(module, ignored_modules=None, **kwargs)` passes its keyword arguments on to DDP; the
 ones fsdp_mini's DDP has are spelt out here (`device_id`, `bucket_cap_mb`, `process_group`, plus `impl`).

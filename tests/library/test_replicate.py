@@ -37,7 +37,8 @@ def make_optimizer(name, params):
 
 def full_weights(model) -> dict[str, torch.Tensor]:
     """PyTorch's model: each DTensor gathered whole, plain tensors as they are."""
-    return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone() for k, v in model.state_dict().items()}
+    return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone()
+            for k, v in model.state_dict().items()}
 
 
 def composed(model, order="blocks first", **kwargs):
@@ -356,9 +357,9 @@ def test_bad_calls_fail_at_the_call_before_any_collective(no_orphans):
         "no parameters": "replicate was given a ReLU with no trainable parameters",
         "frozen": "replicate was given a Linear with no trainable parameters",
         "all sharded": "replicate was given a Sequential with no trainable parameters outside fully_shard units",
-        "fully_shard after": "fully_shard was given a module wrapped by ReplicateLinear (fsdp_mini's flat FSDP or DDP, or "
-                             "replicate): the two designs do not mix; apply fully_shard to the plain model (beside "
-                             "replicate: fully_shard the blocks, replicate their parent)",
+        "fully_shard after": "fully_shard was given a module wrapped by ReplicateLinear (fsdp_mini's flat FSDP or "
+                             "DDP, or replicate): the two designs do not mix; apply fully_shard to the plain model "
+                             "(beside replicate: fully_shard the blocks, replicate their parent)",
         "bucket": "bucket_cap_mb must be a positive number of MiB, got 0",
         "impl": "impl must be one of ('builtin', 'ring'), got 'rings'",
         "device_id type": "device_id must be an int or a torch.device, got str",
