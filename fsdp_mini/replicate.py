@@ -39,7 +39,6 @@ have their own switch (`FSDPModule.set_requires_gradient_sync`), as in PyTorch.
 """
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -56,7 +55,9 @@ from fsdp_mini.runtime import get_device, require_distributed
 
 __all__ = ["replicate", "ReplicateModule", "ReplicateState", "replicated_parameters"]
 
-_STATES: "weakref.WeakKeyDictionary[nn.Module, ReplicateState]" = weakref.WeakKeyDictionary()
+# The state lives in the module's own __dict__ (as PyTorch's composable APIs keep theirs): a global weak-keyed
+# table would hold the module alive through its state, which refers back to it.
+_STATE_KEY = "_fsdp_mini_replicate_state"
 
 
 @dataclass
@@ -130,7 +131,7 @@ class ReplicateModule(GradientSync):
 
 
 def _state(module: nn.Module) -> ReplicateState:
-    state = _STATES.get(module)
+    state = vars(module).get(_STATE_KEY)
     if state is None:
         raise ValueError(f"{type(module).__name__} is not managed by replicate")
     return state
@@ -176,7 +177,7 @@ def replicate(module: nn.Module, ignored_modules=None, *, device_id: int | torch
         raise ValueError(f"replicate was given a {what} with no trainable parameters outside fully_shard units and "
                          f"ignored_modules: there is nothing to all-reduce")
     state = ReplicateState(module, what, ignored, bucket_cap_mb, impl, process_group)
-    _STATES[module] = state
+    vars(module)[_STATE_KEY] = state
 
     def pre_forward(_module, _args) -> None:
         if not state.initialised:

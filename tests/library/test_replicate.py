@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from contextlib import nullcontext
 
 import pytest
 import torch
@@ -218,17 +219,18 @@ def test_a_full_bucket_travels_while_backward_goes_on_through_the_blocks(no_orph
 MICRO = 2  # micro-batches per optimizer step
 
 
-def _accumulation_step(model, opt, step, pause):
-    """One optimizer step over MICRO micro-batches, syncing only on the last; returns the losses and, per
-    micro-batch, the collectives its backward issued (ours only)."""
+def _accumulation_step(model, opt, step, paused_while):
+    """One optimizer step over MICRO micro-batches, syncing only on the last (`paused_while(paused)`: the context
+    a micro-batch's forward and backward run in); returns the losses and, per micro-batch, the collectives its
+    backward issued (ours only)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     losses, ops = [], []
     for micro in range(MICRO):
-        pause(micro < MICRO - 1)
         x, y = (rank_rows(t, rank, world) for t in batch(CFG, BATCH, step * MICRO + micro))
-        loss = model(x, y)
-        with CommLog() as log:
-            loss.backward()
+        with paused_while(micro < MICRO - 1):
+            loss = model(x, y)
+            with CommLog() as log:
+                loss.backward()
         losses.append(loss.item())
         ops.append(sorted({r.op for r in log.records}))
     opt.step()
@@ -239,27 +241,26 @@ def _accumulation_step(model, opt, step, pause):
 def _accumulate(which):
     model = composed(TinyLM(CFG)) if which == "ours" else pytorch_composed(TinyLM(CFG))
 
-    def pause(paused):
+    def paused_while(paused):
         model.set_requires_gradient_sync(not paused)  # the replicated parameters only, as in PyTorch
         for block in model.blocks:
             block.set_requires_gradient_sync(not paused)
+        return nullcontext()
 
     opt = make_optimizer("sgd", model.parameters())
-    steps = [_accumulation_step(model, opt, step, pause) for step in range(STEPS)]
+    steps = [_accumulation_step(model, opt, step, paused_while) for step in range(STEPS)]
     weights = full_state_dict(model) if which == "ours" else full_weights(model)
     return steps, weights
 
 
 def _only_replicate_paused():
-    """Pause replicate alone: the blocks still reduce-scatter, the replicated parameters do not all-reduce."""
+    """Pause replicate alone, with DDP's `no_sync()`: the blocks still reduce-scatter, the replicated parameters
+    do not all-reduce until the last micro-batch."""
     model = composed(TinyLM(CFG))
     opt = make_optimizer("sgd", model.parameters())
-    with_no_sync = []
-    for step in range(STEPS):
-        def pause(paused):
-            model.set_requires_gradient_sync(not paused)
-        with_no_sync.append(_accumulation_step(model, opt, step, pause))
-    return with_no_sync, full_state_dict(model)
+    steps = [_accumulation_step(model, opt, step, lambda paused: model.no_sync() if paused else nullcontext())
+             for step in range(STEPS)]
+    return steps, full_state_dict(model)
 
 
 def test_gradient_accumulation_without_sync_matches_one_process_and_pytorch(no_orphans):
@@ -286,7 +287,7 @@ def test_gradient_accumulation_without_sync_matches_one_process_and_pytorch(no_o
             torch.testing.assert_close(theirs[rank][1][k], v, **TOL, msg=lambda m: f"pytorch rank {rank} {k}: {m}")
             torch.testing.assert_close(alone[rank][1][k], v, **TOL, msg=lambda m: f"replicate paused {k}: {m}")
         for _, ops in alone[rank][0]:
-            assert ops[0] == ["reduce_scatter"]
+            assert ops == [["reduce_scatter"], ["all_reduce", "reduce_scatter"]]
 
 
 # --- rank 0's values, and clear errors ----------------------------------------------------------------
@@ -393,3 +394,43 @@ def test_ranks_that_replicate_different_models_are_named_at_the_first_forward(no
 
 def test_replicate_needs_torch_distributed():
     assert "replicate needs torch.distributed" in error_text(lambda: replicate(nn.Linear(2, 2)), RuntimeError)
+
+
+# --- a process group of its own; nothing kept alive ---------------------------------------------------
+
+def _in_a_group():
+    """Ranks 0 and 1 replicate over their own group and train on halves of the batch; rank 2 trains nothing
+    (it only takes part in creating the group, as every rank must)."""
+    import gc
+    import weakref
+
+    group = dist.new_group([0, 1])
+    if dist.get_rank() == 2:
+        return None
+    model = replicate(TinyLM(CFG), process_group=group)
+    opt = make_optimizer("adamw", model.parameters())
+    losses = []
+    for step in range(STEPS):
+        loss = model(*(rank_rows(t, dist.get_rank(), 2) for t in batch(CFG, BATCH, step)))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    ref = weakref.ref(model)
+    del model, opt, loss
+    gc.collect()
+    return losses, weights, ref() is None
+
+
+def test_replicate_over_a_process_group_and_the_model_is_freed_when_dropped(no_orphans):
+    ref = TinyLM(CFG)
+    ref_losses = train(ref, make_optimizer("adamw", ref.parameters()), CFG, STEPS, BATCH)
+    results = launch(_in_a_group, 3, timeout=120)
+    assert results[2] is None
+    mean = torch.tensor([r[0] for r in results[:2]]).mean(0)
+    torch.testing.assert_close(mean, torch.tensor(ref_losses), **TOL)
+    for losses, weights, freed in results[:2]:
+        for k, v in ref.state_dict().items():
+            torch.testing.assert_close(weights[k], v, **TOL)
+        assert freed  # replicate's state lives in the module, not in a global table that would keep it alive
