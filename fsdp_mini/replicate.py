@@ -16,7 +16,7 @@ What it reduces, and when: every trainable parameter of the module except those 
 `fully_shard` manages (their gradients are reduce-scattered by their units; a submodule reachable under
 two names is skipped under both, so nothing is reduced twice) and those of `ignored_modules`. It collects
 them at the first forward, not at the call, as PyTorch does, so `fully_shard` may be applied to the blocks
-before or after `replicate(model)`. Then it does exactly what PyTorch's replicate does: it builds a DDP
+before or after `replicate(model)`. Then it does what PyTorch's replicate does: it builds a DDP
 over a list of those parameters, here fsdp_mini's `DistributedDataParallel` (the one source of the bucket
 rule, the hooks and the end-of-backward wait): rank 0's values are broadcast, gradients are averaged in
 buckets of `bucket_cap_mb` MiB, each bucket's AllReduce starts during backward as soon as it is full.
@@ -93,7 +93,7 @@ class ReplicateState:
         off = [name for name, p in named if p.device != device]
         if off:
             raise ValueError(f"replicate: {what}'s parameters {off[:3]} are not on this rank's device {device}: "
-                             f"move the model there first (PyTorch's replicate expects the same)")
+                             f"move the model there first")
         check_same_everywhere([(name, tuple(p.shape), str(p.dtype)) for name, p in named],
                               f"set of parameters to replicate ({what})",
                               " (every rank must build the same model and apply fully_shard and replicate to the "
