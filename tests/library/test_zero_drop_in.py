@@ -15,6 +15,7 @@ from fsdp_mini import launch
 from fsdp_mini.checkpoint import load_checkpoint, save_checkpoint
 from fsdp_mini.comm_log import CommLog
 from fsdp_mini.ddp import DistributedDataParallel
+from fsdp_mini.replicate import replicate
 from fsdp_mini.zero import ZeroRedundancyOptimizer
 from small_model import TinyConfig, TinyLM, batch
 
@@ -77,6 +78,8 @@ def _wrap(module, wrap):
         return module
     if wrap == "ddp":
         return DistributedDataParallel(module)
+    if wrap == "replicate":  # the same DDP, applied in place
+        return replicate(module)
     return nn.parallel.DistributedDataParallel(module)  # "torch_ddp"
 
 
@@ -127,7 +130,7 @@ def _check_equals_one_process(results, opt_name, steps):
 
 @pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
 @pytest.mark.parametrize("world_size", [2, 3])
-@pytest.mark.parametrize("wrap, clip", [("plain", "zero"), ("ddp", "torch"), ("ddp", "zero")])
+@pytest.mark.parametrize("wrap, clip", [("plain", "zero"), ("ddp", "torch"), ("ddp", "zero"), ("replicate", "torch")])
 def test_clipped_training_equals_one_process(world_size, opt_name, wrap, clip):
     """A plain model clips with the optimizer's clip_grad_norm_ (p.grad is each rank's own until step);
     a DDP model's p.grad is the average, so torch's clip_grad_norm_ is exact there, and so is ours."""
