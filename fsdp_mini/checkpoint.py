@@ -464,9 +464,10 @@ def save_checkpoint(path: str | os.PathLike, model, optimizer=None, *, overwrite
     by one of their replicas) and rank 0 the metadata that says where every piece of every parameter
     is. Nothing is gathered: no rank ever holds more than its shards.
 
-    extra_state: the rest of the training state, a dict torch.save can write (the step, the LR
-    scheduler's `state_dict()`, `torch.get_rng_state()`, ...). Each rank's is saved, and
-    `load_checkpoint` returns it.
+    extra_state: the rest of the training state, a dict of what `torch.load(weights_only=True)` reads back:
+    tensors, numbers, strings, containers (the step, the LR scheduler's `state_dict()`,
+    `torch.get_rng_state()`, ...). Each rank's is saved, and `load_checkpoint` returns it. Anything else
+    (and any optimizer hyperparameter that would not load back) is a TypeError before any collective.
 
     Nothing is written into `path` itself until the end. The ranks write into `.NAME.saving` beside it;
     each rank checksums (CRC-32) every piece it wrote, and rank 0, once every rank has written, writes
@@ -547,7 +548,7 @@ def _init_optimizer_state(optimizer) -> list[torch.Tensor]:
     """Create a fresh optimizer's state tensors, so that DCP has something to load into: one step on
     zero gradients with every lr at 0, which leaves the parameters as they are (as
     torch.distributed.checkpoint.state_dict does). Grads and lrs are put back afterwards. Returns the
-    parameters whose state this created, for `_drop_state` to undo should the load be refused."""
+    parameters whose state this created, for `_drop_state_on_error` to undo should the load be refused."""
     params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]  # frozen: no state
     created = [p for p in params if not optimizer.state.get(p)]
     if not created:

@@ -414,7 +414,7 @@ class _OpenedReader(dcp.FileSystemReader):
             raise FileNotFoundError("only the checkpoint's global .metadata is read")
         metadata = copy.copy(self._metadata)
         metadata.storage_meta = replace(metadata.storage_meta or dcp_metadata.StorageMeta(),
-                                                    load_id=self.load_id)  # what FileSystemReader records
+                                        load_id=self.load_id)  # what FileSystemReader.read_metadata records
         return metadata
 
 
@@ -462,8 +462,7 @@ def _missing(path: Path) -> Exception:
 
 def _is_tensor_attribute(module: str, name: str) -> bool:
     """`torch.float32` and friends: a dtype, layout or memory format is pickled as the global naming it."""
-    return module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout,
-                                                                        torch.memory_format))
+    return module == "torch" and isinstance(vars(torch).get(name), (torch.dtype, torch.layout, torch.memory_format))
 
 
 # Every global that DCP's `.metadata` pickles: its dataclasses (`metadata.py`), the file reader's
