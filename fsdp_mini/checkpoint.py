@@ -394,8 +394,9 @@ def _state_dict(model, optimizer, saving: bool):
 
 
 def sharded_state_dict(model, optimizer=None) -> dict[str, Any]:
-    """What `save_checkpoint` hands to `dcp.save`: original names and shapes, values that are views of
-    this rank's shards (ShardedTensor), replicated buffers and scalars, and `optim.param_groups`.
+    """What `save_checkpoint` hands to `dcp.save`: original names and shapes (a tied tensor under each of
+    its names), values that are views of this rank's shards (ShardedTensor, or the per-parameter design's
+    DTensors), replicated buffers and scalars, and `optim.param_groups`.
 
     For your own DCP calls (another storage writer, `dcp.async_save`); save it with
     `DefaultSavePlanner(flatten_state_dict=False, flatten_sharded_tensors=False)`: the dict is flat

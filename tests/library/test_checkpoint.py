@@ -405,7 +405,8 @@ def test_an_optimizer_that_does_not_match_is_refused_before_anything_is_written(
 
 
 def _save_without_group_names(path, design):
-    """A checkpoint as fsdp_mini wrote it before param groups carried their parameters' names."""
+    """A checkpoint as fsdp_mini wrote it before param groups carried their parameters' names (and before a
+    tied weight was written under its second name too)."""
     from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
     model = _design(design)
@@ -413,24 +414,28 @@ def _save_without_group_names(path, design):
     _train(model, opt, range(1), _rows())
     sd = sharded_state_dict(model, opt)
     sd["optim.param_groups"] = [{k: v for k, v in g.items() if k != "params"} for g in sd["optim.param_groups"]]
+    del sd["head.weight"]
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*deprecating ShardedTensor.*", category=FutureWarning)
         dcp.save(sd, checkpoint_id=path, planner=DefaultSavePlanner(flatten_state_dict=False,
                                                                      flatten_sharded_tensors=False))
+    return full_state_dict(model)
 
 
 def _load_old_by_position(path, design):
     model = _design(design, seed=1)
     opt = _grouped_adamw(model, design, weight_decay=(0.5, 0.7))
     load_checkpoint(path, model, opt, verify=False)  # plain dcp.save: no manifest
-    return [(g["weight_decay"], g["lr"]) for g in opt.param_groups]
+    return [(g["weight_decay"], g["lr"]) for g in opt.param_groups], full_state_dict(model)
 
 
 @pytest.mark.parametrize("design", DESIGNS)
 def test_a_checkpoint_without_group_names_loads_its_groups_by_position(tmp_path, design):
     path = str(tmp_path / "ckpt")
-    launch(_save_without_group_names, 2, args=(path, design), timeout=TIMEOUT)
-    assert launch(_load_old_by_position, 2, args=(path, design), timeout=TIMEOUT) == [[(0.1, 1e-2), (0.0, 2e-2)]] * 2
+    saved = launch(_save_without_group_names, 2, args=(path, design), timeout=TIMEOUT)[0]
+    for groups, state in launch(_load_old_by_position, 2, args=(path, design), timeout=TIMEOUT):
+        assert groups == [(0.1, 1e-2), (0.0, 2e-2)]
+        assert list(state) == list(saved) and all(torch.equal(state[k], saved[k]) for k in saved)  # head.weight too
 
 
 # --- a tied weight: PyTorch's own loaders read the checkpoint of either design ------------------------
