@@ -288,10 +288,10 @@ def _param_groups(model, optimizer) -> list[dict[str, Any]]:
 def _tied_names(model) -> dict[str, str]:
     """Every further name of a tied tensor, with its first name (`{"head.weight": "embed.weight"}`)."""
     if isinstance(model, FSDPModule):
-        first: dict[int, str] = {}
-        for name, t in model.state_dict(keep_vars=True).items():
+        state, first = model.state_dict(keep_vars=True), {}
+        for name, t in state.items():
             first.setdefault(id(t), name)
-        return {name: first[id(t)] for name, t in model.state_dict(keep_vars=True).items() if first[id(t)] != name}
+        return {name: first[id(t)] for name, t in state.items() if first[id(t)] != name}
     return {alias: info.names[0] for h in model.handles for info in h.layout.params for alias in info.names[1:]}
 
 
@@ -414,7 +414,8 @@ def sharded_state_dict(model, optimizer=None) -> dict[str, Any]:
 def _as_runtime_error(doing: str, path):
     """DCP reports a failure on any rank as a CheckpointException on every rank (no hang), but that is a
     BaseException, which `except Exception` in a training loop would not catch: re-raise it as an
-    ordinary RuntimeError, with DCP's per-rank tracebacks in the message."""
+    ordinary RuntimeError, with DCP's per-rank tracebacks in the message; or, when a rank found the
+    checkpoint itself at fault (an UnsafeCheckpointError), that error, on every rank."""
     try:
         yield
     except CheckpointException as exc:
@@ -618,9 +619,9 @@ def load_checkpoint(path: str | os.PathLike, model, optimizer=None, *, verify: b
     Returns the `extra_state` this rank saved (at another world size, rank 0's), {} when none was.
     """
     opened = open_checkpoint(path, verify=verify)  # every rank, no collective: a damaged or unsafe one fails here
+    model_only = _state_dict(model, None, saving=False)[0]  # (a ValueError if `model` is not sharded)
     tied = set(_tied_names(model))  # read through their first names
-    _check_against_checkpoint(path, opened.metadata, _state_dict(model, None, saving=False)[0], tied,
-                              optimizer=False)  # the model first
+    _check_against_checkpoint(path, opened.metadata, model_only, tied, optimizer=False)  # the model first
     verify_pieces(opened, wanted=lambda key: optimizer is not None or not key.startswith(OPTIM_PREFIX))
     created: list[torch.Tensor] = []
     if optimizer is not None:

@@ -425,11 +425,15 @@ class WeightsOnlyLoadPlanner(DefaultLoadPlanner):
     code is an UnsafeCheckpointError naming the item and the global (allow a class of your own with
     `torch.serialization.add_safe_globals`)."""
 
-    def __init__(self, flatten_state_dict: bool = False, flatten_sharded_tensors: bool = True,
+    def __init__(self, flatten_state_dict: bool = False, flatten_sharded_tensors: bool = False,
                  allow_partial_load: bool = False):
-        if flatten_state_dict:
-            raise ValueError("WeightsOnlyLoadPlanner loads a flat state dict: flatten_state_dict must be False")
-        super().__init__(False, flatten_sharded_tensors, allow_partial_load)
+        # Flat dicts only, loaded in place: with flatten_sharded_tensors, DefaultLoadPlanner loads into a
+        # copy of the dict, so an item would never reach the caller's dict (DCP's default planner has that
+        # trap too when flatten_state_dict is False).
+        if flatten_state_dict or flatten_sharded_tensors:
+            raise ValueError("WeightsOnlyLoadPlanner loads a flat state dict in place: flatten_state_dict and "
+                             "flatten_sharded_tensors must be False")
+        super().__init__(False, False, allow_partial_load)
 
     def load_bytes(self, read_item, value: io.BytesIO) -> None:
         key = read_item.dest_index.fqn

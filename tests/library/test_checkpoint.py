@@ -355,6 +355,18 @@ def test_param_groups_are_restored_by_parameter_name_not_by_position(tmp_path, d
         assert hyper == [(False, 0.0, 2e-2), (True, 0.1, 1e-2)], hyper
     resumed = torch.tensor([r[1] for r in launch(_load_grouped_reversed, 2, args=(path, design), timeout=TIMEOUT)])
     assert_close(resumed.mean(0), torch.tensor(uninterrupted).mean(0), rtol=1e-5, atol=1e-6)
+    if design == "per_param":  # the names stored are those PyTorch's get_optimizer_state_dict stores
+        from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        plain = TinyLM(CFG)
+        theirs = get_optimizer_state_dict(plain, _grouped_adamw(plain, design))["param_groups"]
+        ours = {"optim.param_groups": None}
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+            dcp.load(ours, checkpoint_id=path, no_dist=True, planner=DefaultLoadPlanner(flatten_state_dict=False,
+                                                                                    flatten_sharded_tensors=False))
+        assert [g["params"] for g in ours["optim.param_groups"]] == [g["params"] for g in theirs]
 
 
 def _load_into_groups(path, design, layout):
