@@ -510,3 +510,30 @@ def test_a_checkpoint_whose_pickles_would_run_code_is_refused(tmp_path, design):
         warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
         dcp.load({f"{EXTRA_STATE_PREFIX}1": None}, checkpoint_id=str(tmp_path / "data"), no_dist=True)
     assert marker.exists()
+
+
+def _save_with_pytorch(path):
+    """PyTorch's own sharded checkpoint: FSDP2 and get_state_dict, saved as one nested dict by plain dcp.save
+    (DCP flattens it, so its metadata also holds planner_data, the nesting)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.fsdp import fully_shard as torch_fully_shard
+
+    model = TinyLM(CFG)
+    for block in model.blocks:
+        torch_fully_shard(block)
+    torch_fully_shard(model)
+    opt = _optimizer(model)
+    _train(model, opt, range(1))
+    model_sd, optim_sd = get_state_dict(model, opt)
+    dcp.save({"model": model_sd, "optim": optim_sd, "extra": {"step": 1}}, checkpoint_id=path)
+
+
+def test_the_restricted_unpickler_reads_pytorchs_own_checkpoints(tmp_path):
+    # The allowlist is no narrower than what DCP writes: PyTorch's FSDP2 checkpoint's metadata reads as pickle does.
+    path = tmp_path / "pytorch"
+    launch(_save_with_pytorch, 2, args=(str(path),), timeout=TIMEOUT)
+    opened = open_checkpoint(path, verify=False)  # no manifest: a plain dcp.save
+    plain = pickle.loads((path / ".metadata").read_bytes())
+    assert opened.metadata.planner_data and opened.metadata.planner_data == plain.planner_data
+    assert opened.metadata.state_dict_metadata == plain.state_dict_metadata
+    assert opened.metadata.storage_data == plain.storage_data
