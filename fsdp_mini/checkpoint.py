@@ -641,7 +641,8 @@ def load_checkpoint(path: str | os.PathLike, model, optimizer=None, *, verify: b
         step()
     if not isinstance(model, FSDPModule):
         model.reshard()  # the gathered copies would be stale: drop them (as load_full_state_dict does)
-    tensors = {key: value for key, value in sd.items() if key not in objects}
+    read = set(objects)
+    tensors = {key: value for key, value in sd.items() if key not in read}
     with torch.no_grad(), _quiet(), _as_runtime_error("loading", path):
         dcp.load(tensors, storage_reader=opened.reader(), planner=WeightsOnlyLoadPlanner(**_planner_kwargs()))
         for step in finish:
