@@ -87,7 +87,7 @@ from fsdp_mini.fully_shard import FSDPModule
 from fsdp_mini.runtime import local_world_size, require_distributed
 from fsdp_mini.torch_internals import (Shard, ShardedTensor, ShardedTensorMetadata, ShardMetadata,
                                        TensorProperties)
-from fsdp_mini.zero_checkpoint import is_replicated, replicated_state_dict
+from fsdp_mini.zero_checkpoint import is_replicated, replicated_state_dict, unwrapped
 
 __all__ = ["save_checkpoint", "load_checkpoint", "sharded_state_dict", "CheckpointError", "CorruptCheckpointError",
            "IncompleteCheckpointError", "UnsafeCheckpointError"]
@@ -267,9 +267,10 @@ def _per_param_state_dict(model, optimizer, saving: bool):
 
 def _param_names(model) -> dict[int, list[str]]:
     """The original (first) names behind each tensor an optimizer over `model.parameters()` holds: a
-    parameter's own name in the per-parameter design, the names of the parameters in a flat shard."""
-    if isinstance(model, FSDPModule):
-        return {id(p): [name] for name, p in model.named_parameters()}
+    parameter's own name in the per-parameter design and in a replicated model (plain or DDP, under ZeRO-1),
+    the names of the parameters in a flat shard."""
+    if isinstance(model, FSDPModule) or is_replicated(model):
+        return {id(p): [name] for name, p in unwrapped(model).named_parameters()}
     return {id(h.shard): [info.names[0] for info in h.layout.params] for h in model.handles}
 
 
@@ -288,8 +289,8 @@ def _param_groups(model, optimizer) -> list[dict[str, Any]]:
 
 def _tied_names(model) -> dict[str, str]:
     """Every further name of a tied tensor, with its first name (`{"head.weight": "embed.weight"}`)."""
-    if isinstance(model, FSDPModule):
-        state, first = model.state_dict(keep_vars=True), {}
+    if isinstance(model, FSDPModule) or is_replicated(model):
+        state, first = unwrapped(model).state_dict(keep_vars=True), {}
         for name, t in state.items():
             first.setdefault(id(t), name)
         return {name: first[id(t)] for name, t in state.items() if first[id(t)] != name}
@@ -352,7 +353,10 @@ def _state_dict(model, optimizer, saving: bool):
     if isinstance(model, FSDPModule):
         return _per_param_state_dict(model, optimizer, saving)
     if is_replicated(model):  # plain or DDP, with a ZeroRedundancyOptimizer: fsdp_mini.zero_checkpoint
-        return replicated_state_dict(model, optimizer, saving, OPTIM_PREFIX, PARAM_GROUPS_KEY)
+        sd, prepare, finish = replicated_state_dict(model, optimizer, saving, OPTIM_PREFIX)
+        if optimizer is not None:
+            sd[PARAM_GROUPS_KEY] = _param_groups(model, optimizer) if saving else None
+        return sd, prepare, finish
     _check_model(model)
     plans = _layout_plans(model)
     sd: dict[str, Any] = {}

@@ -34,7 +34,7 @@ from fsdp_mini.runtime import local_world_size, require_distributed
 from fsdp_mini.torch_internals import ShardedTensor, ShardedTensorMetadata, ShardMetadata, Shard, TensorProperties
 from fsdp_mini.zero import ZeroRedundancyOptimizer
 
-__all__ = ["is_replicated", "replicated_state_dict"]
+__all__ = ["is_replicated", "unwrapped", "replicated_state_dict"]
 
 
 def is_replicated(model) -> bool:
@@ -44,7 +44,9 @@ def is_replicated(model) -> bool:
             and not any(isinstance(m, FSDPModule) for m in model.modules()))
 
 
-def _unwrapped(model: nn.Module) -> nn.Module:
+def unwrapped(model: nn.Module) -> nn.Module:
+    """The module a DistributedDataParallel wraps (fsdp_mini's or PyTorch's), else `model`: its names are the
+    checkpoint's, so a DDP model's checkpoint and a plain one's are the same."""
     return model.module if isinstance(model, (DistributedDataParallel, nn.parallel.DistributedDataParallel)) else model
 
 
@@ -68,20 +70,21 @@ def _flat_state(value: torch.Tensor, boxes: list[tuple[int, int, int, int]], num
         return ShardedTensor._init_from_local_shards_and_global_metadata(shards, global_md)
 
 
-def replicated_state_dict(model: nn.Module, optimizer, saving: bool, optim_prefix: str, param_groups_key: str):
-    """The flat dict handed to DCP for `model` (see `is_replicated`) and its ZeroRedundancyOptimizer (or
-    None), with the steps to run before a load reads (zero the sharded states, so their padding stays zero)
-    and after it (move scalars, objects and hyperparameters into place): `fsdp_mini.checkpoint`'s protocol.
-    The optimizer keys are `optim_prefix` + name, and the hyperparameters `param_groups_key`."""
+def replicated_state_dict(model: nn.Module, optimizer, saving: bool, optim_prefix: str):
+    """The flat dict handed to DCP for `model` (see `is_replicated`) and its ZeroRedundancyOptimizer's state
+    (or None), with the steps to run before a load reads (zero the sharded states, so their padding stays
+    zero) and after it (move scalars and objects into place): `fsdp_mini.checkpoint`'s protocol. The
+    optimizer keys are `optim_prefix` + name; the param groups (matched by name) are the caller's, as for
+    the sharded designs."""
     if optimizer is not None and not isinstance(optimizer, ZeroRedundancyOptimizer):
         raise ValueError(f"a checkpoint of a plain or DistributedDataParallel model takes its "
                          f"ZeroRedundancyOptimizer (or no optimizer), got {type(optimizer).__name__}")
     require_distributed("a sharded checkpoint")
     sd: dict[str, Any] = {}
     name_of: dict[int, str] = {}
-    for name, t in _unwrapped(model).state_dict(keep_vars=True).items():
+    for name, t in unwrapped(model).state_dict(keep_vars=True).items():
         if not torch.is_tensor(t) or id(t) in name_of:
-            continue  # a tied tensor is written once, under its first name
+            continue  # tied: loaded through its first name (fsdp_mini.checkpoint adds its other names)
         name_of[id(t)] = name
         sd[name] = t.detach()  # a view: DCP loads in place
     prepare: list[Callable[[], Any]] = []
@@ -122,16 +125,4 @@ def replicated_state_dict(model: nn.Module, optimizer, saving: bool, optim_prefi
                 sd.update({k: value if saving else None for k in keys})
                 if not saving:
                     finish.append(lambda s=optimizer.state[fs.shard], key=key, k=keys[0]: s.__setitem__(key, sd[k]))
-    groups = optimizer.param_groups
-    sd[param_groups_key] = [{k: v for k, v in g.items() if k != "params"} for g in groups] if saving else None
-    if not saving:
-        finish.append(lambda: _set_hyperparameters(groups, sd[param_groups_key]))
     return sd, prepare, finish
-
-
-def _set_hyperparameters(groups: list[dict], saved: list[dict]) -> None:
-    """The saved options, group by group, into the optimizer's param_groups (step() passes them on)."""
-    if len(saved) != len(groups):
-        raise ValueError(f"the checkpoint's optimizer has {len(saved)} param groups, this one {len(groups)}")
-    for group, hyper in zip(groups, saved):
-        group.update({k: v for k, v in hyper.items() if k != "params"})

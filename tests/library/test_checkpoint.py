@@ -13,6 +13,7 @@ from torch.testing import assert_close
 from fsdp_mini import full_state_dict, fully_shard, get_device, launch
 from fsdp_mini.checkpoint import load_checkpoint, save_checkpoint, sharded_state_dict
 from fsdp_mini.fsdp import FSDP
+from fsdp_mini.zero import ZeroRedundancyOptimizer
 from small_model import Block, TinyConfig, TinyLM, batch
 
 pytestmark = pytest.mark.usefixtures("no_orphans")
@@ -308,6 +309,8 @@ DESIGNS = ["flat", "per_param"]
 
 
 def _design(design, seed=0):
+    if design == "zero":  # a replicated model under ZeRO-1 (fsdp_mini.zero_checkpoint)
+        return TinyLM(CFG, seed=seed)
     return _sharded("FULL_SHARD" if design == "flat" else "fully_shard", seed=seed)
 
 
@@ -325,6 +328,8 @@ def _grouped_adamw(model, design, reverse=False, weight_decay=(0.1, 0.0)):
     decay, no_decay = _decay_split(model, design)
     groups = [{"params": decay, "weight_decay": weight_decay[0], "lr": 1e-2},
               {"params": no_decay, "weight_decay": weight_decay[1], "lr": 2e-2}]
+    if design == "zero":
+        return ZeroRedundancyOptimizer(groups[::-1] if reverse else groups, torch.optim.AdamW, eps=1e-3)
     return torch.optim.AdamW(groups[::-1] if reverse else groups, eps=1e-3)
 
 
@@ -346,7 +351,7 @@ def _load_grouped_reversed(path, design):
     return hyper, _train(model, opt, range(SPLIT, STEPS), _rows())
 
 
-@pytest.mark.parametrize("design", DESIGNS)
+@pytest.mark.parametrize("design", DESIGNS + ["zero"])
 def test_param_groups_are_restored_by_parameter_name_not_by_position(tmp_path, design):
     # As PyTorch's get/set_optimizer_state_dict do: a group's hyperparameters follow the names of its parameters.
     path = str(tmp_path / "ckpt")
