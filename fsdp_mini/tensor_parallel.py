@@ -306,7 +306,9 @@ class SequenceParallel(ParallelStyle):
     """Run a norm on this rank's sequence shard (PyTorch's style of the same name, for nn.LayerNorm and
     nn.RMSNorm): its input is the shard, its output too; its weights stay whole on every rank, and their
     gradients, which each rank sums over its own positions only, are added over the TP group in backward
-    (Megatron all-reduces the LayerNorms' gradients too). The activations it computes and keeps are 1/tp.
+    (Megatron all-reduces the LayerNorms' gradients too; PyTorch leaves them `Partial(sum)` DTensors after
+    backward and sums them where they are next used: the same bytes). The activations it computes and keeps
+    are 1/tp.
     PyTorch's `sequence_dim` and `use_local_output` describe DTensors; here the input is a plain local
     tensor, and a norm over the last dim needs no more."""
 
