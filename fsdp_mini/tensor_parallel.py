@@ -121,12 +121,22 @@ class RowParallelLinear(nn.Linear):
         return super().extra_repr() + f", tp={self.tp_shard.tp} (columns)"
 
 
+def _check_not_the_features(x: torch.Tensor, shard: TPShard, what: str) -> None:
+    """Shard(d) names the sequence: on a tensor of d + 1 dims that would be the features (a clear error, the
+    same on every rank, before anything is sent)."""
+    if shard.sequence_dim >= x.dim() - 1:
+        raise ValueError(f"{shard.label[len(TP_LABEL):].strip() or 'the module'}: {what}=Shard({shard.sequence_dim}) "
+                         f"names the sequence dim, but an input of shape {tuple(x.shape)} has no dim "
+                         f"{shard.sequence_dim} before its features")
+
+
 class SequenceParallelColumnLinear(ColumnParallelLinear):
     """A ColumnParallelLinear whose input is this rank's sequence shard (`ColwiseParallel(input_layouts=Shard(d))`):
     `g` (AllGather in forward, ReduceScatter of the input's gradient in backward) instead of `f`."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shard = self.tp_shard
+        _check_not_the_features(x, shard, "input_layouts")
         return F.linear(gather_from_sequence_parallel_region(x, shard.group, shard.label, shard.sequence_dim),
                         self.weight, self.bias)
 
@@ -139,6 +149,7 @@ class SequenceParallelRowLinear(RowParallelLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shard = self.tp_shard
+        _check_not_the_features(x, shard, "output_layouts")
         out = reduce_scatter_to_sequence_parallel_region(F.linear(x, self.weight), shard.group, shard.label,
                                                          shard.sequence_dim)
         if self.bias is None:

@@ -265,6 +265,9 @@ def _sp_operators():
             y.backward(probe)
         out[name] = (y[0, :, 0].tolist(), x.grad[0, :, 0].tolist(), [r.op for r in fwd.records],
                      [(r.op, r.label) for r in bwd.records])
+    from fsdp_mini.flight_recorder import RECORDER
+
+    out["flight"] = [(e.op, e.label, e.phase, e.shapes) for e in RECORDER.entries()]
     return out
 
 
@@ -281,6 +284,11 @@ def test_g_gathers_the_sequence_and_g_bar_reduce_scatters_it_each_backward_the_o
         y, grad, fwd, bwd = out["scatter"]  # the chunk, nothing sent; AllGather backward
         assert y == [2.0 * rank, 2.0 * rank + 1] and fwd == [] and bwd == [("all_gather", "scatter")]
         assert grad == [0.0, 2.0, 10.0, 12.0]
+        # the flight recorder has each one, labelled, with its phase and the local (input) shape it was issued on
+        shard, whole = (SEQ // 2, 1, 2), (SEQ, 1, 2)  # the sequence moved to dim 0 for fsdp_mini's collectives
+        assert out["flight"] == [("all_gather", "g", "", (shard,)), ("reduce_scatter", "g", "backward", (whole,)),
+                                 ("reduce_scatter", "g_bar", "", (whole,)), ("all_gather", "g_bar", "backward", (shard,)),
+                                 ("all_gather", "scatter", "backward", (shard,))]
 
 
 class SeqModel(nn.Module):
@@ -450,6 +458,7 @@ def _sp_errors():
     model = parallelize_module(SeqModel(), mesh, sp_plan())
     with CommLog() as log:
         out["odd"] = error_text(lambda: model(torch.randn(2, 3, 12)))
+        out["flat"] = error_text(lambda: model.block.up(torch.randn(2, 12)))
     out["sent"] = len(log.records)
     out["twice"] = error_text(lambda: parallelize_module(model, mesh, {"norm_f": SequenceParallel()}))
     return out
@@ -461,5 +470,7 @@ def test_sequence_parallel_mistakes_get_a_clear_error_before_any_collective(no_o
             assert "SequenceParallel applies to nn.LayerNorm and nn.RMSNorm, but block.up is a Linear" in out["linear"]
         assert ("sequence parallelism: dim 1 of a tensor of shape (2, 3, 12) has 3 positions, not a multiple of the 2 "
                 "ranks of the tensor-parallel group") in out["odd"]
+        assert "block.up: input_layouts=Shard(1) names the sequence dim, but an input of shape (2, 12) has no dim 1 " \
+            "before its features" in out["flat"]
         assert out["sent"] == 0
         assert "norm_f is already tensor-parallel (SequenceParallelRMSNorm)" in out["twice"]
