@@ -205,10 +205,14 @@ def _sequence_dim_of(style: str, what: str, layout, allowed: tuple[str, ...]) ->
 
 class ParallelStyle:
     """How one module is parallelized (PyTorch's base class of the same name). `check` raises before any
-    change; `apply` cuts the module's parameters and wraps its forward."""
+    change; `apply` changes the module. The base's pair is the Linear cut that ColwiseParallel and
+    RowwiseParallel share (its parameters cut, its forward wrapped); SequenceParallel and PrepareModuleInput
+    have their own."""
 
     linear_class: type[nn.Linear]
     dim: int  # the weight's dimension that is cut
+    sequence_dim: int | None = None  # the activations' sequence dim at the cut side, None: replicated
+    broadcasts_parameters = True  # parallelize_module first copies TP rank 0's values of the module's parameters
 
     def check(self, module: nn.Module, path: str, tp: int) -> None:
         name = type(self).__name__
@@ -226,9 +230,6 @@ class ParallelStyle:
         module.out_features, module.in_features = module.weight.shape
         _become(module, self.sp_linear_class if self.sequence_dim is not None else self.linear_class)
         module.tp_shard = shard
-
-    broadcasts_parameters = True  # parallelize_module copies TP rank 0's values of the module's own parameters
-    sequence_dim: int | None = None
 
 
 def _not_parallel_yet(module: nn.Module, path: str) -> None:
@@ -366,7 +367,7 @@ class PrepareModuleInput(ParallelStyle):
                              f"have the same length")
         moves = []
         for a, b in zip(have, want):
-            if a == b or a is None and b is None:
+            if a == b:
                 moves.append(None)
             elif isinstance(a, Replicate) and isinstance(b, Shard) and b.dim >= 0:
                 moves.append(("scatter", b.dim))
