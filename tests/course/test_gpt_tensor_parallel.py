@@ -331,7 +331,8 @@ def test_sequence_parallel_sends_what_tensor_parallel_sends_in_the_blocks(no_orp
         assert Counter(r[0] for r in in_blocks) == {"all_gather": 4 * CFG.n_layer, "reduce_scatter": 4 * CFG.n_layer}
         assert sum(r[4] for r in in_blocks) == sum(r[4] for r in tp_only) == CFG.n_layer * 4 * 2 * (tp - 1) * s // tp
         ends = Counter((r[0], r[1], r[2]) for r in sp_only if r[1].endswith(" input"))
-        assert ends == {("all_gather", f"{TP_LABEL} lm_head input", s): 1, ("all_gather", f"{TP_LABEL} blocks.0 input", s): 1}
+        assert ends == {("all_gather", f"{TP_LABEL} lm_head input", s): 1,
+                        ("all_gather", f"{TP_LABEL} blocks.0 input", s): 1}
         grads = Counter((r[0], r[2]) for r in sp_only if r not in in_blocks and not r[1].endswith(" input"))
         replicated_weights = CFG.n_layer * (2 * 2 + 2) + 2  # ln_1, ln_2 weight and bias, two row biases; ln_f
         assert grads == {("all_reduce", 4 * c): replicated_weights}
@@ -391,5 +392,6 @@ def test_the_sequence_length_is_checked_without_any_process_group():
 
     assert "the tensor-parallel degree 3 does not divide the sequence length block_size=16" in error_text(
         lambda: gpt_sp_plan(GPTConfig(n_head=3, n_embd=30), 3))
-    assert "the tensor-parallel degree 4 does not divide the 2 attention heads" in error_text(lambda: gpt_sp_plan(CFG, 4))
+    assert "the tensor-parallel degree 4 does not divide the 2 attention heads" in error_text(
+        lambda: gpt_sp_plan(CFG, 4))
     assert not dist.is_initialized()

@@ -2098,12 +2098,15 @@ def _torch_sequence_parallel(sequence_parallel: bool):
             block.attn.qkv.weight.copy_(block.attn.qkv.weight[rows])
             block.attn.qkv.bias.copy_(block.attn.qkv.bias[rows])
     seq = Shard(1) if sequence_parallel else Replicate()
-    plan = {"blocks.*.attn.qkv": ColwiseParallel(input_layouts=seq), "blocks.*.attn.proj": RowwiseParallel(output_layouts=seq),
-            "blocks.*.mlp.fc": ColwiseParallel(input_layouts=seq), "blocks.*.mlp.proj": RowwiseParallel(output_layouts=seq)}
+    plan = {"blocks.*.attn.qkv": ColwiseParallel(input_layouts=seq),
+            "blocks.*.attn.proj": RowwiseParallel(output_layouts=seq),
+            "blocks.*.mlp.fc": ColwiseParallel(input_layouts=seq),
+            "blocks.*.mlp.proj": RowwiseParallel(output_layouts=seq)}
     if sequence_parallel:
-        plan |= {"blocks.0": PrepareModuleInput(input_layouts=Replicate(), desired_input_layouts=seq, use_local_output=True),
+        local = dict(use_local_output=True)
+        plan |= {"blocks.0": PrepareModuleInput(input_layouts=Replicate(), desired_input_layouts=seq, **local),
                  "blocks.*.ln_1": SequenceParallel(), "blocks.*.ln_2": SequenceParallel(), "ln_f": SequenceParallel(),
-                 "lm_head": PrepareModuleInput(input_layouts=seq, desired_input_layouts=Replicate(), use_local_output=True)}
+                 "lm_head": PrepareModuleInput(input_layouts=seq, desired_input_layouts=Replicate(), **local)}
     parallelize_module(model, init_device_mesh("cpu", (2,)), plan)
     seen = {}
     model.blocks[0].ln_1.register_forward_hook(lambda m, a, out: seen.update(out=str(getattr(out, "placements", None))))

@@ -246,8 +246,8 @@ SEQ = 4  # positions: 2 per rank at tp 2
 
 def _sp_operators():
     """g, ḡ and the scatter on (1, SEQ, 2) tensors whose values name the rank and the position."""
-    from fsdp_mini.tp_operators import (gather_from_sequence_parallel_region, reduce_scatter_to_sequence_parallel_region,
-                                        scatter_to_sequence_parallel_region)
+    from fsdp_mini.tp_operators import (gather_from_sequence_parallel_region,
+                                        reduce_scatter_to_sequence_parallel_region, scatter_to_sequence_parallel_region)
 
     rank = dist.get_rank()
     out = {}
@@ -287,7 +287,8 @@ def test_g_gathers_the_sequence_and_g_bar_reduce_scatters_it_each_backward_the_o
         # the flight recorder has each one, labelled, with its phase and the local (input) shape it was issued on
         shard, whole = (SEQ // 2, 1, 2), (SEQ, 1, 2)  # the sequence moved to dim 0 for fsdp_mini's collectives
         assert out["flight"] == [("all_gather", "g", "", (shard,)), ("reduce_scatter", "g", "backward", (whole,)),
-                                 ("reduce_scatter", "g_bar", "", (whole,)), ("all_gather", "g_bar", "backward", (shard,)),
+                                 ("reduce_scatter", "g_bar", "", (whole,)),
+                                 ("all_gather", "g_bar", "backward", (shard,)),
                                  ("all_gather", "scatter", "backward", (shard,))]
 
 

@@ -194,7 +194,8 @@ _OPS = {"all_gather": "AllGather", "reduce_scatter": "ReduceScatter", "all_reduc
 
 
 def _seen(ops) -> str:
-    return ", ".join(f"{_OPS.get(op, op)} ({num(nbytes)} {tr('B', 'Б')})" for op, nbytes in ops) or tr("none", "ни одной")
+    unit = tr("B", "Б")
+    return ", ".join(f"{_OPS.get(op, op)} ({num(nbytes)} {unit})" for op, nbytes in ops) or tr("none", "ни одной")
 
 
 def _judge(fn) -> Verdict:
@@ -220,11 +221,11 @@ def _judge(fn) -> Verdict:
                     f"ранг {rank}: выход отличается от выхода одного процесса на позициях этого ранга (частичные суммы "
                     f"рангов сложены, оставлены позиции {rank * _T // world}..{(rank + 1) * _T // world - 1})"))
             if not res["function"]:
-                return Verdict.wrong(where + tr(f"rank {rank}: the output is right, but ", f"ранг {rank}: выход верен, но ")
-                                     + tr(*NOT_AN_AUTOGRAD_FUNCTION))
+                return Verdict.wrong(where + tr(f"rank {rank}: the output is right, but ",
+                                                f"ранг {rank}: выход верен, но ") + tr(*NOT_AN_AUTOGRAD_FUNCTION))
             if res["backward_error"]:
-                return Verdict.wrong(where + tr(f"rank {rank}: backward failed: ", f"ранг {rank}: обратный проход упал: ")
-                                     + res["backward_error"])
+                return Verdict.wrong(where + tr(f"rank {rank}: backward failed: ",
+                                                f"ранг {rank}: обратный проход упал: ") + res["backward_error"])
             seen = tr(f"CommLog saw in forward: {_seen(res['fwd'])}; in backward: {_seen(res['bwd'])}",
                       f"CommLog увидел в прямом проходе: {_seen(res['fwd'])}; в обратном: {_seen(res['bwd'])}")
             for name, got, full in (("the input slice", res["grads"][0], gx.chunk(world, dim=-1)[rank]),

@@ -194,8 +194,9 @@ def _judge_row_parallel(fn) -> Verdict:
                 return Verdict.wrong(where + tr(f"rank {rank}: the output differs from one process's{why}; {seen}",
                                                 f"ранг {rank}: выход отличается от выхода одного процесса{why}; {seen}"))
             if any(op == "all_reduce" for op in fwd) and not as_function:
-                return Verdict.wrong(where + tr(f"rank {rank}: the output is right, but ", f"ранг {rank}: выход верен, но ")
-                                     + tr(*NOT_AN_AUTOGRAD_FUNCTION) + tr(" (Megatron's g)", " (g из Megatron)"))
+                return Verdict.wrong(where + tr(f"rank {rank}: the output is right, but ",
+                                                f"ранг {rank}: выход верен, но ") + tr(*NOT_AN_AUTOGRAD_FUNCTION)
+                                     + tr(" (Megatron's g)", " (g из Megatron)"))
             n = world
             for name, got, full in (("x_shard", got_x, gx.chunk(n, dim=-1)[rank]),
                                     ("weight_shard", got_w, gw.chunk(n, dim=1)[rank]), ("bias", got_b, gb)):
