@@ -38,9 +38,11 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, _ = x.shape
-        q, k, v = self.qkv(x).chunk(3, dim=2)
-        # the heads this rank holds: all of them, or under tensor parallelism (lesson 12) its share
+        qkv = self.qkv(x)
+        # the positions and heads this rank computes: all of them, or under tensor parallelism (lesson 12) its
+        # share of the heads, for the whole sequence even when x held only its share (sequence parallelism)
+        b, t, _ = qkv.shape
+        q, k, v = qkv.chunk(3, dim=2)
         heads = q.shape[-1] // self.head_dim
         q, k, v = (z.view(b, t, heads, self.head_dim).transpose(1, 2) for z in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)

@@ -6,6 +6,13 @@ share of the heads, whole: `stacked=3` cuts q, k and v alike), its output projec
 fc is column parallel (its share of the 4C hidden features), its proj row parallel. Embeddings, LayerNorms
 and the tied head stay whole on every rank (replicated). The library knows no model: this plan is where the
 course GPT's names and the heads constraint live.
+
+The sequence-parallel variant (`gpt_sp_plan`, `parallelize_gpt_sp`) is torchtitan's plan on the course GPT:
+the residual stream between the TP regions is cut along the sequence (dim 1), the LayerNorms run on 1/tp
+of the positions (`SequenceParallel`), the column-parallel layers gather the sequence (`input_layouts=
+Shard(1)`) and the row-parallel ones reduce-scatter into it (`output_layouts=Shard(1)`). The embeddings and
+the tied head stay whole: the first block's input is cut from the replicated embedding output, and the
+head's input gathered again (`PrepareModuleInput`), since the loss needs every position.
 """
 from __future__ import annotations
 
@@ -17,10 +24,11 @@ import torch.nn as nn
 from fsdp_mini.course.models import GPT, GPTConfig
 from fsdp_mini.course.pytorch_equivalent import pytorch_full_state_dict
 from fsdp_mini.fully_shard import fully_shard
-from fsdp_mini.tensor_parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from fsdp_mini.tensor_parallel import (ColwiseParallel, PrepareModuleInput, Replicate, RowwiseParallel,
+                                       SequenceParallel, Shard, parallelize_module)
 
 __all__ = ["gpt_tp_plan", "parallelize_gpt", "qkv_rows_for_pytorch", "parallelize_gpt_with_pytorch",
-           "pytorch_gpt_full_state_dict"]
+           "pytorch_gpt_full_state_dict", "gpt_sp_plan", "parallelize_gpt_sp", "parallelize_gpt_sp_with_pytorch"]
 
 
 def gpt_tp_plan(cfg: GPTConfig, tp: int) -> dict:
@@ -35,6 +43,37 @@ def gpt_tp_plan(cfg: GPTConfig, tp: int) -> dict:
         raise ValueError(f"the tensor-parallel degree {tp} does not divide the hidden size n_embd={cfg.n_embd}")
     return {"blocks.*.attn.qkv": ColwiseParallel(stacked=3), "blocks.*.attn.proj": RowwiseParallel(),
             "blocks.*.mlp.fc": ColwiseParallel(), "blocks.*.mlp.proj": RowwiseParallel()}
+
+
+def gpt_sp_plan(cfg: GPTConfig, tp: int) -> dict:
+    """`gpt_tp_plan` with sequence parallelism (the same checks, and the sequence length `block_size` must
+    be a multiple of `tp`; a shorter batch is checked at its forward). Between the TP regions a rank holds
+    its 1/tp of the positions: LayerNorms, residual adds and what they keep for backward are 1/tp."""
+    gpt_tp_plan(cfg, tp)
+    if cfg.block_size % tp:
+        raise ValueError(f"the tensor-parallel degree {tp} does not divide the sequence length "
+                         f"block_size={cfg.block_size}: sequence parallelism gives each rank 1/tp of it")
+    seq = Shard(1)  # (batch, seq, hidden): the sequence is dim 1
+    return {"blocks.0": PrepareModuleInput(input_layouts=Replicate(), desired_input_layouts=seq),
+            "blocks.*.ln_1": SequenceParallel(), "blocks.*.ln_2": SequenceParallel(), "ln_f": SequenceParallel(),
+            "blocks.*.attn.qkv": ColwiseParallel(stacked=3, input_layouts=seq),
+            "blocks.*.attn.proj": RowwiseParallel(output_layouts=seq),
+            "blocks.*.mlp.fc": ColwiseParallel(input_layouts=seq),
+            "blocks.*.mlp.proj": RowwiseParallel(output_layouts=seq),
+            "lm_head": PrepareModuleInput(input_layouts=seq, desired_input_layouts=Replicate())}
+
+
+def parallelize_gpt_sp(model: GPT, mesh, reshard_after_forward=None) -> nn.Module:
+    """`parallelize_gpt` with `gpt_sp_plan`: TP with sequence parallelism over mesh["tp"], then `fully_shard`
+    of each block and of the root over mesh["dp"]. Every check runs before the first collective."""
+    if getattr(mesh, "mesh_dim_names", None) != ("dp", "tp"):
+        raise ValueError(f"parallelize_gpt_sp needs a 2-D mesh with dimensions ('dp', 'tp'), got "
+                         f"{getattr(mesh, 'mesh_dim_names', None)}")
+    parallelize_module(model, mesh["tp"], gpt_sp_plan(model.cfg, mesh["tp"].size()))
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh["dp"], reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh["dp"], reshard_after_forward=reshard_after_forward)
+    return model
 
 
 def parallelize_gpt(model: GPT, mesh, reshard_after_forward=None) -> nn.Module:
@@ -81,6 +120,42 @@ def parallelize_gpt_with_pytorch(model: GPT, mesh) -> nn.Module:
     plan = {path: TorchColwise() if isinstance(style, ColwiseParallel) else TorchRowwise()
             for path, style in ours.items()}
     torch_parallelize_module(model, mesh["tp"], plan)
+    for block in model.blocks:
+        torch_fully_shard(block, mesh=mesh["dp"])
+    torch_fully_shard(model, mesh=mesh["dp"])
+    return model
+
+
+def parallelize_gpt_sp_with_pytorch(model: GPT, mesh) -> nn.Module:
+    """`parallelize_gpt_sp`'s twin in PyTorch: qkv's rows reordered as in `parallelize_gpt_with_pytorch`,
+    then PyTorch's own styles with the same layouts (`SequenceParallel`, `ColwiseParallel(input_layouts=
+    Shard(1))`, `RowwiseParallel(output_layouts=Shard(1))`, `PrepareModuleInput`, local tensors out of
+    the last two), then `fully_shard` of each block and of the root over mesh["dp"]."""
+    from torch.distributed.fsdp import fully_shard as torch_fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel as TorchColwise
+    from torch.distributed.tensor.parallel import PrepareModuleInput as TorchPrepareModuleInput
+    from torch.distributed.tensor.parallel import RowwiseParallel as TorchRowwise
+    from torch.distributed.tensor.parallel import SequenceParallel as TorchSequenceParallel
+    from torch.distributed.tensor.parallel import parallelize_module as torch_parallelize_module
+
+    ours = gpt_sp_plan(model.cfg, mesh["tp"].size())  # the same plan and checks, before any collective
+    rows = qkv_rows_for_pytorch(model.cfg.n_embd, mesh["tp"].size())
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.qkv.weight.copy_(block.attn.qkv.weight[rows])
+            block.attn.qkv.bias.copy_(block.attn.qkv.bias[rows])
+
+    def theirs(style):
+        if isinstance(style, ColwiseParallel):
+            return TorchColwise(input_layouts=style.input_layouts)
+        if isinstance(style, RowwiseParallel):
+            return TorchRowwise(output_layouts=style.output_layouts)
+        if isinstance(style, SequenceParallel):
+            return TorchSequenceParallel()
+        return TorchPrepareModuleInput(input_layouts=style.input_layouts,
+                                       desired_input_layouts=style.desired_input_layouts, use_local_output=True)
+
+    torch_parallelize_module(model, mesh["tp"], {path: theirs(style) for path, style in ours.items()})
     for block in model.blocks:
         torch_fully_shard(block, mesh=mesh["dp"])
     torch_fully_shard(model, mesh=mesh["dp"])

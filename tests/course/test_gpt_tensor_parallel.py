@@ -226,3 +226,172 @@ def test_bad_input_gets_a_clear_error_before_any_collective(no_orphans):
     assert "parallelize_gpt needs a 2-D mesh with dimensions ('dp', 'tp'), got ('tp',)" in out["gpt_mesh"]
     assert "the tensor-parallel degree 4 does not divide the 2 attention heads" in out["gpt_heads"]
 
+
+
+# --- sequence parallelism: the same four runs with gpt_sp_plan ---------------------------------------------
+
+def _sp_alone(opt_name):
+    from fsdp_mini.course.tensor_parallel_plan import gpt_sp_plan
+
+    model = GPT(CFG)
+    parallelize_module(model, tp_mesh(2), gpt_sp_plan(CFG, 2))
+    opt = make_optimizer(opt_name, model.parameters())
+    losses = []
+    for step in range(STEPS):
+        x, y = make_batch(CFG, BATCH, step)
+        opt.zero_grad()
+        loss = model(x, y)
+        loss.backward()
+        losses.append(loss.item())
+        grads = gather_tensor_parallel(model, {n: p.grad for n, p in model.named_parameters()})
+        opt.step()
+    return losses, grads, gather_tensor_parallel(model, model.state_dict())
+
+
+@pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
+def test_sequence_parallel_alone_matches_one_process(opt_name, no_orphans):
+    losses, grads, weights = reference(opt_name)
+    for got_losses, got_grads, got_weights in launch(_sp_alone, 2, args=(opt_name,), timeout=90):
+        assert got_losses == pytest.approx(losses, rel=1e-5)
+        for name in grads:
+            torch.testing.assert_close(got_grads[name], grads[name], **TOL)
+        for name in weights:
+            torch.testing.assert_close(got_weights[name], weights[name], **TOL)
+
+
+def _sp_fsdp(opt_name):
+    from fsdp_mini.course.tensor_parallel_plan import parallelize_gpt_sp
+
+    mesh = ParallelDims(dp=2, tp=2, world_size=4).build_mesh("cpu")
+    model = parallelize_gpt_sp(GPT(CFG), mesh)
+    return _train_2d(model, mesh, opt_name), gather_tensor_parallel(model, full_state_dict(model))
+
+
+def _pytorch_sp_2d(opt_name):
+    from fsdp_mini.course.tensor_parallel_plan import parallelize_gpt_sp_with_pytorch
+
+    mesh = ParallelDims(dp=2, tp=2, world_size=4).build_mesh("cpu")
+    model = parallelize_gpt_sp_with_pytorch(GPT(CFG), mesh)
+    losses = _train_2d(model, mesh, opt_name)
+    return (losses, pytorch_gpt_full_state_dict(model, mesh)), _sp_fsdp(opt_name)
+
+
+@pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
+def test_sequence_parallel_with_fully_shard_matches_one_process_and_pytorch_on_a_2x2_mesh(opt_name, no_orphans):
+    """Ours (gpt_sp_plan, fully_shard) and PyTorch's (parallelize_module with SequenceParallel, ColwiseParallel
+    (input_layouts=Shard(1)), RowwiseParallel(output_layouts=Shard(1)), PrepareModuleInput, then its fully_shard)
+    on the same 2 x 2 mesh: both equal one process, and each other."""
+    losses, _, weights = reference(opt_name)
+    results = launch(_pytorch_sp_2d, 4, args=(opt_name,), timeout=150)
+    for rank, ((torch_losses, torch_weights), (got_losses, got_weights)) in enumerate(results):
+        partner = results[rank ^ 2][1][0]  # the other dp rank: the other half of the batch
+        assert [(a + b) / 2 for a, b in zip(got_losses, partner)] == pytest.approx(losses, rel=1e-5)
+        assert got_losses == pytest.approx(torch_losses, rel=1e-5)
+        assert set(got_weights) == set(torch_weights) == set(weights)
+        for name in weights:
+            torch.testing.assert_close(got_weights[name], weights[name], **TOL)
+            torch.testing.assert_close(got_weights[name], torch_weights[name], **TOL)
+
+
+# --- SP: the same bytes on the wire as TP's AllReduces; the norms' activations 1/tp ---------------------------
+
+def _bytes_with(sequence_parallel: bool):
+    from fsdp_mini.course.tensor_parallel_plan import parallelize_gpt_sp
+
+    mesh = ParallelDims(dp=2, tp=2, world_size=4).build_mesh("cpu")
+    model = (parallelize_gpt_sp if sequence_parallel else parallelize_gpt)(GPT(CFG), mesh)
+    opt = make_optimizer("sgd", model.parameters())
+    x, y = (local_rows(t, mesh["dp"].get_local_rank(), mesh["dp"].size()) for t in make_batch(CFG, BATCH))
+    for _ in range(2):  # the second step is the steady one
+        with CommLog() as log:
+            opt.zero_grad()
+            model(x, y).backward()
+            opt.step()
+    return [(r.op, r.label, r.nbytes, r.group_size, r.sent) for r in log.records]
+
+
+def _both_bytes():
+    return _bytes_with(False), _bytes_with(True)
+
+
+def test_sequence_parallel_sends_what_tensor_parallel_sends_in_the_blocks(no_orphans):
+    """Each of TP's AllReduces of a (batch/dp) x seq x C activation (ring: 2(n-1)/n S sent) becomes a
+    ReduceScatter and an AllGather of it ((n-1)/n S each): per block the same bytes on the wire. Beyond the
+    blocks, from the shapes: the replicated head's input is gathered in forward and the replicated
+    embedding's gradient in backward (one AllGather of the activation each), and the weights used on 1/tp
+    of the positions (the LayerNorms, the row-parallel biases) have their gradients all-reduced (C each).
+    fully_shard's bytes do not change."""
+    c, tp = CFG.n_embd, 2
+    s = 4 * (BATCH // 2) * CFG.block_size * c  # one activation, fp32
+    for tp_records, sp_records in launch(_both_bytes, 4, timeout=150):
+        tp_only = [r for r in tp_records if r[1].startswith(TP_LABEL)]
+        sp_only = [r for r in sp_records if r[1].startswith(TP_LABEL)]
+        assert [r for r in tp_records if r not in tp_only] == [r for r in sp_records if r not in sp_only]  # FSDP
+        in_blocks = [r for r in sp_only if r[1].split(".")[-1] in ("qkv", "proj", "fc") and r[2] == s]
+        assert Counter(r[0] for r in in_blocks) == {"all_gather": 4 * CFG.n_layer, "reduce_scatter": 4 * CFG.n_layer}
+        assert sum(r[4] for r in in_blocks) == sum(r[4] for r in tp_only) == CFG.n_layer * 4 * 2 * (tp - 1) * s // tp
+        ends = Counter((r[0], r[1], r[2]) for r in sp_only if r[1].endswith(" input"))
+        assert ends == {("all_gather", f"{TP_LABEL} lm_head input", s): 1,
+                        ("all_gather", f"{TP_LABEL} blocks.0 input", s): 1}
+        grads = Counter((r[0], r[2]) for r in sp_only if r not in in_blocks and not r[1].endswith(" input"))
+        replicated_weights = CFG.n_layer * (2 * 2 + 2) + 2  # ln_1, ln_2 weight and bias, two row biases; ln_f
+        assert grads == {("all_reduce", 4 * c): replicated_weights}
+        assert sum(r[4] for r in sp_only) == sum(r[4] for r in tp_only) + 2 * (tp - 1) * s // tp + \
+            replicated_weights * 2 * (tp - 1) * 4 * c // tp
+
+
+def _saved_by_norms(sequence_parallel: bool):
+    """What autograd keeps inside each LayerNorm's forward, per rank (fsdp_mini.memory.SavedActivations), and
+    what the rest of the forward keeps, on one batch, TP or TP + SP over 2 ranks."""
+    from fsdp_mini.course.tensor_parallel_plan import gpt_sp_plan
+    from fsdp_mini.memory import SavedActivations
+
+    model = GPT(CFG)
+    parallelize_module(model, tp_mesh(2), (gpt_sp_plan if sequence_parallel else gpt_tp_plan)(CFG, 2))
+    norms = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.LayerNorm)}
+    saved = {}
+    for name, module in norms.items():
+        tracker = SavedActivations(exclude=model.parameters())
+
+        def enter(_m, _args, tracker=tracker):
+            tracker.__enter__()
+
+        def leave(_m, _args, _out, tracker=tracker, name=name):
+            tracker.__exit__()
+            saved[name] = tracker.nbytes
+
+        module.register_forward_pre_hook(enter)
+        module.register_forward_hook(leave)
+    with SavedActivations(exclude=model.parameters()) as the_rest:
+        loss = model(*make_batch(CFG, BATCH))
+    loss.backward()
+    return saved, the_rest.nbytes
+
+
+def _both_saved():
+    return _saved_by_norms(False), _saved_by_norms(True)
+
+
+def test_the_norm_and_residual_path_keeps_one_tp_th_of_its_activations_per_rank(no_orphans):
+    """A LayerNorm keeps its input (the residual stream) and a mean and a 1/std per position, fp32:
+    4 (C + 2) bytes a position. TP keeps them for all batch x seq positions on every rank, TP + SP for
+    batch x seq / tp. Everything else the forward keeps is the same in both (the outer tracker sees all but
+    the norms: autograd packs with the innermost saved-tensors hooks only): the linear layers keep their
+    gathered inputs as TP keeps its replicated ones."""
+    tp, positions = 2, BATCH * CFG.block_size
+    norms = 2 * CFG.n_layer + 1
+    for (tp_norms, tp_rest), (sp_norms, sp_rest) in launch(_both_saved, 2, timeout=90):
+        assert len(tp_norms) == len(sp_norms) == norms
+        assert set(tp_norms.values()) == {4 * positions * (CFG.n_embd + 2)}
+        assert set(sp_norms.values()) == {4 * positions // tp * (CFG.n_embd + 2)}
+        assert tp_rest == sp_rest
+
+
+def test_the_sequence_length_is_checked_without_any_process_group():
+    from fsdp_mini.course.tensor_parallel_plan import gpt_sp_plan
+
+    assert "the tensor-parallel degree 3 does not divide the sequence length block_size=16" in error_text(
+        lambda: gpt_sp_plan(GPTConfig(n_head=3, n_embd=30), 3))
+    assert "the tensor-parallel degree 4 does not divide the 2 attention heads" in error_text(
+        lambda: gpt_sp_plan(CFG, 4))
+    assert not dist.is_initialized()

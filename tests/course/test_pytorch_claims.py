@@ -2077,3 +2077,62 @@ def test_12_pytorchs_colwise_parallel_cuts_contiguous_rows_and_knows_no_fused_qk
     reordered = launch(_torch_tp_loss, 2, args=(True,), timeout=60)[0]
     assert abs(plain - one_process) > 1e-4  # rank 0 computed all of q with half of k: wrong heads
     assert reordered == pytest.approx(one_process, rel=1e-5)
+
+
+def _torch_sequence_parallel(sequence_parallel: bool):
+    """PyTorch's own TP plan on the course GPT over 2 ranks, with or without sequence parallelism (the plan of
+    `parallelize_gpt_sp_with_pytorch`, without fully_shard): the c10d collectives of one forward and one backward
+    (CommDebugMode), the placements of a SequenceParallel LayerNorm, its weight's gradient."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.debug import CommDebugMode
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel, parallelize_module)
+
+    from fsdp_mini.course.tensor_parallel_plan import qkv_rows_for_pytorch
+
+    model = GPT(CFG)
+    rows = qkv_rows_for_pytorch(CFG.n_embd, 2)
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.qkv.weight.copy_(block.attn.qkv.weight[rows])
+            block.attn.qkv.bias.copy_(block.attn.qkv.bias[rows])
+    seq = Shard(1) if sequence_parallel else Replicate()
+    plan = {"blocks.*.attn.qkv": ColwiseParallel(input_layouts=seq),
+            "blocks.*.attn.proj": RowwiseParallel(output_layouts=seq),
+            "blocks.*.mlp.fc": ColwiseParallel(input_layouts=seq),
+            "blocks.*.mlp.proj": RowwiseParallel(output_layouts=seq)}
+    if sequence_parallel:
+        local = dict(use_local_output=True)
+        plan |= {"blocks.0": PrepareModuleInput(input_layouts=Replicate(), desired_input_layouts=seq, **local),
+                 "blocks.*.ln_1": SequenceParallel(), "blocks.*.ln_2": SequenceParallel(), "ln_f": SequenceParallel(),
+                 "lm_head": PrepareModuleInput(input_layouts=seq, desired_input_layouts=Replicate(), **local)}
+    parallelize_module(model, init_device_mesh("cpu", (2,)), plan)
+    seen = {}
+    model.blocks[0].ln_1.register_forward_hook(lambda m, a, out: seen.update(out=str(getattr(out, "placements", None))))
+    with CommDebugMode() as forward:
+        loss = model(*make_batch(CFG, 4))
+    with CommDebugMode() as backward:
+        loss.backward()
+    w = model.blocks[0].ln_1.weight
+    counts = [{str(op).split(".")[-1]: n for op, n in mode.get_comm_counts().items()} for mode in (forward, backward)]
+    grad = w.grad.full_tensor() if sequence_parallel else w.grad
+    return counts, str(getattr(w, "placements", None)), str(getattr(w.grad, "placements", None)), seen["out"], grad
+
+
+def test_12_pytorchs_sequence_parallel_splits_each_all_reduce_and_leaves_the_norm_gradients_partial(no_orphans):
+    # fsdp_mini.tp_operators / tensor_parallel (SP): "each of TP's AllReduces becomes a ReduceScatter into sequence
+    # shards and an AllGather out of them"; the replicated head's input and embedding's gradient are gathered once
+    # more each; a SequenceParallel norm keeps its weights whole (Replicate) and computes on Shard(1). Its weight's
+    # gradient is a sum over this rank's positions: PyTorch leaves it Partial(sum) after backward (reduced when it is
+    # used), fsdp_mini adds it over the TP group in backward; the full value is one process's either way.
+    one_process = GPT(CFG)
+    one_process(*make_batch(CFG, 4)).backward()
+    want = one_process.blocks[0].ln_1.weight.grad
+    tp_counts = launch(_torch_sequence_parallel, 2, args=(False,), timeout=60)[0][0]
+    per_direction = 2 * CFG.n_layer  # attention and MLP of each block: g forward, f backward
+    assert tp_counts == [{"all_reduce": per_direction}] * 2
+    for counts, weight, grad, out, full_grad in launch(_torch_sequence_parallel, 2, args=(True,), timeout=60):
+        assert counts == [{"all_gather_into_tensor": per_direction + 1, "reduce_scatter_tensor": per_direction}] * 2
+        assert (weight, out, grad) == ("(Replicate(),)", "(Shard(dim=1),)", "(Partial(sum),)")
+        torch.testing.assert_close(full_grad, want, rtol=1e-5, atol=1e-7)

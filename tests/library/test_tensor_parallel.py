@@ -237,3 +237,241 @@ def test_units_on_the_same_sub_mesh_share_one_gathered_memory_tracker(no_orphans
     (keyed by ranks, not by object identity): otherwise the demo's TP x fully_shard row saw only the root."""
     for shared, covers_a_block in launch(_trackers_of_units_on_a_sub_mesh, 2, timeout=60):
         assert shared and covers_a_block
+
+
+# --- sequence parallelism (Korthikanti et al., 2022) -----------------------------------------------------
+
+SEQ = 4  # positions: 2 per rank at tp 2
+
+
+def _sp_operators():
+    """g, ḡ and the scatter on (1, SEQ, 2) tensors whose values name the rank and the position."""
+    from fsdp_mini.tp_operators import (gather_from_sequence_parallel_region,
+                                        reduce_scatter_to_sequence_parallel_region, scatter_to_sequence_parallel_region)
+
+    rank = dist.get_rank()
+    out = {}
+    for name, fn, make in (
+            ("g", gather_from_sequence_parallel_region, lambda: torch.full((1, SEQ // 2, 2), rank + 1.0)),
+            ("g_bar", reduce_scatter_to_sequence_parallel_region,
+             lambda: torch.arange(SEQ, dtype=torch.float).view(1, SEQ, 1).expand(1, SEQ, 2) * (rank + 1)),
+            ("scatter", scatter_to_sequence_parallel_region,
+             lambda: torch.arange(SEQ, dtype=torch.float).view(1, SEQ, 1).expand(1, SEQ, 2).contiguous())):
+        x = make().requires_grad_(True)
+        with CommLog() as fwd:
+            y = fn(x, None, name)
+        probe = torch.arange(y.numel(), dtype=torch.float).view_as(y) + 10 * rank  # a different gradient per rank
+        with CommLog() as bwd:
+            y.backward(probe)
+        out[name] = (y[0, :, 0].tolist(), x.grad[0, :, 0].tolist(), [r.op for r in fwd.records],
+                     [(r.op, r.label) for r in bwd.records])
+    from fsdp_mini.flight_recorder import RECORDER
+
+    out["flight"] = [(e.op, e.label, e.phase, e.shapes) for e in RECORDER.entries()]
+    return out
+
+
+def test_g_gathers_the_sequence_and_g_bar_reduce_scatters_it_each_backward_the_other(no_orphans):
+    results = launch(_sp_operators, 2, timeout=60)
+    for rank, out in enumerate(results):
+        y, grad, fwd, bwd = out["g"]  # g: AllGather forward, ReduceScatter backward
+        assert y == [1.0, 1.0, 2.0, 2.0] and fwd == ["all_gather"] and bwd == [("reduce_scatter", "g")]
+        # the probe at this rank's positions (feature 0 of position p holds 2p, plus 10 on rank 1), summed over ranks
+        assert grad == [2 * (2 * p) + 10 for p in (2 * rank, 2 * rank + 1)]
+        y, grad, fwd, bwd = out["g_bar"]  # ḡ: ReduceScatter forward (1x + 2x summed), AllGather backward
+        assert y == [3.0 * p for p in (2 * rank, 2 * rank + 1)] and fwd == ["reduce_scatter"]
+        assert bwd == [("all_gather", "g_bar")] and grad == [0.0, 2.0, 10.0, 12.0]  # both ranks' probes, in order
+        y, grad, fwd, bwd = out["scatter"]  # the chunk, nothing sent; AllGather backward
+        assert y == [2.0 * rank, 2.0 * rank + 1] and fwd == [] and bwd == [("all_gather", "scatter")]
+        assert grad == [0.0, 2.0, 10.0, 12.0]
+        # the flight recorder has each one, labelled, with its phase and the local (input) shape it was issued on
+        shard, whole = (SEQ // 2, 1, 2), (SEQ, 1, 2)  # the sequence moved to dim 0 for fsdp_mini's collectives
+        assert out["flight"] == [("all_gather", "g", "", (shard,)), ("reduce_scatter", "g", "backward", (whole,)),
+                                 ("reduce_scatter", "g_bar", "", (whole,)),
+                                 ("all_gather", "g_bar", "backward", (shard,)),
+                                 ("all_gather", "scatter", "backward", (shard,))]
+
+
+class SeqModel(nn.Module):
+    """A residual MLP block on (rows, SEQ, 12) and a head: norm -> up (column parallel) -> down (row parallel)
+    -> + the residual, then a final norm and the head. Under sequence parallelism both norms and the residual
+    add run on this rank's positions; the block's input is cut from the replicated input, the head's gathered."""
+
+    def __init__(self, seed: int = 0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.block = nn.ModuleDict(dict(norm=nn.LayerNorm(12), up=nn.Linear(12, 24), down=nn.Linear(24, 12)))
+        self.block.forward = self._block
+        self.norm_f, self.head = nn.RMSNorm(12), nn.Linear(12, 5)
+
+    def _block(self, x):
+        b = self.block
+        return x + b.down(F.gelu(b.up(b.norm(x))))
+
+    def forward(self, x):
+        return self.head(self.norm_f(self.block(x)))
+
+
+def sp_plan():
+    from fsdp_mini.tensor_parallel import PrepareModuleInput, Replicate, SequenceParallel, Shard
+
+    return {"block": PrepareModuleInput(input_layouts=Replicate(), desired_input_layouts=Shard(1)),
+            "block.norm": SequenceParallel(), "block.up": ColwiseParallel(input_layouts=Shard(1)),
+            "block.down": RowwiseParallel(output_layouts=Shard(1)), "norm_f": SequenceParallel(),
+            "head": PrepareModuleInput(input_layouts=Shard(1), desired_input_layouts=Replicate())}
+
+
+def seq_batch(step: int):
+    g = torch.Generator().manual_seed(100 + step)
+    return torch.randn(ROWS, SEQ, 12, generator=g), torch.randn(ROWS, SEQ, 5, generator=g)
+
+
+def seq_train(model, opt, rows=slice(None)):
+    losses = []
+    for step in range(STEPS):
+        x, y = (t[rows] for t in seq_batch(step))
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def seq_one_process(opt_name):
+    model = SeqModel()
+    return seq_train(model, optimizer(opt_name, model.parameters())), model.state_dict()
+
+
+def _sp_alone(opt_name):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    model = parallelize_module(SeqModel(), init_device_mesh("cpu", (2,)), sp_plan())
+    kinds = [type(m).__name__ for m in (model.block.norm, model.block.up, model.block.down, model.norm_f)]
+    return seq_train(model, optimizer(opt_name, model.parameters())), gather_tensor_parallel(
+        model, model.state_dict()), kinds
+
+
+@pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
+def test_tensor_and_sequence_parallel_alone_matches_one_process(opt_name, no_orphans):
+    losses, weights = seq_one_process(opt_name)
+    for got_losses, got_weights, kinds in launch(_sp_alone, 2, args=(opt_name,), timeout=60):
+        assert got_losses == pytest.approx(losses, rel=1e-5)
+        for name in weights:
+            torch.testing.assert_close(got_weights[name], weights[name], **TOL)
+        assert kinds == ["SequenceParallelLayerNorm", "SequenceParallelColumnLinear", "SequenceParallelRowLinear",
+                         "SequenceParallelRMSNorm"]
+
+
+def _sp_fsdp(opt_name):
+    mesh = ParallelDims(dp=2, tp=2, world_size=4).build_mesh("cpu")
+    model = parallelize_module(SeqModel(), mesh["tp"], sp_plan())
+    fully_shard(model, mesh=mesh["dp"])
+    half, dp_rank = ROWS // 2, mesh["dp"].get_local_rank()
+    losses = seq_train(model, optimizer(opt_name, model.parameters()), slice(dp_rank * half, (dp_rank + 1) * half))
+    return losses, gather_tensor_parallel(model, full_state_dict(model))
+
+
+@pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
+def test_tensor_and_sequence_parallel_with_fully_shard_on_a_2x2_mesh_matches_one_process(opt_name, no_orphans):
+    losses, weights = seq_one_process(opt_name)
+    results = launch(_sp_fsdp, 4, args=(opt_name,), timeout=90)
+    for rank, (got_losses, got_weights) in enumerate(results):
+        partner = results[rank ^ 2][0]  # the other dp rank: the other half of the batch
+        assert [(a + b) / 2 for a, b in zip(got_losses, partner)] == pytest.approx(losses, rel=1e-5)
+        for name in weights:
+            torch.testing.assert_close(got_weights[name], weights[name], **TOL)
+
+
+def _norm_saved(model, x):
+    """Bytes autograd keeps for backward inside each norm's forward (fsdp_mini.memory.SavedActivations)."""
+    from fsdp_mini.memory import SavedActivations
+
+    saved, handles = {}, []
+    for name in ("block.norm", "norm_f"):
+        module = model.get_submodule(name)
+        tracker = SavedActivations(exclude=model.parameters())
+
+        def enter(_m, _args, tracker=tracker):
+            tracker.__enter__()
+
+        def leave(_m, _args, _out, tracker=tracker, name=name):
+            tracker.__exit__()
+            saved[name] = tracker.nbytes
+
+        handles += [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
+    model(x).sum().backward()
+    for h in handles:
+        h.remove()
+    return saved
+
+
+def _sp_norm_memory():
+    from torch.distributed.device_mesh import init_device_mesh
+
+    model = parallelize_module(SeqModel(), init_device_mesh("cpu", (2,)), sp_plan())
+    return _norm_saved(model, seq_batch(0)[0])
+
+
+def test_the_norms_keep_one_tp_th_of_their_activations_per_rank(no_orphans):
+    """LayerNorm keeps its input and one mean and one 1/std per position (fp32): 4 (C + 2) bytes a position;
+    RMSNorm (composite on CPU) a fixed number of values per position too. Under sequence parallelism a rank
+    holds SEQ / tp of the positions, so 1/tp of both."""
+    whole = _norm_saved(SeqModel(), seq_batch(0)[0])
+    assert whole["block.norm"] == 4 * ROWS * SEQ * (12 + 2) and whole["norm_f"] % (4 * ROWS * SEQ) == 0
+    for per_rank in launch(_sp_norm_memory, 2, timeout=60):
+        assert per_rank["block.norm"] == 4 * ROWS * (SEQ // 2) * (12 + 2)
+        assert per_rank == {name: nbytes // 2 for name, nbytes in whole.items()}
+
+
+def test_sequence_parallel_layouts_are_checked_without_any_process_group():
+    from torch.distributed.tensor import Partial
+
+    from fsdp_mini.tensor_parallel import PrepareModuleInput, Replicate, Shard
+
+    assert "ColwiseParallel: input_layouts=Shard(dim=-1) is not supported; use Replicate() or Shard(d) with d >= 0" \
+        in error_text(lambda: ColwiseParallel(input_layouts=Shard(-1)))
+    assert "ColwiseParallel: output_layouts=Replicate() is not supported; its output is sharded on the features" \
+        in error_text(lambda: ColwiseParallel(output_layouts=Replicate()))
+    assert "RowwiseParallel: output_layouts=Partial(sum) is not supported" in error_text(
+        lambda: RowwiseParallel(output_layouts=Partial()))
+    assert "RowwiseParallel: input_layouts=Replicate() is not supported" in error_text(
+        lambda: RowwiseParallel(input_layouts=Replicate()))
+    assert "PrepareModuleInput: from Shard(dim=1) to Shard(dim=0) is not supported" in error_text(
+        lambda: PrepareModuleInput(input_layouts=Shard(1), desired_input_layouts=Shard(0)))
+    assert "should have the same length" in error_text(
+        lambda: PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=Replicate()))
+    assert not dist.is_initialized()
+
+
+def _sp_errors():
+    """Rank 0 alone makes the plan's mistakes while the others wait; then every rank runs a sequence that the
+    two TP ranks cannot share: each must raise before sending anything (no rank waits on another)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from fsdp_mini.tensor_parallel import SequenceParallel
+
+    mesh = init_device_mesh("cpu", (2,))
+    out = {}
+    if dist.get_rank() == 0:
+        out["linear"] = error_text(lambda: parallelize_module(SeqModel(), mesh, {"block.up": SequenceParallel()}))
+    dist.barrier()
+    model = parallelize_module(SeqModel(), mesh, sp_plan())
+    with CommLog() as log:
+        out["odd"] = error_text(lambda: model(torch.randn(2, 3, 12)))
+        out["flat"] = error_text(lambda: model.block.up(torch.randn(2, 12)))
+    out["sent"] = len(log.records)
+    out["twice"] = error_text(lambda: parallelize_module(model, mesh, {"norm_f": SequenceParallel()}))
+    return out
+
+
+def test_sequence_parallel_mistakes_get_a_clear_error_before_any_collective(no_orphans):
+    for rank, out in enumerate(launch(_sp_errors, 2, timeout=60)):
+        if rank == 0:
+            assert "SequenceParallel applies to nn.LayerNorm and nn.RMSNorm, but block.up is a Linear" in out["linear"]
+        assert ("sequence parallelism: dim 1 of a tensor of shape (2, 3, 12) has 3 positions, not a multiple of the 2 "
+                "ranks of the tensor-parallel group") in out["odd"]
+        assert "block.up: input_layouts=Shard(1) names the sequence dim, but an input of shape (2, 12) has no dim 1 " \
+            "before its features" in out["flat"]
+        assert out["sent"] == 0
+        assert "norm_f is already tensor-parallel (SequenceParallelRMSNorm)" in out["twice"]

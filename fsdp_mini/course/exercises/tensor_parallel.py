@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from fsdp_mini.collectives import all_reduce
 from fsdp_mini.comm_log import CommLog
 from fsdp_mini.course.exercise import CodeExercise, NotYet, Verdict
 from fsdp_mini.course.language import num, tr
@@ -30,7 +31,7 @@ from fsdp_mini.tp_operators import (TP_LABEL, copy_to_tensor_model_parallel_regi
                                     reduce_from_tensor_model_parallel_region)
 
 __all__ = ["ROW_PARALLEL_FORWARD", "DP_TP_LAYOUT", "row_parallel_forward", "dp_tp_layout", "ROW_WORLDS",
-           "LAYOUT_CASES"]
+           "LAYOUT_CASES", "through_autograd_function", "NOT_AN_AUTOGRAD_FUNCTION"]
 
 ROW_WORLDS = (2, 4)
 _B, _T, _IN, _OUT = 3, 4, 8, 6  # input features 8: 4 or 2 per rank
@@ -57,6 +58,12 @@ def dp_tp_layout(world_size: int, gpus_per_node: int, tp: int) -> list[list[int]
 
 
 # --- plausible mistakes, which the judges must catch (tests/course/test_exercise.py) --------------------------
+
+def _in_place_all_reduce(x_shard, weight_shard, bias, group):
+    partial = x_shard @ weight_shard.t()
+    all_reduce(partial, group=group)  # right values, but no autograd node: only c10d's deprecated fallthrough
+    return partial + bias
+
 
 def _bias_on_every_rank(x_shard, weight_shard, bias, group):
     return reduce_from_tensor_model_parallel_region(x_shard @ weight_shard.t() + bias, group)  # bias tp times
@@ -93,6 +100,33 @@ def _layout_rows_are_nodes(world_size, gpus_per_node, tp):
 
 # --- exercise 1: row_parallel_forward -------------------------------------------------------------------
 
+def through_autograd_function(out: torch.Tensor) -> bool:
+    """Whether `out`'s autograd graph passes through a `torch.autograd.Function` (a custom node). A collective
+    called on a tensor that needs a gradient, outside one, leaves no node: its forward values are right and
+    backward passes through it only by PyTorch's deprecated c10d autograd fallthrough, which warns that the
+    gradients may be silently wrong. A communication operator must be a Function, with its backward."""
+    stack, seen = [out.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, torch.autograd.function.BackwardCFunction):
+            return True
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return False
+
+
+NOT_AN_AUTOGRAD_FUNCTION = (
+    "autograd does not see the collective: called on a tensor that needs a gradient, outside a "
+    "torch.autograd.Function, it leaves no node in the graph, and backward gets through it only by PyTorch's "
+    "deprecated c10d fallthrough, which warns of silently wrong gradients; write the pair as an autograd "
+    "Function, forward and backward",
+    "autograd не видит коллективную операцию: вызванная на тензоре, которому нужен градиент, вне "
+    "torch.autograd.Function, она не оставляет узла в графе, и обратный проход проходит сквозь неё только через "
+    "устаревший сквозной путь c10d, который предупреждает о незаметно неверных градиентах; запишите пару как "
+    "autograd Function, прямой и обратный проход")
+
 def _full_trial():
     g = torch.Generator().manual_seed(12)
     x, w, b = (torch.randn(shape, generator=g) for shape in ((_B, _T, _IN), (_OUT, _IN), (_OUT,)))
@@ -126,7 +160,8 @@ def _run_row_parallel(fn):
         if out.requires_grad:
             (out * probe).sum().backward()
     grads = [t.grad if t.grad is not None else torch.zeros_like(t) for t in (x_shard, w_shard, bias)]
-    return out.detach(), grads, [rec.op for rec in forward.records], [rec.op for rec in backward.records]
+    return (out.detach(), grads, [rec.op for rec in forward.records], [rec.op for rec in backward.records],
+            through_autograd_function(out))
 
 
 def _ar(ops) -> str:
@@ -145,7 +180,7 @@ def _judge_row_parallel(fn) -> Verdict:
                 return Verdict.wrong(where + tr(
                     f"rank {rank}: return the layer's whole output, shape {(_B, _T, _OUT)}; got {res[1]}",
                     f"ранг {rank}: верните весь выход слоя, форма {(_B, _T, _OUT)}; получено {res[1]}"))
-            out, (got_x, got_w, got_b), fwd, bwd = res
+            out, (got_x, got_w, got_b), fwd, bwd, as_function = res
             seen = tr(f"CommLog saw {_ar(fwd)} AllReduce(s) in forward and {_ar(bwd)} in backward",
                       f"CommLog увидел AllReduce: {_ar(fwd)} в прямом проходе и {_ar(bwd)} в обратном")
             if not torch.allclose(out, want_out, **TOL):
@@ -158,6 +193,10 @@ def _judge_row_parallel(fn) -> Verdict:
                         op == "all_reduce" for op in fwd) else ""
                 return Verdict.wrong(where + tr(f"rank {rank}: the output differs from one process's{why}; {seen}",
                                                 f"ранг {rank}: выход отличается от выхода одного процесса{why}; {seen}"))
+            if any(op == "all_reduce" for op in fwd) and not as_function:
+                return Verdict.wrong(where + tr(f"rank {rank}: the output is right, but ",
+                                                f"ранг {rank}: выход верен, но ") + tr(*NOT_AN_AUTOGRAD_FUNCTION)
+                                     + tr(" (Megatron's g)", " (g из Megatron)"))
             n = world
             for name, got, full in (("x_shard", got_x, gx.chunk(n, dim=-1)[rank]),
                                     ("weight_shard", got_w, gw.chunk(n, dim=1)[rank]), ("bias", got_b, gb)):
@@ -300,6 +339,6 @@ def _judge_layout(fn) -> Verdict:
 
 ROW_PARALLEL_FORWARD = CodeExercise("12.row_parallel_forward", _judge_row_parallel, row_parallel_forward,
                                     (_bias_on_every_rank, _no_all_reduce, _all_reduce_in_backward,
-                                     _all_reduce_both_ways))
+                                     _all_reduce_both_ways, _in_place_all_reduce))
 DP_TP_LAYOUT = CodeExercise("12.dp_tp_layout", _judge_layout, dp_tp_layout,
                             (_layout_transposed, _layout_repeats_a_rank, _layout_rows_are_nodes))
