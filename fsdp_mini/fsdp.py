@@ -28,6 +28,12 @@ r = replicas (CommLog's S bytes; the root unit skips the backward AllGather):
     NO_SHARD                      AllReduce of the P's, packed in backward order into buckets of at
                                   least bucket_cap_mb (the last one holds the rest)
 
+Gradient reductions start in one fixed order on every rank (reverse build order, backward's usual one).
+A flat parameter none of whose parameters got a gradient keeps `grad` None; one some of whose parameters
+got none on a rank is reduced with zeros for them (the right share when another rank used them), and,
+since the optimizer steps a flat shard as one tensor, weight decay and momentum reach them: FSDP warns,
+naming them (give them a unit of their own, or use `fully_shard`, which keeps None per parameter).
+
 Prefetch order is the execution order recorded in the first forward and backward, as in PyTorch FSDP.
 Which modules become units and how their parameters are grouped is `fsdp_mini.plan`'s (pure) decision;
 what each strategy implies (reshard after forward, shard-group size) is `fsdp_mini.strategy`'s.
@@ -317,11 +323,8 @@ class FSDP(GradientSync, nn.Module):
         unit.wait_for_unshard()
 
     def _on_grad(self, handle: FlatParamHandle, leaf) -> None:
-        """A parameter's gradient is accumulated. Once all of a handle's are, its gathered parameters are
-        freed and its reduction may start, but only in `_reduce_order`: a rank where some parameter got
-        no gradient (data-dependent routing: it is used on another rank's rows) completes that handle
-        only at the end of backward, and if the ranks issued their ReduceScatters in completion order,
-        two same-sized units would be paired with each other's gradients, silently."""
+        """Once all of a handle's gradients are accumulated: start the reductions now due, in
+        `_reduce_order` (see `_start_reductions`), and free the handle's gathered parameters."""
         handle.grads_ready += 1
         if handle.grads_ready == len(handle.leaves):  # every parameter's gradient is complete
             self._complete.add(id(handle))
@@ -333,7 +336,12 @@ class FSDP(GradientSync, nn.Module):
         """Reduce the handles of `_reduce_order` from the next one on, while each is complete; at the end
         of backward, every remaining one that has a gradient (missing parameters count as zeros). One
         with no gradient at all keeps `shard.grad` None, as a plain module's unused parameters do (every
-        rank leaves the same whole flat parameters unused, as the AllGathers already require)."""
+        rank leaves the same whole flat parameters unused, as the AllGathers already require).
+        Why one fixed order, not the order handles complete in: a rank where some parameter got no
+        gradient (routed by data, it served only another rank's rows) completes that handle only at the
+        end of backward; issued in completion order, two same-sized units' ReduceScatters would be
+        paired with each other's gradients, silently. A handle that never completes holds back those
+        after it until the end of backward: correct, with less overlap."""
         while self._next_reduce < len(self._reduce_order):
             h = self._reduce_order[self._next_reduce]
             if not end_of_backward and id(h) not in self._complete:
