@@ -95,12 +95,18 @@ def _rows() -> slice:
     return slice(dist.get_rank() * n, (dist.get_rank() + 1) * n)
 
 
+STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD")
+
+
 def _flat_worker(opt_name):
-    model = FSDP(Branchy(), wrap=(Expert,))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        _train(model, OPTIMIZERS[opt_name](model.parameters()), _rows())
-    return model.full_state_dict(), [str(w.message) for w in caught if "got no gradient" in str(w.message)]
+    out = {}
+    for strategy in STRATEGIES:
+        model = FSDP(Branchy(), strategy, wrap=(Expert,))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _train(model, OPTIMIZERS[opt_name](model.parameters()), _rows())
+        out[strategy] = model.full_state_dict(), [str(w.message) for w in caught if "got no gradient" in str(w.message)]
+    return out
 
 
 def _per_param_worker(opt_name):
@@ -130,12 +136,13 @@ def test_unused_and_routed_parameters_train_as_in_one_process(world, opt_name, n
     reference = _one_process(opt_name)
     assert torch.equal(reference["never.lin.weight"], Branchy().never.lin.weight)  # one process leaves it alone
     results = launch(_flat_worker, world, args=(opt_name,), timeout=60)
-    for state, _ in results:
-        _assert_same(state, reference, f"FSDP, world {world}, {opt_name}")
-    # rank 0 routes rows through blocks.1's gate, the others do not: they warn (their zeros are their share)
-    assert [bool(messages) for _, messages in results] == [False] + [True] * (world - 1)
-    assert all(m[0].startswith("FSDP: blocks.1.gate.weight, blocks.1.gate.bias got no gradient")
-               for _, m in results[1:])
+    for strategy in STRATEGIES:
+        for state, _ in (r[strategy] for r in results):
+            _assert_same(state, reference, f"FSDP {strategy}, world {world}, {opt_name}")
+        # rank 0 routes rows through blocks.1's gate, the others do not: they warn (their zeros are their share)
+        messages = [r[strategy][1] for r in results]
+        assert [bool(m) for m in messages] == [False] + [True] * (world - 1)
+        assert all(m[0].startswith("FSDP: blocks.1.gate.weight, blocks.1.gate.bias got no gradient") for m in messages[1:])
 
 
 @pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
