@@ -182,6 +182,13 @@ class FlatParamHandle:
     def has_unsharded_grads(self) -> bool:
         return any(leaf.grad is not None for leaf in self.leaves)
 
+    def names_without_grad(self) -> list[str]:
+        """The parameters (first names) with no gradient now, when some other one has one: those that
+        `take_unsharded_grad` fills with zeros."""
+        if not self.has_unsharded_grads():
+            return []
+        return [info.names[0] for info, leaf in zip(self.layout.params, self.leaves) if leaf.grad is None]
+
     # --- full state dict -----------------------------------------------------------------------------
 
     def full_shapes(self) -> dict[str, tuple[int, ...]]:

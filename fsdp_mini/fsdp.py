@@ -28,6 +28,12 @@ r = replicas (CommLog's S bytes; the root unit skips the backward AllGather):
     NO_SHARD                      AllReduce of the P's, packed in backward order into buckets of at
                                   least bucket_cap_mb (the last one holds the rest)
 
+Gradient reductions start in one fixed order on every rank (reverse build order, backward's usual one).
+A flat parameter none of whose parameters got a gradient keeps `grad` None; one some of whose parameters
+got none on a rank is reduced with zeros for them (the right share when another rank used them), and,
+since the optimizer steps a flat shard as one tensor, weight decay and momentum reach them: FSDP warns,
+naming them (give them a unit of their own, or use `fully_shard`, which keeps None per parameter).
+
 Prefetch order is the execution order recorded in the first forward and backward, as in PyTorch FSDP.
 Which modules become units and how their parameters are grouped is `fsdp_mini.plan`'s (pure) decision;
 what each strategy implies (reshard after forward, shard-group size) is `fsdp_mini.strategy`'s.
@@ -58,7 +64,7 @@ from fsdp_mini.memory import MemoryTracker, optimizer_state_bytes, tensor_bytes
 from fsdp_mini.mixed_precision import MixedPrecision
 from fsdp_mini.nested import tensors_in
 from fsdp_mini.plan import FlatParamPlan, Plan, plan_units
-from fsdp_mini.replaced_params import mark_replaced
+from fsdp_mini.replaced_params import mark_replaced, mark_wrapped
 from fsdp_mini.runtime import get_device, require_distributed
 from fsdp_mini.states import TrainingState
 from fsdp_mini.strategy import ShardingStrategy, as_strategy, is_hybrid, reshard_after_forward, shard_group_size
@@ -172,10 +178,17 @@ class FSDP(GradientSync, nn.Module):
             check_same_fingerprints(initial_values + [(n, fingerprint(b)) for n, b in buffers], device=self.device)
         self._flat_params = nn.ParameterList([h.shard for h in self.handles])
         mark_replaced(originals)  # an optimizer built before wrapping fails at its first step
+        mark_wrapped(module, "FSDP")  # fully_shard on one of its modules is refused
         self.state_dict_keys: tuple[str, ...] = plan.state_dict_keys
         self.forward_order, self.backward_order = ExecutionOrder(), ExecutionOrder()
         self._backward_queued = False
         self._pending: list[FlatParamHandle] = []  # handles whose reduction is in flight, in issue order
+        # Reductions start in one fixed order on every rank (reverse build order: the order backward
+        # usually completes units), as DDP starts its buckets in index order: see `_on_grad`.
+        self._reduce_order = [h for h in reversed(self.handles) if h.requires_grad]
+        self._next_reduce = 0  # how many handles of `_reduce_order` this backward has started reducing
+        self._complete: set[int] = set()  # ids of handles whose every parameter got its gradient
+        self._warned_zero_filled: set[tuple[str, ...]] = set()
         self._running = False  # inside FSDP.forward or summon_full_params: the wrapped module may run
         # the wrapped module and the modules holding the root unit's parameters (e.g. the embedding, which
         # a `generate()` may call directly) refuse to run on sharded parameters; inner units gather themselves
@@ -310,11 +323,47 @@ class FSDP(GradientSync, nn.Module):
         unit.wait_for_unshard()
 
     def _on_grad(self, handle: FlatParamHandle, leaf) -> None:
+        """Once all of a handle's gradients are accumulated: start the reductions now due, in
+        `_reduce_order` (see `_start_reductions`), and free the handle's gathered parameters."""
         handle.grads_ready += 1
         if handle.grads_ready == len(handle.leaves):  # every parameter's gradient is complete
+            self._complete.add(id(handle))
             if self.requires_gradient_sync:
-                self._reduce(handle)
+                self._start_reductions(end_of_backward=False)
             handle.reshard()
+
+    def _start_reductions(self, end_of_backward: bool) -> None:
+        """Reduce the handles of `_reduce_order` from the next one on, while each is complete; at the end
+        of backward, every remaining one that has a gradient (missing parameters count as zeros). One
+        with no gradient at all keeps `shard.grad` None, as a plain module's unused parameters do (every
+        rank leaves the same whole flat parameters unused, as the AllGathers already require).
+        Why one fixed order, not the order handles complete in: a rank where some parameter got no
+        gradient (routed by data, it served only another rank's rows) completes that handle only at the
+        end of backward; issued in completion order, two same-sized units' ReduceScatters would be
+        paired with each other's gradients, silently. A handle that never completes holds back those
+        after it until the end of backward: correct, with less overlap."""
+        while self._next_reduce < len(self._reduce_order):
+            h = self._reduce_order[self._next_reduce]
+            if not end_of_backward and id(h) not in self._complete:
+                return
+            if h.has_unsharded_grads():
+                self._warn_if_zero_filled(h)
+                self._reduce(h)
+            self._next_reduce += 1
+
+    def _warn_if_zero_filled(self, handle: FlatParamHandle) -> None:
+        """Say so (once per flat parameter and set of names) when some of its parameters got no gradient
+        on this rank while others did: a flat shard is one tensor to the optimizer, so they get zeros."""
+        missing = handle.names_without_grad()
+        if missing and (handle.label, *missing) not in self._warned_zero_filled:
+            self._warned_zero_filled.add((handle.label, *missing))
+            warnings.warn(
+                f"FSDP: {', '.join(missing)} got no gradient on rank {dist.get_rank()} but share the flat parameter "
+                f"'{handle.label}' with parameters that did. The optimizer steps a flat shard as one tensor, so they "
+                f"get a zero gradient: weight decay, momentum and Adam's moments still change them, where a plain "
+                f"model would leave a parameter without gradient alone. If another rank uses them (routing by "
+                f"data), the zero is this rank's correct share; if no rank does, give them a unit of their own "
+                f"(wrap=...), whose gradient then stays None, or use fully_shard (None per parameter)", stacklevel=2)
 
     def _reduce(self, handle: FlatParamHandle) -> None:
         """Start reducing one handle's gradients: into the open bucket (NO_SHARD), or a ReduceScatter;
@@ -330,9 +379,8 @@ class FSDP(GradientSync, nn.Module):
     def _finish_backward(self) -> None:
         """End of backward: reduce what post-backward did not (unused parameters, accumulated no_sync
         gradients), wait for every reduction, and free every gathered unit."""
-        for h in self.handles:
-            if self.requires_gradient_sync and h.has_unsharded_grads() and h not in self._pending:
-                self._reduce(h)
+        if self.requires_gradient_sync:
+            self._start_reductions(end_of_backward=True)
         self.grad_buckets.wait()
         for h in self._pending:
             h.wait_for_grads()
@@ -342,6 +390,7 @@ class FSDP(GradientSync, nn.Module):
             for h in unit.handles:
                 h.grads_ready = 0
         self._pending, self._backward_queued = [], False
+        self._next_reduce, self._complete = 0, set()
         self.backward_order.end_recording()
 
     # --- public helpers ------------------------------------------------------------------------------

@@ -51,7 +51,7 @@ from fsdp_mini.full_state import check_full_state_dict
 from fsdp_mini.memory import MemoryTracker, optimizer_state_bytes, tensor_bytes
 from fsdp_mini.mixed_precision import MixedPrecisionPolicy
 from fsdp_mini.nested import map_tensors, tensors_in
-from fsdp_mini.replaced_params import mark_replaced
+from fsdp_mini.replaced_params import mark_replaced, wrapper_of
 from fsdp_mini.runtime import get_device, require_distributed
 from fsdp_mini.states import TrainingState
 from fsdp_mini.torch_internals import queue_after_backward
@@ -447,6 +447,10 @@ def fully_shard(module: nn.Module | list[nn.Module], *, mesh=None, reshard_after
             raise ValueError(f"fully_shard was given a module wrapped by {type(flat).__name__} (fsdp_mini's flat "
                              f"FSDP or DDP, or replicate): the two designs do not mix; apply fully_shard to the plain "
                              f"model (beside replicate: fully_shard the blocks, replicate their parent)")
+        if wrapper_of(m) is not None:
+            raise ValueError(f"fully_shard was given a {type(m).__name__} inside a model wrapped by "
+                             f"{wrapper_of(m)} (fsdp_mini's flat design, which holds its parameters in flat "
+                             f"shards): the two designs do not mix; apply fully_shard to the plain model")
     mp = mp_policy if mp_policy is not None else MixedPrecisionPolicy()
     if not isinstance(mp, MixedPrecisionPolicy):
         raise ValueError(f"mp_policy must be a MixedPrecisionPolicy, got {type(mp_policy).__name__}")
@@ -651,6 +655,14 @@ def _managed_params(modules: list[nn.Module], ignored: set[int] = frozenset()
     return list(out.values())
 
 
+def _shared_error(fqn: str, module: nn.Module, other_unit: str) -> ValueError:
+    """A parameter of `module` (a shared submodule's, or a tied one) already belongs to another unit."""
+    return ValueError(f"parameter {fqn} is shared with another unit ({other_unit}, which holds it already) than "
+                      f"the {type(module).__name__} given here: a parameter must belong to one fully_shard unit. "
+                      f"Apply fully_shard to both modules as one unit (fully_shard([module_a, module_b])) or to a "
+                      f"module containing every use (PyTorch's FSDP2 asks the same)")
+
+
 def _collect_params(module: nn.Module, ignored: set[int], out: dict) -> None:
     inner_units = _inner_units(module)
     for fqn, p in module.named_parameters(remove_duplicate=False):
@@ -661,11 +673,14 @@ def _collect_params(module: nn.Module, ignored: set[int], out: dict) -> None:
         if id(p) in ignored:
             continue
         if isinstance(p, DTensor):
-            raise ValueError(f"parameter {fqn} is already sharded: apply fully_shard bottom-up (submodules first, "
-                             f"then their parents), not to a module inside an already sharded one")
+            holder = next((st for st in list(_STATES.values()) if st.group is not None
+                           and any(fp.sharded is p for fp in st.group.params)), None)
+            if holder is None or any(sub is module for m in holder.modules for sub in m.modules()):
+                raise ValueError(f"parameter {fqn} is already sharded: apply fully_shard bottom-up (submodules "
+                                 f"first, then their parents), not to a module inside an already sharded one")
+            raise _shared_error(fqn, module, holder.group.label)  # bottom-up, but a sibling unit holds it
         ref, unit = _MANAGED.get(id(p), (None, ""))
         if ref is not None and ref() is p:
-            raise ValueError(f"parameter {fqn} is shared with another unit ({unit}): a parameter must belong "
-                             f"to one fully_shard unit; apply fully_shard to a module containing every use")
+            raise _shared_error(fqn, module, unit)
         entry = out.setdefault(id(p), (fqn, [], p))
         entry[1].append((module.get_submodule(owner_path), attr))

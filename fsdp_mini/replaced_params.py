@@ -14,11 +14,13 @@ import weakref
 
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-__all__ = ["mark_replaced", "OptimizerBuiltBeforeWrapping"]
+__all__ = ["mark_replaced", "OptimizerBuiltBeforeWrapping", "mark_wrapped", "wrapper_of"]
 
 # id -> weak reference (a WeakSet would compare tensors with `==`, which is elementwise)
 _REPLACED: dict[int, weakref.ref] = {}
 _hook = None
+# module -> the name of the flat wrapper that replaced its parameters (`fully_shard` refuses such modules)
+_WRAPPED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 class OptimizerBuiltBeforeWrapping(RuntimeError):
@@ -51,3 +53,15 @@ def _check_step(optimizer, args, kwargs) -> None:
                     f"(shape {tuple(p.shape)}): it was built before the model was wrapped, so its steps would "
                     f"never reach the model. Wrap first, then build the optimizer from the wrapped model's "
                     f"parameters(), as with PyTorch's FSDP.")
+
+
+def mark_wrapped(module, wrapper: str) -> None:
+    """Remember every module of `module`'s tree as wrapped by `wrapper`: their parameters are gone (the
+    flat design holds them in its flat shards), so the other design must refuse them, not find nothing."""
+    for m in module.modules():
+        _WRAPPED[m] = wrapper
+
+
+def wrapper_of(module) -> str | None:
+    """The name of the wrapper `mark_wrapped` recorded for `module`, or None."""
+    return _WRAPPED.get(module)

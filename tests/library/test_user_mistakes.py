@@ -36,6 +36,73 @@ def test_mixing_the_two_designs_says_so(no_orphans):
         assert "ValueError" in b and "DTensor parameters" in b and "do not mix" in b
 
 
+def _fully_shard_inside_flat(which):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    FSDP(model)  # collective: every rank
+    if dist.get_rank() == 0:
+        return "rank 0 stays out"
+    # rank 1 alone: had it entered a collective, launch would time out
+    return _message(lambda: fully_shard(model[0] if which == "submodule" else model))
+
+
+@pytest.mark.parametrize("which", ["submodule", "wrapped module"])
+def test_fully_shard_inside_a_flat_fsdp_model_says_the_designs_do_not_mix(which, no_orphans):
+    out = launch(_fully_shard_inside_flat, 2, args=(which,), timeout=60)[1]
+    kind = "Linear" if which == "submodule" else "Sequential"
+    assert out == (f"ValueError: fully_shard was given a {kind} inside a model wrapped by FSDP (fsdp_mini's flat "
+                   f"design, which holds its parameters in flat shards): the two designs do not mix; apply "
+                   f"fully_shard to the plain model")
+
+
+class _Pair(nn.Module):
+    """Two units built bottom-up, `a` then `b`, sharing a parameter: a submodule used by both
+    (`shared_module`), or b's weight tied to a's (`tied`)."""
+
+    def __init__(self, case):
+        super().__init__()
+        torch.manual_seed(0)
+        if case == "shared_module":
+            shared = nn.Linear(4, 4)
+            self.a, self.b = nn.Sequential(nn.Linear(4, 4), shared), nn.Sequential(nn.Linear(4, 4), shared)
+        else:
+            self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+            self.b.weight = self.a.weight
+
+    def forward(self, x):
+        return self.b(self.a(x))
+
+
+def _shared_across_units(case, design):
+    from torch.distributed.fsdp import fully_shard as torch_fully_shard
+
+    shard = torch_fully_shard if design == "torch" else fully_shard
+    model = _Pair(case)
+    shard(model.a)  # collective: every rank
+    if design == "fsdp_mini" and dist.get_rank() == 0:
+        return "rank 0 stays out"
+    # fsdp_mini's rank 1 alone: had it entered a collective, launch would time out
+    return _message(lambda: (shard(model.b), shard(model), model(torch.ones(2, 4)).sum().backward()))
+
+
+@pytest.mark.parametrize("case", ["shared_module", "tied"])
+def test_a_parameter_shared_by_two_units_built_bottom_up_names_it_and_both_units(case, no_orphans):
+    ours = launch(_shared_across_units, 2, args=(case, "fsdp_mini"), timeout=60)[1]
+    theirs = launch(_shared_across_units, 2, args=(case, "torch"), timeout=60)
+    name, unit = ("1.weight", "Sequential") if case == "shared_module" else ("weight", "Linear")
+    assert ours.startswith(f"ValueError: parameter {name} is shared with another unit ({unit}, which holds it "
+                           f"already) than the {unit} given here: a parameter must belong to one fully_shard unit")
+    assert "bottom-up" not in ours and "fully_shard([module_a, module_b])" in ours
+    # PyTorch refuses both too, at the first forward: a tied one with its own ValueError naming the parameter
+    # (and the same advice), a shared submodule on an internal invariant
+    for message in theirs:
+        if case == "tied":
+            assert message.startswith("ValueError: Parameter 'b.weight' is shared with a parameter already "
+                                      "managed by another FSDP group") and "fully_shard([module_a, module_b])" in message
+        else:
+            assert message.startswith("TypeError: Invariant encountered"), message
+
+
 def _outside_the_mesh():
     from torch.distributed.device_mesh import DeviceMesh
 
