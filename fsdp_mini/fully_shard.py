@@ -418,11 +418,15 @@ class FSDPState:
             RECORDER.in_forward(False)
         group = self.group
         if group is not None:
-            group.training_state = TrainingState.IDLE
             # as in FSDP2, what reshard_after_forward says, with or without grad: a unit that keeps its
             # parameters (the root, by default) keeps them after a no-grad forward or `generate()` too,
-            # until a backward's end or `reshard()`; a recomputation inside backward is no post-forward
-            if group.reshard_after_forward:
+            # until a backward's end or `reshard()`. One exception, FSDP2's too: a call that wraps another
+            # (a registered `generate` that calls forward) finds the unit out of FORWARD when it ends (the
+            # inner call ended it) and frees it (FSDPParamGroup.reshard, _fsdp_param_group.py). A
+            # recomputation inside backward is no post-forward: it is not recorded.
+            ends_forward = group.training_state is TrainingState.FORWARD
+            group.training_state = TrainingState.IDLE
+            if group.reshard_after_forward or not ends_forward:
                 group.reshard()
             elif group.post_forward is not None:
                 group.reshard_post_forward()

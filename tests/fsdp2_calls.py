@@ -23,6 +23,7 @@ class Call(NamedTuple):
     dtype: torch.dtype
     numel: int
     group_size: int
+    reduce_op: str | None = None  # a ReduceScatter's reduction ("AVG", "SUM"); None for an AllGather
 
 
 class FSDP2Calls:
@@ -42,7 +43,11 @@ class FSDP2Calls:
         def call(output, input, *args, **kwargs):
             group = kwargs.get("group", args[1] if op == "reduce_scatter" and len(args) > 1 else
                                args[0] if op == "all_gather" and args else None)
-            self.calls.append(Call(op, input.dtype, input.numel(), dist.get_world_size(group)))
+            reduce_op = None
+            if op == "reduce_scatter":
+                reduce_op = kwargs.get("op", args[0] if args else dist.ReduceOp.SUM)
+                reduce_op = getattr(reduce_op, "name", str(reduce_op))
+            self.calls.append(Call(op, input.dtype, input.numel(), dist.get_world_size(group), reduce_op))
             return original(output, input, *args, **kwargs)
         return call
 
