@@ -903,3 +903,46 @@ def test_set_all_reduce_hook_sees_and_changes_each_reduced_chunk(mesh_shape, wor
 
     _assert_same(launch(_both, world, args=(functools.partial(_hooked, mesh_shape=mesh_shape),),
                         local_world_size=2, timeout=120), compare)
+
+
+def _shard_dim_1(param):
+    from torch.distributed.tensor import Shard
+
+    return Shard(1) if param.ndim == 2 else None  # weights along their columns, biases by rows
+
+
+def _placed(name, opt_name):
+    fully_shard, _ = _impl(name)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 4))
+    full = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    for layer in (model[0], model[2]):
+        fully_shard(layer, shard_placement_fn=_shard_dim_1)
+    fully_shard(model, shard_placement_fn=_shard_dim_1)
+    layout = {k: (type(v).__name__, tuple(v.placements), tuple(v.to_local().shape))
+              for k, v in model.state_dict().items()}
+    model[0].unshard()
+    gathered = model[0].weight.detach().clone()  # the whole parameter, put together from the columns
+    model[0].reshard()
+    opt = (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if opt_name == "sgd" else
+           torch.optim.AdamW(model.parameters(), lr=1e-2, eps=1e-3, weight_decay=0.1))
+    for step in range(3):
+        x = torch.randn(4, 6, generator=torch.Generator().manual_seed(step * 10 + dist.get_rank()))
+        model(x).pow(2).sum().backward()
+        if step == 0:
+            grads = _grads(model)
+        opt.step()
+        opt.zero_grad()
+    return layout, gathered, full["0.weight"], grads, _params(model)
+
+
+@pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
+def test_shard_placement_fn_shards_along_dim_1_like_pytorch(opt_name, no_orphans):
+    def compare(a, b):
+        assert a[0] == b[0]  # keys, DTensor, placements, local shapes
+        assert a[0]["0.weight"] == ("DTensor", (torch.distributed.tensor.Shard(1),), (8, 3))
+        assert torch.equal(a[1], a[2]) and torch.equal(b[1], b[2])
+        _same_tensors(a[3], b[3])
+        _same_tensors(a[4], b[4], rtol=1e-5, atol=1e-6)
+
+    _assert_same(launch(_both, 2, args=(functools.partial(_placed, opt_name=opt_name),), timeout=120), compare)
