@@ -62,24 +62,23 @@ class FSDPParam:
         self.name, self.owners, self.mesh, self.device = name, owners, mesh, device
         self.mp_policy = mp_policy
         self.shape = param.shape
-        self.n = shard_size
-        self.shard_rank, self.shard_dim = shard_rank, shard_dim
-        # the padded shard's shape (`padded_shard`), whose rows the AllGather and the ReduceScatter move
-        self.padded_shape = _padded_shard_shape(self.shape, shard_dim, shard_size)
-        self.rows = param.shape[0]
-        self.chunk_rows = self.padded_shape[0]  # every rank's padded share
-        self.row_numel = math.prod(self.padded_shape[1:])
+        self.n, self.shard_dim = shard_size, shard_dim
+        rows = self.as_shard_rows(param.detach())  # the rows the ranks split: the parameter itself for Shard(0)
+        self.rows = rows.shape[0]
+        self.chunk_rows = math.ceil(self.rows / shard_size)  # every rank's padded share
+        self.row_numel = math.prod(rows.shape[1:])
         self.shard_numel = self.chunk_rows * self.row_numel
-        start = min(shard_rank * self.chunk_rows, self.rows) if shard_dim == 0 else 0
-        self.row_start = start  # this rank's first row of the parameter (of its shard, for shard_dim > 0)
-        self.local_rows = max(0, min(self.rows, start + self.chunk_rows) - start) if shard_dim == 0 else self.chunk_rows
+        self.padded_shape = (self.chunk_rows, *rows.shape[1:])
+        start = min(shard_rank * self.chunk_rows, self.rows)
+        self.row_start = start  # this rank's first row of the parameter
+        self.local_rows = max(0, min(self.rows, start + self.chunk_rows) - start)
         self.placements = (Shard(shard_dim),) if mesh.ndim == 1 else (Replicate(), Shard(shard_dim))
         self.unsharded: nn.Parameter | None = None
         self.grad_hooked = False  # the unit's post-accumulate-grad hook is on the current `unsharded`
         self.accumulated_grad: torch.Tensor | None = None  # unsynced micro-batches' sum, in the reduce dtype
         self.grad_ready = False
-        self.sharded = nn.Parameter(self._padded_dtensor(self._own_part(param.detach())),
-                                    requires_grad=param.requires_grad)
+        local = rows[start:start + self.local_rows]
+        self.sharded = nn.Parameter(self._padded_dtensor(local), requires_grad=param.requires_grad)
         self._adopt_sharded()
         self.to_sharded()
 
@@ -94,16 +93,11 @@ class FSDPParam:
         return DTensor.from_local(self.padded_shard[:self.local_rows], self.mesh, self.placements, run_check=False,
                                   shape=self.shape, stride=_contiguous_stride(self.shape))
 
-    def _own_part(self, full: torch.Tensor) -> torch.Tensor:
-        """This rank's part of the whole parameter: its rows, or (shard_dim d > 0) its chunk of dim d."""
-        if self.shard_dim == 0:
-            return full[self.row_start:self.row_start + self.local_rows]
-        return full.chunk(self.n, dim=self.shard_dim)[self.shard_rank]
-
     def as_shard_rows(self, full: torch.Tensor) -> torch.Tensor:
-        """The whole tensor (a gradient) rearranged so that its dim-0 chunks are the ranks' shards, in
-        order: itself for dim-0 sharding; for dim d the chunks of dim d stacked along dim 0 (a copy), as
-        FSDP2 does before its ReduceScatter (`torch.cat(torch.chunk(grad, n, dim=d))`)."""
+        """The whole parameter (or its gradient) as the rows the ranks split into dim-0 chunks, in order:
+        itself for dim-0 sharding; for `Shard(d)` (`shard_placement_fn`, an even split) the n chunks of dim
+        d stacked along dim 0 (a copy), so that chunk r of the rows is rank r's chunk of dim d, as FSDP2
+        arranges a gradient before its ReduceScatter (`torch.cat(torch.chunk(grad, n, dim=d))`)."""
         if self.shard_dim == 0:
             return full
         return torch.cat(full.chunk(self.n, dim=self.shard_dim), dim=0)
@@ -305,29 +299,20 @@ class FSDPParam:
         else:
             with scope("full_state_dict"):
                 C.all_gather_into_tensor(full.view(-1), self.padded_shard.reshape(-1), group=group)
-        if self.shard_dim:
+        full = full[:self.rows]
+        if self.shard_dim:  # the rows are dim d's chunks, stacked: put them side by side again
             full = torch.cat(full.chunk(self.n), dim=self.shard_dim)
-        return full[:self.rows].to("cpu", copy=True)
+        return full.to("cpu", copy=True)
 
     def load_full(self, full: torch.Tensor) -> None:
-        """Copy this rank's part of the whole parameter into its shard (no communication)."""
+        """Copy this rank's rows of the whole parameter into its shard (no communication)."""
         with torch.no_grad():
-            self.padded_shard[:self.local_rows].copy_(self._own_part(full))
+            rows = self.as_shard_rows(full)
+            self.padded_shard[:self.local_rows].copy_(rows[self.row_start:self.row_start + self.local_rows])
 
     def __repr__(self) -> str:
         return (f"FSDPParam({self.name}, shape={tuple(self.shape)}, rows {self.local_rows}/{self.chunk_rows} "
                 f"of {self.rows} here)")
-
-
-def _padded_shard_shape(shape, shard_dim: int, n: int) -> tuple[int, ...]:
-    """One rank's padded shard: ceil(rows / n) rows along dim 0; along dim d > 0 the split must be even (as
-    FSDP2 requires), and a rank holds shape[d] / n of it."""
-    out = list(shape)
-    if shard_dim == 0:
-        out[0] = math.ceil(shape[0] / n)
-    else:
-        out[shard_dim] = shape[shard_dim] // n
-    return tuple(out)
 
 
 def _contiguous_stride(shape) -> tuple[int, ...]:
