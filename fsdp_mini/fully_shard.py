@@ -22,10 +22,12 @@ parameters are gathered with one AllGather and their gradients reduced with one 
 `mesh`: a DeviceMesh, 1-D (shard over it) or 2-D (replicate over dim 0, shard over dim 1: HSDP); by
 default the whole world. The outermost `fully_shard`ed module to run forward is the root: it keeps its
 parameters from forward into backward and queues the end-of-backward work. Forward prefetches the unit
-that runs next (from the second forward on, in the order the first one recorded) and backward the unit
-that ran before it in forward: on a GPU, FSDP2 gets the forward overlap for free, since the CPU runs
-ahead of the GPU and issues the next unit's AllGather while this one computes; gloo ranks do not run
-ahead, so fsdp_mini issues it explicitly, as its flat design does. `set_modules_to_forward_prefetch` and
+that runs next (from the second forward on, in the order the first one recorded); on a GPU, FSDP2 gets
+that overlap for free, since the CPU runs ahead of the GPU and issues the next unit's AllGather while
+this one computes; gloo ranks do not run ahead, so fsdp_mini issues it explicitly, as its flat design
+does. Backward prefetches, as FSDP2 does, the unit whose forward ended just before this one's in this
+step (the root's ends last, so the root prefetches the last block as soon as backward starts; a head
+called again after the previous chunk's backward ended prefetches nothing). `set_modules_to_forward_prefetch` and
 `set_modules_to_backward_prefetch` set both orders by hand (an empty list: no prefetch).
 
 The optimizer steps on DTensors: every op of its per-parameter loop dispatches through DTensor, so on a
@@ -256,7 +258,7 @@ class FSDPModule:
 
     def set_modules_to_backward_prefetch(self, modules: list) -> None:
         """In backward, right after this unit's AllGather is issued, issue these units' too (instead of
-        the default: the unit that ran before this one in forward)."""
+        the default: the unit whose forward ended just before this one's)."""
         state_of(self).backward_prefetch = [_checked_state(m) for m in modules]
 
 
