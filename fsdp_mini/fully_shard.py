@@ -425,14 +425,15 @@ class FSDPState:
             # until a backward's end or `reshard()`. One exception, FSDP2's too: a call that wraps another
             # (a registered `generate` that calls forward) finds the unit out of FORWARD when it ends (the
             # inner call ended it) and frees it (FSDPParamGroup.reshard, _fsdp_param_group.py). A
-            # recomputation inside backward is no post-forward: it is not recorded.
+            # recomputation inside backward is no post-forward: it is not recorded; nor is a no-grad forward
+            # (FSDP2 records it too, and an evaluation loop without backward then grows its list forever)
             ends_forward = group.training_state is TrainingState.FORWARD
             group.training_state = TrainingState.IDLE
             if group.reshard_after_forward or not ends_forward:
                 group.reshard()
             elif group.post_forward is not None:
                 group.reshard_post_forward()
-            if not in_backward():
+            if torch.is_grad_enabled() and not in_backward():
                 group.post_forward_indices.append(len(root.post_forward_order))
                 root.post_forward_order.append(group)
         return self.mp.cast_output(out)
