@@ -946,3 +946,29 @@ def test_shard_placement_fn_shards_along_dim_1_like_pytorch(opt_name, no_orphans
         _same_tensors(a[4], b[4], rtol=1e-5, atol=1e-6)
 
     _assert_same(launch(_both, 2, args=(functools.partial(_placed, opt_name=opt_name),), timeout=120), compare)
+
+
+ROUND_TWO_METHODS = ["set_unshard_in_backward", "reset_iter_state", "set_reduce_scatter_divide_factor",
+                     "set_force_sum_reduction_for_comms", "set_all_reduce_hook"]
+
+
+@pytest.mark.parametrize("method", ROUND_TWO_METHODS)
+def test_the_new_methods_take_pytorchs_arguments(method):
+    import inspect
+
+    from torch.distributed.fsdp import FSDPModule as TorchFSDPModule
+
+    def arguments(fn):
+        return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
+
+    assert arguments(getattr(fsdp_mini.FSDPModule, method)) == arguments(getattr(TorchFSDPModule, method))
+
+
+def test_fully_shard_takes_shard_placement_fn_as_a_keyword():
+    import inspect
+
+    from torch.distributed.fsdp import fully_shard as torch_fully_shard
+
+    ours = inspect.signature(fsdp_mini.fully_shard).parameters["shard_placement_fn"]
+    theirs = inspect.signature(torch_fully_shard).parameters["shard_placement_fn"]
+    assert ours.kind is theirs.kind is inspect.Parameter.KEYWORD_ONLY and ours.default is theirs.default is None
