@@ -248,7 +248,10 @@ class FSDPModule:
         and train on: it waits for the collectives in flight, reshards every unit and forgets the step's
         bookkeeping (which units ran, the post-forward order, the end of backward queued). The failed
         step's gradients are lost, the unreduced and the held-back ones too: a gradient accumulation
-        sequence starts again. FSDP2's method; on a unit that is not the root, a RuntimeError."""
+        sequence starts again. FSDP2's method; on a unit that is not the root, a RuntimeError. FSDP2's
+        docstring promises the same loss, but its code keeps the gathered parameters' gradients, so there
+        an unsynced micro-batch (or what a failed backward produced) still enters the next synced step,
+        unseen by zero_grad(); fsdp_mini drops them (tests/library/test_fsdp2_differential.py)."""
         state_of(self).reset_iter_state()
 
     def set_modules_to_forward_prefetch(self, modules: list) -> None:

@@ -822,6 +822,52 @@ def test_reset_iter_state_recovers_from_an_exception_mid_step(where, no_orphans)
     _same_tensors(results[0]["fsdp_mini"][1], clean[0]["fsdp_mini"][1], rtol=1e-5, atol=1e-6)
 
 
+def _reset_while_accumulating(name, where):
+    """An unsynced micro-batch, a failing one (or none: "none"; or neither: "fresh"), then a synced one."""
+    fully_shard, _ = _impl(name)
+    model = _Failing()
+    for layer in model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    if where != "fresh":
+        model.set_requires_gradient_sync(False)
+        model(_batch(dist.get_rank(), seed=0)).sum().backward()
+    if where in ("forward", "backward"):
+        model.fail = where
+        try:
+            model(_batch(dist.get_rank(), seed=1)).sum().backward()
+        except _Fails:
+            model.reset_iter_state()
+        model.fail = None
+    model.set_requires_gradient_sync(True)
+    model(_batch(dist.get_rank(), seed=2)).sum().backward()
+    return _grads(model)
+
+
+def _same(a, b):
+    return all(torch.allclose(a[k], b[k], rtol=1e-6, atol=1e-7) for k in a)
+
+
+@pytest.mark.parametrize("where", ["forward", "backward"])
+def test_reset_iter_state_drops_the_accumulated_micro_batches(where, no_orphans):
+    # A deliberate difference. FSDP2's docstring says the reset discards "no_sync grad-accumulation state",
+    # but its _reset_iter_state leaves the gathered parameters' .grad alone: after a failed forward the
+    # unsynced micro-batch is still added into the next synced step, and after a failed backward so are
+    # the gradients that backward had produced before it failed. Neither is visible to the caller
+    # (zero_grad() clears the sharded gradients only). fsdp_mini drops both, as the docstring says: the
+    # next step is a fresh one.
+    runs = {w: launch(_both, 2, args=(functools.partial(_reset_while_accumulating, where=w),), timeout=120)
+            for w in (where, "none", "fresh")}
+    for rank in range(2):
+        fresh, accumulated = runs["fresh"][rank], runs["none"][rank]
+        assert _same(accumulated["fsdp_mini"], accumulated["torch"]) and _same(fresh["fsdp_mini"], fresh["torch"])
+        ours, theirs = runs[where][rank]["fsdp_mini"], runs[where][rank]["torch"]
+        assert _same(ours, fresh["fsdp_mini"])
+        assert not _same(theirs, fresh["torch"])
+        if where == "forward":
+            assert _same(theirs, accumulated["torch"])
+
+
 def _reset_not_root(name):
     fully_shard, _ = _impl(name)
     model = _shard_layers(_mlp(), fully_shard)
