@@ -53,28 +53,31 @@ class FSDPParam:
     """One original parameter: where it lives in the module, its padded dim-0 shard, its gathered copy."""
 
     def __init__(self, name: str, owners: list[tuple[nn.Module, str]], param: nn.Parameter, mesh, shard_rank: int,
-                 shard_size: int, mp_policy: MixedPrecisionPolicy, device: torch.device):
-        """`mp_policy`: the unit's `MixedPrecisionPolicy` (which dtype the parameter is gathered in)."""
+                 shard_size: int, mp_policy: MixedPrecisionPolicy, device: torch.device, shard_dim: int = 0):
+        """`mp_policy`: the unit's `MixedPrecisionPolicy` (which dtype the parameter is gathered in).
+        `shard_dim`: the dimension to split (`fully_shard`'s `shard_placement_fn`); 0 by default."""
         if param.dim() == 0:
             raise ValueError(f"parameter {name} is a 0-dim tensor: per-parameter sharding splits dim 0, "
                              f"so give it at least one dimension (e.g. shape (1,))")
         self.name, self.owners, self.mesh, self.device = name, owners, mesh, device
         self.mp_policy = mp_policy
         self.shape = param.shape
-        self.n = shard_size
-        self.rows = param.shape[0]
+        self.n, self.shard_dim = shard_size, shard_dim
+        rows = self.as_shard_rows(param.detach())  # the rows the ranks split: the parameter itself for Shard(0)
+        self.rows = rows.shape[0]
         self.chunk_rows = math.ceil(self.rows / shard_size)  # every rank's padded share
-        self.row_numel = math.prod(param.shape[1:])
+        self.row_numel = math.prod(rows.shape[1:])
         self.shard_numel = self.chunk_rows * self.row_numel
+        self.padded_shape = (self.chunk_rows, *rows.shape[1:])
         start = min(shard_rank * self.chunk_rows, self.rows)
         self.row_start = start  # this rank's first row of the parameter
         self.local_rows = max(0, min(self.rows, start + self.chunk_rows) - start)
-        self.placements = (Shard(0),) if mesh.ndim == 1 else (Replicate(), Shard(0))
+        self.placements = (Shard(shard_dim),) if mesh.ndim == 1 else (Replicate(), Shard(shard_dim))
         self.unsharded: nn.Parameter | None = None
         self.grad_hooked = False  # the unit's post-accumulate-grad hook is on the current `unsharded`
         self.accumulated_grad: torch.Tensor | None = None  # unsynced micro-batches' sum, in the reduce dtype
         self.grad_ready = False
-        local = param.detach()[start:start + self.local_rows]
+        local = rows[start:start + self.local_rows]
         self.sharded = nn.Parameter(self._padded_dtensor(local), requires_grad=param.requires_grad)
         self._adopt_sharded()
         self.to_sharded()
@@ -84,11 +87,20 @@ class FSDPParam:
         padded to `chunk_rows` rows (zeros), what the AllGather sends. On the meta device while the module
         is (`fully_shard` before `to_empty`), then on this rank's device."""
         device = local.device if local.is_meta else self.device
-        self.padded_shard = torch.zeros((self.chunk_rows, *self.shape[1:]), dtype=local.dtype, device=device)
+        self.padded_shard = torch.zeros(self.padded_shape, dtype=local.dtype, device=device)
         with torch.no_grad():
             self.padded_shard[:self.local_rows].copy_(local)
         return DTensor.from_local(self.padded_shard[:self.local_rows], self.mesh, self.placements, run_check=False,
                                   shape=self.shape, stride=_contiguous_stride(self.shape))
+
+    def as_shard_rows(self, full: torch.Tensor) -> torch.Tensor:
+        """The whole parameter (or its gradient) as the rows the ranks split into dim-0 chunks, in order:
+        itself for dim-0 sharding; for `Shard(d)` (`shard_placement_fn`, an even split) the n chunks of dim
+        d stacked along dim 0 (a copy), so that chunk r of the rows is rank r's chunk of dim d, as FSDP2
+        arranges a gradient before its ReduceScatter (`torch.cat(torch.chunk(grad, n, dim=d))`)."""
+        if self.shard_dim == 0:
+            return full
+        return torch.cat(full.chunk(self.n, dim=self.shard_dim), dim=0)
 
     def _adopt_sharded(self) -> None:
         """Derive what depends on the sharded parameter's dtype: the compute dtype (the policy's, for a
@@ -178,14 +190,25 @@ class FSDPParam:
         rank's row. Chunks in rank order are the rows in order, padding last, so the parameter is its
         first chunks whole and then the start of the next one: one or two strided copies, no temporary."""
         version = version_of(self.unsharded)
-        dst = self.copy_out_views.get((length, gathered.dtype)) or self._make_copy_out_views(length, gathered.dtype)
         block = gathered.narrow(1, offset, length)  # (n, length): row r is rank r's chunk
+        if self.shard_dim:  # chunk r is slice r of dim d: one strided copy into the parameter seen as chunks
+            src = block if block.dtype == self.compute_dtype else block.contiguous().view(self.compute_dtype)
+            self._shard_dim_view().copy_(src.unflatten(1, self.padded_shape))
+            restore_version(self.unsharded, version)
+            return
+        dst = self.copy_out_views.get((length, gathered.dtype)) or self._make_copy_out_views(length, gathered.dtype)
         whole = dst.whole.shape[0]
         dst.whole.copy_(block if whole == block.shape[0] else block[:whole])
         if dst.tail is not None:
             dst.tail.copy_(block[whole, :dst.tail.numel()])
         # the values are those autograd saved in forward: restore the counter, as the flat design does
         restore_version(self.unsharded, version)
+
+    def _shard_dim_view(self) -> torch.Tensor:
+        """The gathered parameter as (n, *shard shape) for sharding along dim d: dim d split into (n, d/n)
+        and the n moved first, so that [r] is rank r's chunk (a view, no copy)."""
+        d, shape = self.shard_dim, list(self.shape)
+        return self.unsharded_flat.view(shape[:d] + [self.n, shape[d] // self.n] + shape[d + 1:]).movedim(d, 0)
 
     def _make_copy_out_views(self, length: int, dtype: torch.dtype) -> "CopyOutViews":
         flat = self.unsharded_flat.view(dtype)  # a unit with several dtypes travels as bytes
@@ -245,13 +268,20 @@ class FSDPParam:
         """Set, or add to (gradient accumulation without sync), the sharded parameter's gradient from
         this rank's reduced chunk (padded rows dropped), as a DTensor like the parameter. The gradient
         is a view of the ReduceScatter's output (no copy), as the flat design's shard gradient is."""
-        local = reduced[:self.local_rows * self.row_numel].view(self.local_rows, *self.shape[1:])
+        local = reduced[:self.local_rows * self.row_numel].view(self.local_rows, *self.padded_shape[1:])
         if local.dtype != self.dtype:
             local = local.to(self.dtype)
         if self.sharded.grad is None:
             self.sharded.grad = DTensor(local, self.grad_spec, requires_grad=False)
         else:
             self.sharded.grad.to_local().add_(local)
+
+    def drop_unsharded_grads(self) -> None:
+        """Forget this step's unreduced gradient and what unsynced micro-batches accumulated (after a failed
+        step: `FSDPModule.reset_iter_state`)."""
+        self.accumulated_grad = None
+        if self.unsharded is not None:
+            self.unsharded.grad = None
 
     def has_unsharded_grad(self) -> bool:
         return self.accumulated_grad is not None or (self.unsharded is not None and self.unsharded.grad is not None)
@@ -262,19 +292,23 @@ class FSDPParam:
         """The whole parameter, on CPU, in its own dtype: an AllGather of the padded chunks over the shard
         dimension of the mesh (collective), padding cut off."""
         group = self.mesh.get_group(self.mesh.ndim - 1) if self.n > 1 else None
-        full = torch.empty((self.n * self.chunk_rows, *self.shape[1:]), dtype=self.dtype,
+        full = torch.empty((self.n * self.chunk_rows, *self.padded_shape[1:]), dtype=self.dtype,
                            device=self.padded_shard.device)
         if group is None:
             full.copy_(self.padded_shard)
         else:
             with scope("full_state_dict"):
                 C.all_gather_into_tensor(full.view(-1), self.padded_shard.reshape(-1), group=group)
-        return full[:self.rows].to("cpu", copy=True)
+        full = full[:self.rows]
+        if self.shard_dim:  # the rows are dim d's chunks, stacked: put them side by side again
+            full = torch.cat(full.chunk(self.n), dim=self.shard_dim)
+        return full.to("cpu", copy=True)
 
     def load_full(self, full: torch.Tensor) -> None:
         """Copy this rank's rows of the whole parameter into its shard (no communication)."""
         with torch.no_grad():
-            self.padded_shard[:self.local_rows].copy_(full[self.row_start:self.row_start + self.local_rows])
+            rows = self.as_shard_rows(full)
+            self.padded_shard[:self.local_rows].copy_(rows[self.row_start:self.row_start + self.local_rows])
 
     def __repr__(self) -> str:
         return (f"FSDPParam({self.name}, shape={tuple(self.shape)}, rows {self.local_rows}/{self.chunk_rows} "

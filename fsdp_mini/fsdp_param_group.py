@@ -119,10 +119,14 @@ class FSDPParamGroup:
         self._gather: tuple[object, torch.Tensor, list[int]] | None = None  # (work, output, lengths)
         self.reductions: list[GradReduction] = []
         self.divide_factor: float | None = None  # set_gradient_divide_factor: sum, then divide by it
+        self.force_sum_reduction_for_comms = False  # sum in the collectives, divide afterwards (FSDP2's name)
+        self.all_reduce_hook = None  # set_all_reduce_hook: called with each reduced chunk before it is divided
+        self.unshard_in_backward = True  # False: backward does not gather (set_unshard_in_backward)
         self.requires_all_reduce = True  # HSDP: False holds the chunks back from the replica all-reduce
         self.partial_outputs: dict[tuple[int, ...], torch.Tensor] = {}  # those chunks, per reduction
         self.grads_ready = 0
         self.expected_grads: int | None = None
+        self.post_forward_indices: list[int] = []  # where this unit's post-forwards are in the root's order
 
     @property
     def trainable(self) -> list[FSDPParam]:
@@ -151,6 +155,8 @@ class FSDPParamGroup:
         """Start gathering (from the full shard group, or from the post-forward group of k ranks)."""
         if self.sharded_state in (ShardedState.UNSHARDED, ShardedState.UNSHARDING):
             return
+        if not self.unshard_in_backward and self.training_state is TrainingState.PRE_BACKWARD:
+            return  # its backward needs no parameter values (an embedding's): its gradient comes without them
         from_post_forward = self.sharded_state is ShardedState.SHARDED_POST_FORWARD
         if from_post_forward:
             inputs, group, n = self.post_forward.shards, self.post_forward.group, self.post_forward.size
@@ -176,6 +182,17 @@ class FSDPParamGroup:
             self.post_forward.shards, self.post_forward.kept_bytes = [], 0
         if not async_op:
             self.wait_for_unshard()
+
+    def prefetch_in_backward(self) -> None:
+        """Issue this unit's AllGather ahead of its backward (another unit's pre-backward asks), as a unit in
+        backward: one that does not gather in backward (`unshard_in_backward` False) is not prefetched."""
+        if self.training_state is TrainingState.PRE_BACKWARD:
+            return
+        saved, self.training_state = self.training_state, TrainingState.PRE_BACKWARD
+        try:
+            self.unshard(async_op=True)
+        finally:
+            self.training_state = saved
 
     def wait_for_unshard(self) -> None:
         """Finish a pending gather: copy each parameter out of the gathered rows, swap it into the module."""
@@ -309,8 +326,10 @@ class FSDPParamGroup:
                 else:
                     self.partial_outputs[key] = r.output
                 continue
-            if self.divide_factor is not None:
-                r.output.div_(self.divide_factor)
+            if self.all_reduce_hook is not None:  # FSDP2 calls it at the same point: reduced, not yet divided
+                self.all_reduce_hook(r.output)
+            if self._divide_after is not None:
+                r.output.div_(self._divide_after)
             offset = 0
             for p in r.params:
                 p.accumulate_sharded_grad(r.output[offset:offset + p.shard_numel])
@@ -319,8 +338,18 @@ class FSDPParamGroup:
 
     @property
     def _reduce_op(self):
-        """AVG over the ranks, or SUM when a divide factor replaces the average."""
-        return C.AVG if self.divide_factor is None else C.SUM
+        """AVG over the ranks, or SUM when a divide factor replaces the average or sums are forced."""
+        return C.AVG if self._divide_after is None else C.SUM
+
+    @property
+    def _divide_after(self) -> float | None:
+        """What the summed chunks are divided by once reduced: the divide factor, or (sums forced) the number
+        of ranks the average would have spanned; None when the collectives average."""
+        if self.divide_factor is not None:
+            return self.divide_factor
+        if self.force_sum_reduction_for_comms:
+            return float(self.mesh_info.shard_size * self.mesh_info.replicas)
+        return None
 
     def accumulate_unsynced(self) -> None:
         """A backward without gradient sync is done with this unit: keep its gradients for the next
@@ -330,6 +359,20 @@ class FSDPParamGroup:
 
     def has_unsharded_grads(self) -> bool:
         return any(p.has_unsharded_grad() for p in self.params)
+
+    def reset_iter_state(self) -> None:
+        """After an exception aborted a forward or backward: finish what is in flight (every rank issued it),
+        drop this step's gradients (reductions, unreduced and held-back ones) and its bookkeeping, reshard.
+        FSDP2's `_reset_iter_state` does the same; the failed step's gradients are lost."""
+        for r in self.reductions:
+            r.finish_scatter()
+            r.wait()
+        self.reductions, self.partial_outputs = [], {}
+        for p in self.params:
+            p.drop_unsharded_grads()
+        self.reshard()  # waits for a gather in flight first
+        self.post_forward_indices.clear()
+        self.reset_backward()
 
     def reset_backward(self) -> None:
         self.grads_ready = self.hooked_calls = self.finished_calls = 0
@@ -352,7 +395,7 @@ def chunk_cat(grads: list[torch.Tensor], params: list[FSDPParam], out: torch.Ten
     rank r's chunk of every gradient, in order. One kernel for the whole unit (`torch._chunk_cat`, what
     FSDP2 uses; it zero-fills the padding and casts to `out`'s dtype) instead of a padded copy and a
     concatenation per parameter. It wants one input dtype and no empty tensors (which hold no bytes here)."""
-    kept = [g for g, p in zip(grads, params) if p.shard_numel]
+    kept = [p.as_shard_rows(g) for g, p in zip(grads, params) if p.shard_numel]  # Shard(d>0): chunks of d first
     if not kept:
         return
     if len({g.dtype for g in kept}) > 1:

@@ -22,10 +22,12 @@ parameters are gathered with one AllGather and their gradients reduced with one 
 `mesh`: a DeviceMesh, 1-D (shard over it) or 2-D (replicate over dim 0, shard over dim 1: HSDP); by
 default the whole world. The outermost `fully_shard`ed module to run forward is the root: it keeps its
 parameters from forward into backward and queues the end-of-backward work. Forward prefetches the unit
-that runs next (from the second forward on, in the order the first one recorded) and backward the unit
-that ran before it in forward: on a GPU, FSDP2 gets the forward overlap for free, since the CPU runs
-ahead of the GPU and issues the next unit's AllGather while this one computes; gloo ranks do not run
-ahead, so fsdp_mini issues it explicitly, as its flat design does. `set_modules_to_forward_prefetch` and
+that runs next (from the second forward on, in the order the first one recorded); on a GPU, FSDP2 gets
+that overlap for free, since the CPU runs ahead of the GPU and issues the next unit's AllGather while
+this one computes; gloo ranks do not run ahead, so fsdp_mini issues it explicitly, as its flat design
+does. Backward prefetches, as FSDP2 does, the unit whose forward ended just before this one's in this
+step (the root's ends last, so the root prefetches the last block as soon as backward starts; a head
+called again after the previous chunk's backward ended prefetches nothing). `set_modules_to_forward_prefetch` and
 `set_modules_to_backward_prefetch` set both orders by hand (an empty list: no prefetch).
 
 The optimizer steps on DTensors: every op of its per-parameter loop dispatches through DTensor, so on a
@@ -35,12 +37,13 @@ all parameters: measured ~6x faster for AdamW on the course's GPT.
 from __future__ import annotations
 
 import functools
+import warnings
 import weakref
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
 
 from fsdp_mini import collectives as C
 from fsdp_mini.data_parallel import GradientSync, broadcast_from_rank0, check_same_everywhere, check_same_values
@@ -54,7 +57,7 @@ from fsdp_mini.nested import map_tensors, tensors_in
 from fsdp_mini.replaced_params import mark_replaced, wrapper_of
 from fsdp_mini.runtime import get_device, require_distributed
 from fsdp_mini.states import TrainingState
-from fsdp_mini.torch_internals import queue_after_backward
+from fsdp_mini.torch_internals import in_backward, queue_after_backward
 
 __all__ = ["fully_shard", "FSDPModule", "FSDPState", "UnshardHandle", "register_fsdp_forward_method", "state_of",
            "default_mesh", "gathered_memory", "memory_stats", "full_state_dict", "load_full_state_dict"]
@@ -201,6 +204,56 @@ class FSDPModule:
         if group is not None:
             group.divide_factor = float(factor)
 
+    def set_reduce_scatter_divide_factor(self, factor: float) -> None:
+        """FSDP2's former name of `set_gradient_divide_factor`, deprecated there (a DeprecationWarning, the
+        same message) and here."""
+        warnings.warn("Use `set_gradient_divide_factor` instead", DeprecationWarning, stacklevel=2)
+        self.set_gradient_divide_factor(factor)
+
+    def set_force_sum_reduction_for_comms(self, enable: bool) -> None:
+        """True: the collectives only sum (ReduceScatter, and AllReduce across replicas), and the chunks are
+        divided by the number of ranks (or the divide factor) afterwards, as FSDP2 does when asked (NCCL's
+        zero-copy transfers need sums). On gloo this is also how FSDP2's `set_gradient_divide_factor` can
+        run: with sums forced it needs no pre-multiplied sum."""
+        group = state_of(self).group
+        if group is not None:
+            group.force_sum_reduction_for_comms = bool(enable)
+
+    def set_all_reduce_hook(self, hook, *, stream=None) -> None:
+        """Call `hook(reduced)` on each of this unit's reduced gradient chunks (flat, in the reduce dtype),
+        after the ReduceScatter (and with replicas, after their AllReduce), before any division by a divide
+        factor and before the chunks become the parameters' gradients; the hook may change it in place (e.g.
+        all-reduce it over a group of its own). FSDP2's call, at the same point. `stream`: FSDP2 runs the
+        hook on that CUDA stream; fsdp_mini has no side streams and runs it where it waits for the
+        reduction, so it only checks, as FSDP2 does, that no stream is given with replicas (HSDP)."""
+        if not callable(hook):
+            raise ValueError(f"set_all_reduce_hook takes a callable, got {type(hook).__name__}")
+        group = state_of(self).group
+        if group is None:
+            return
+        if stream is not None and group.mesh_info.replicas > 1:
+            raise ValueError("stream cannot be set when using native HSDP")
+        group.all_reduce_hook = hook
+
+    def set_unshard_in_backward(self, unshard_in_backward: bool) -> None:
+        """False: backward does not gather this unit's parameters (neither for its own backward nor as a
+        prefetch), for a unit whose backward needs no parameter values, e.g. an embedding (its weight's
+        gradient is built from the token ids and the output gradient). Its gradients are reduced as usual."""
+        group = state_of(self).group
+        if group is not None:
+            group.unshard_in_backward = bool(unshard_in_backward)
+
+    def reset_iter_state(self) -> None:
+        """After an exception aborted a forward or a backward (on every rank), call this on the root module
+        and train on: it waits for the collectives in flight, reshards every unit and forgets the step's
+        bookkeeping (which units ran, the post-forward order, the end of backward queued). The failed
+        step's gradients are lost, the unreduced and the held-back ones too: a gradient accumulation
+        sequence starts again. FSDP2's method; on a unit that is not the root, a RuntimeError. FSDP2's
+        docstring promises the same loss, but its code keeps the gathered parameters' gradients, so there
+        an unsynced micro-batch (or what a failed backward produced) still enters the next synced step,
+        unseen by zero_grad(); fsdp_mini drops them (tests/library/test_fsdp2_differential.py)."""
+        state_of(self).reset_iter_state()
+
     def set_modules_to_forward_prefetch(self, modules: list) -> None:
         """In forward, right after this unit's AllGather is issued, issue these units' too (instead of the
         default: the unit that runs next in forward; [] for none)."""
@@ -208,7 +261,7 @@ class FSDPModule:
 
     def set_modules_to_backward_prefetch(self, modules: list) -> None:
         """In backward, right after this unit's AllGather is issued, issue these units' too (instead of
-        the default: the unit that ran before this one in forward)."""
+        the default: the unit whose forward ended just before this one's)."""
         state_of(self).backward_prefetch = [_checked_state(m) for m in modules]
 
 
@@ -256,7 +309,11 @@ class FSDPState:
         self.is_root: bool | None = None
         self.root: FSDPState | None = None
         # the root's bookkeeping
-        self.forward_order: list[FSDPState] = []
+        self.forward_order: list[FSDPState] = []  # units by their first pre-forward (forward prefetch)
+        # every unit's post-forward of this step, in order, a unit once per call (FSDP2's
+        # `post_forward_order`): backward prefetches the unit whose forward ended before this one's, so
+        # the root, whose forward ends last, prefetches the last block as soon as backward starts
+        self.post_forward_order: list[FSDPParamGroup] = []
         self.backward_queued = False
         self.reductions = ReductionQueue()  # the root's: every unit's reduction in flight
 
@@ -280,6 +337,20 @@ class FSDPState:
                     raise ValueError("fully_shard's root changed: the module that ran forward first "
                                      "contains another root")
                 state.is_root, state.root = False, self
+
+    def reset_iter_state(self) -> None:
+        """`FSDPModule.reset_iter_state`: the root, every unit below it, back to IDLE and sharded."""
+        if self.is_root is False:
+            raise RuntimeError("reset_iter_state must be called on the root FSDP module")
+        states = {id(s): s for s in (_STATES.get(m) for m in self.module.modules()) if s is not None}
+        for state in states.values():
+            state.to_run_forward.clear()
+            if state.group is not None:
+                state.group.reset_iter_state()
+        self.reductions.groups = []
+        self.post_forward_order.clear()
+        self.backward_queued = False
+        RECORDER.in_forward(False)
 
     # --- forward -----------------------------------------------------------------------------------
 
@@ -348,19 +419,26 @@ class FSDPState:
             self.to_run_forward.discard(id(module))
             if self.to_run_forward:
                 return out  # the unit's other modules still run forward with these parameters
-        if self.group is not None:
-            self.group.training_state = TrainingState.IDLE
         if self.is_root:
             RECORDER.in_forward(False)
-            if not grad_outputs:  # inference: no backward will come to free anything
-                for state in root.forward_order:
-                    if state.group is not None:
-                        state.group.reshard()
-                return self.mp.cast_output(out)
-        if self.group is not None and (not grad_outputs or self.group.reshard_after_forward):
-            self.group.reshard()
-        elif self.group is not None and self.group.post_forward is not None:
-            self.group.reshard_post_forward()
+        group = self.group
+        if group is not None:
+            # as in FSDP2, what reshard_after_forward says, with or without grad: a unit that keeps its
+            # parameters (the root, by default) keeps them after a no-grad forward or `generate()` too,
+            # until a backward's end or `reshard()`. One exception, FSDP2's too: a call that wraps another
+            # (a registered `generate` that calls forward) finds the unit out of FORWARD when it ends (the
+            # inner call ended it) and frees it (FSDPParamGroup.reshard, _fsdp_param_group.py). A
+            # recomputation inside backward is no post-forward: it is not recorded; nor is a no-grad forward
+            # (FSDP2 records it too, and an evaluation loop without backward then grows its list forever)
+            ends_forward = group.training_state is TrainingState.FORWARD
+            group.training_state = TrainingState.IDLE
+            if group.reshard_after_forward or not ends_forward:
+                group.reshard()
+            elif group.post_forward is not None:
+                group.reshard_post_forward()
+            if torch.is_grad_enabled() and not in_backward():
+                group.post_forward_indices.append(len(root.post_forward_order))
+                root.post_forward_order.append(group)
         return self.mp.cast_output(out)
 
     # --- backward ----------------------------------------------------------------------------------
@@ -376,16 +454,20 @@ class FSDPState:
         group.training_state = TrainingState.PRE_BACKWARD
         group.unshard(async_op=True)
         for other in self._backward_prefetch_targets():
-            if other.group is not None and other.group.training_state is not TrainingState.PRE_BACKWARD:
-                other.group.unshard(async_op=True)
+            other.prefetch_in_backward()
         group.wait_for_unshard()
 
-    def _backward_prefetch_targets(self) -> list["FSDPState"]:
+    def _backward_prefetch_targets(self) -> list[FSDPParamGroup]:
+        """The units set by hand, or (FSDP2's default) the one whose post-forward came just before this
+        unit's latest one in this step: each backward reaching the unit takes one of its post-forwards off
+        (`post_forward_indices`). A unit run standalone after the others' backward (a chunked loss head,
+        called again once the previous chunk's backward ended) finds no earlier post-forward: nothing."""
         if self.backward_prefetch is not None:
-            return self.backward_prefetch
-        order = self.root.forward_order
-        i = order.index(self) if self in order else 0
-        return [order[i - 1]] if i > 0 else []
+            return [s.group for s in self.backward_prefetch if s.group is not None]
+        if not self.group.post_forward_indices:
+            return []
+        i = self.group.post_forward_indices.pop()
+        return [self.root.post_forward_order[i - 1]] if i > 0 else []
 
     def _finish_backward(self) -> None:
         """End of backward: reduce what post-backward did not (unused parameters, accumulated gradients),
@@ -401,26 +483,35 @@ class FSDPState:
                 group.accumulate_unsynced()
         if self.is_last_backward:
             self.reductions.wait_all()
+            self.post_forward_order.clear()  # FSDP2 forgets the step's order after its last backward only
         for state in self.forward_order:
             if state.group is not None:
                 if state.group.reshard_after_backward:
                     state.group.reshard()
                 state.group.reset_backward()
+                if self.is_last_backward:
+                    state.group.post_forward_indices.clear()
         self.backward_queued = False
 
 
 def fully_shard(module: nn.Module | list[nn.Module], *, mesh=None, reshard_after_forward: bool | int | None = None,
-                mp_policy: MixedPrecisionPolicy | None = None, ignored_params: set | None = None,
-                impl: str = "builtin", sync_module_states: bool = False) -> nn.Module | list[nn.Module]:
+                shard_placement_fn=None, mp_policy: MixedPrecisionPolicy | None = None,
+                ignored_params: set | None = None, impl: str = "builtin",
+                sync_module_states: bool = False) -> nn.Module | list[nn.Module]:
     """Shard `module`'s parameters (those not in an already sharded submodule) dim-0-wise over `mesh`.
 
     Apply it bottom-up: to each block, then to the model. Returns `module` itself, now an `FSDPModule`.
     A list of modules makes one unit of all of them (one AllGather, one ReduceScatter, gathered before the
     first of them runs forward and freed after the last), and returns the list, as in FSDP2.
     `reshard_after_forward`: True frees the gathered parameters after forward (ZeRO-3), False keeps them
-    until backward is done (ZeRO-2), an int k keeps a 1/k share, so backward gathers from k ranks only.
+    until backward is done (ZeRO-2), an int k keeps a 1/k share, so backward gathers from k ranks only
+    (as in FSDP2, k=1 is False, with a warning, and k = the shard group's size is True).
     None (the default, as in FSDP2) is True for every unit but the root, which keeps its parameters:
     backward needs them first. An explicit True on the root frees them too, as FSDP2 does.
+    `shard_placement_fn(param)`: `Shard(d)` to split that parameter along dim d instead of 0 (evenly: the
+    shard group's size must divide it, as FSDP2 requires), or None for the default `Shard(0)`; its DTensor
+    and its state dict entry are then placed `Shard(d)`. FSDP2's argument (its `ShardPlacementResult`, a
+    mesh per parameter, is not supported).
     `mp_policy`: `MixedPrecisionPolicy`. `impl`: "builtin" (torch.distributed) or "ring" (fsdp_mini's).
     `ignored_params`: parameters left alone, whole on every rank and never reduced (e.g. norms kept
     replicated; their gradients are the caller's to all-reduce), as FSDP2's argument of the same name.
@@ -458,14 +549,19 @@ def fully_shard(module: nn.Module | list[nn.Module], *, mesh=None, reshard_after
     mesh = default_mesh() if mesh is None else mesh
     _check_mesh(mesh)
     mesh_info = MeshInfo.of(mesh)
-    post_forward = _check_reshard_after_forward(reshard_after_forward, mesh_info.shard_size)
+    reshard, post_forward = _check_reshard_after_forward(reshard_after_forward, mesh_info.shard_size)
 
     ignored = {id(p) for p in (ignored_params or ())}
     if any(not isinstance(p, nn.Parameter) for p in (ignored_params or ())):
         raise ValueError("ignored_params must be a set of the module's nn.Parameter objects")
     params = _managed_params(modules, ignored)
+    shard_dims = [_shard_dim(shard_placement_fn, name, p, mesh_info.shard_size) for name, _, p in params]
+    if post_forward and any(shard_dims):
+        raise ValueError(f"reshard_after_forward={reshard_after_forward} (keep a 1/k share) needs every parameter "
+                         f"sharded along dim 0, but shard_placement_fn placed some along another dimension")
     device = get_device()
-    description = [(name, tuple(p.shape), str(p.dtype), p.requires_grad) for name, _, p in params]
+    description = [(name, tuple(p.shape), str(p.dtype), p.requires_grad, d) for (name, _, p), d in
+                   zip(params, shard_dims)]
     kinds = ", ".join(type(m).__name__ for m in modules)
     # Over the mesh's ranks only, one dimension's groups after the other (together: the whole mesh): on a
     # 2-D (dp, tp) world the ranks of another dp group hold other tensor-parallel slices, and may differ.
@@ -486,16 +582,16 @@ def fully_shard(module: nn.Module | list[nn.Module], *, mesh=None, reshard_after
     group = None
     if params:
         fsdp_params = []
-        for name, owners, p in params:
+        for (name, owners, p), shard_dim in zip(params, shard_dims):
             fsdp_params.append(FSDPParam(name, owners, p, mesh, mesh_info.shard_rank, mesh_info.shard_size,
-                                         mp, device))
+                                         mp, device, shard_dim))
             _MANAGED[id(p)] = (weakref.ref(p), label)
         mark_replaced([p for _, _, p in params])  # an optimizer built before this fails at its first step
         reduce_dtype = mp.reduce_dtype or mp.param_dtype
         pf = post_forward_shards(mesh_info, post_forward) if post_forward else None
         tracker = _TRACKERS.setdefault(_mesh_key(mesh), MemoryTracker())
         group = FSDPParamGroup(fsdp_params, label, mesh_info, reduce_dtype, impl, tracker,
-                               reshard_after_forward in (None, True), pf)
+                               reshard in (None, True), pf)
         group.auto_reshard_after_forward = reshard_after_forward is None
     state = FSDPState(modules[0], group, mp, modules)
     if group is not None:
@@ -617,14 +713,46 @@ def _check_mesh(mesh) -> None:
         raise ValueError(f"mesh is on {mesh.device_type!r} but this rank computes on {get_device().type!r}")
 
 
-def _check_reshard_after_forward(value, shard_size: int) -> int | None:
-    """None for True/False/None; k for an int, checked to divide the shard group."""
+def _check_reshard_after_forward(value, shard_size: int) -> tuple[bool | None, int | None]:
+    """(free after forward: None for FSDP2's default, True or False; k to keep a 1/k share, else None). An
+    int is checked to divide the shard group and read as FSDP2 reads it: 1 is 'reshard to one rank',
+    i.e. keep everything gathered (False, with a warning, since 1 == True in Python), and the shard
+    group's size is True (torch/distributed/fsdp/_fully_shard/_fsdp_init.py, _get_post_forward_mesh_info)."""
     if value is None or isinstance(value, bool):
-        return None
+        return value, None
     if not isinstance(value, int) or value < 1 or shard_size % value:
         raise ValueError(f"reshard_after_forward must be None, True, False or a positive divisor of the shard group "
                          f"size {shard_size}, got {value!r}")
-    return value
+    if value == 1:
+        warnings.warn("reshard_after_forward=1 (int) means resharding parameters to world size 1, i.e. keeping "
+                      "them gathered as reshard_after_forward=False, instead of reshard_after_forward=True (bool)",
+                      stacklevel=3)
+        return False, None
+    if value == shard_size:
+        return True, None
+    return False, value
+
+
+def _shard_dim(shard_placement_fn, name: str, param: nn.Parameter, shard_size: int) -> int:
+    """The dimension `shard_placement_fn` shards `param` along (0 without one, or when it returns None),
+    checked as FSDP2 checks it: a `Shard`, a dimension of the parameter, and an even split for d > 0."""
+    if shard_placement_fn is None:
+        return 0
+    placement = shard_placement_fn(param)
+    if placement is None:
+        return 0
+    if not isinstance(placement, Shard):
+        raise ValueError(f"shard_placement_fn must return a Shard placement or None, got {placement!r} for "
+                         f"parameter {name}")
+    d = placement.dim + param.ndim if placement.dim < 0 else placement.dim
+    if not 0 <= d < param.ndim:
+        raise ValueError(f"shard_placement_fn returned Shard({placement.dim}) for parameter {name} of shape "
+                         f"{tuple(param.shape)}, which has no such dimension")
+    if d > 0 and param.shape[d] % shard_size:
+        raise ValueError(f"shard_placement_fn returned Shard({d}) for parameter {name} of shape "
+                         f"{tuple(param.shape)}: sharding along a dimension other than 0 must be even, and "
+                         f"{param.shape[d]} is not divisible by the shard group size {shard_size}")
+    return d
 
 
 def _label(module: nn.Module) -> str:

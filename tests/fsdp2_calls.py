@@ -2,8 +2,11 @@
 
 FSDP2 calls `dist.all_gather_single` / `dist.reduce_scatter_single` by attribute at call time
 (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:119 and :184), so patching them inside a rank
-sees every one of its collectives. A helper module, not a test: the library's differential suite and the
-course's claims tests both use it.
+sees every one of its collectives. `FSDP2Calls(include_fsdp_mini=True)` also patches the names through
+which `fsdp_mini.collectives` issues its builtin collectives, so both implementations land in one list,
+in the order they were *issued* (CommLog appends a record when the collective completes), and `mark()`
+notes where in that order something else happened (a module's backward starting, say). A helper module,
+not a test: the library's differential suite and the course's claims tests both use it.
 """
 from __future__ import annotations
 
@@ -20,30 +23,52 @@ class Call(NamedTuple):
     dtype: torch.dtype
     numel: int
     group_size: int
+    reduce_op: str | None = None  # a ReduceScatter's reduction ("AVG", "SUM"); None for an AllGather
 
 
 class FSDP2Calls:
-    """`with FSDP2Calls() as log: ...` then `log.calls` (every Call, in order) or `log.ops("all_gather")`."""
+    """`with FSDP2Calls() as log: ...` then `log.calls` (every Call, in order) or `log.ops("all_gather")`;
+    `log.mark(name)` inside records how many calls were issued by then (`log.marks[name]`)."""
 
-    def __init__(self):
+    def __init__(self, include_fsdp_mini: bool = False):
         self.calls: list[Call] = []
+        self.marks: dict[str, int] = {}
+        self.include_fsdp_mini = include_fsdp_mini
+
+    def mark(self, name: str) -> None:
+        """Note the number of collectives issued so far under `name` (the first time only)."""
+        self.marks.setdefault(name, len(self.calls))
+
+    def _record(self, op, original):
+        def call(output, input, *args, **kwargs):
+            group = kwargs.get("group", args[1] if op == "reduce_scatter" and len(args) > 1 else
+                               args[0] if op == "all_gather" and args else None)
+            reduce_op = None
+            if op == "reduce_scatter":
+                reduce_op = kwargs.get("op", args[0] if args else dist.ReduceOp.SUM)
+                reduce_op = getattr(reduce_op, "name", str(reduce_op))
+            self.calls.append(Call(op, input.dtype, input.numel(), dist.get_world_size(group), reduce_op))
+            return original(output, input, *args, **kwargs)
+        return call
 
     def __enter__(self):
         self._saved = dist.all_gather_single, dist.reduce_scatter_single
+        dist.all_gather_single = self._record("all_gather", self._saved[0])
+        dist.reduce_scatter_single = self._record("reduce_scatter", self._saved[1])
+        if self.include_fsdp_mini:
+            from fsdp_mini import collectives
 
-        def record(op, original):
-            def call(output, input, *args, **kwargs):
-                group = kwargs.get("group", args[0] if args else None)
-                self.calls.append(Call(op, input.dtype, input.numel(), dist.get_world_size(group)))
-                return original(output, input, *args, **kwargs)
-            return call
-
-        dist.all_gather_single = record("all_gather", self._saved[0])
-        dist.reduce_scatter_single = record("reduce_scatter", self._saved[1])
+            self._saved_mini = collectives.torch_all_gather_into_tensor, collectives.torch_reduce_scatter_tensor
+            collectives.torch_all_gather_into_tensor = self._record("all_gather", self._saved_mini[0])
+            collectives.torch_reduce_scatter_tensor = self._record("reduce_scatter", self._saved_mini[1])
         return self
 
     def __exit__(self, *exc):
         dist.all_gather_single, dist.reduce_scatter_single = self._saved
+        if self.include_fsdp_mini:
+            from fsdp_mini import collectives
+
+            collectives.torch_all_gather_into_tensor, collectives.torch_reduce_scatter_tensor = self._saved_mini
 
     def ops(self, op: str) -> list[Call]:
         return [c for c in self.calls if c.op == op]

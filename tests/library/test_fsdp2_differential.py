@@ -479,3 +479,542 @@ def _not_last_backward(name):
 
 def test_set_is_last_backward_false_finishes_the_reductions_in_the_last_backward(no_orphans):
     _assert_same(launch(_both, 2, args=(_not_last_backward,), timeout=120), _same_tensors)
+
+
+# --- round two (issue 31 §3): the order of collectives, the root, the API ---------------------------------
+# Both implementations' collectives are recorded in the order they are issued (FSDP2Calls with
+# include_fsdp_mini), and a scenario passes when the two sequences are the same, call by call.
+
+def _issued(log):
+    """The issued collectives as (op, elements per rank, reduction)."""
+    return [(c.op, c.numel, c.reduce_op) for c in log.calls]
+
+
+def _gathers(issued):
+    return [c for c in issued if c[0] == "all_gather"]
+
+
+def _same_collectives_but_the_roots_reduce_scatter(a, b):
+    """The same collectives, the AllGathers in the same order. Where the root has parameters of its own and
+    its inputs need no gradient, one ReduceScatter comes at another place, deliberately: FSDP2 ends a
+    unit's backward when the gradients of its inputs are computed, so the root's only at the end of
+    backward; fsdp_mini ends it as soon as its parameters have their gradients
+    (FSDPParamGroup.maybe_post_backward), so the root's ReduceScatter starts right after the root's own
+    backward (the head's), overlapping the blocks' backward, instead of last (same bytes, same count)."""
+    assert _gathers(a) == _gathers(b) and sorted(a, key=str) == sorted(b, key=str)
+
+
+class _Mark(torch.autograd.Function):
+    """Identity; its backward notes in the log how many collectives were issued when it ran."""
+
+    @staticmethod
+    def forward(ctx, x, log, name):
+        ctx.log, ctx.name = log, name
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if ctx.log is not None:
+            ctx.log.mark(ctx.name)
+        return grad, None, None
+
+
+class _WithHead(nn.Module):
+    """Three layers (units) and a head of the root's own, which backward reaches first."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = _mlp()
+        self.head = nn.Linear(6, 6)
+        self.log = None
+
+    def forward(self, x):
+        return _Mark.apply(self.head(self.layers(x)), self.log, "head backward")
+
+
+def _root_prefetch(name):
+    fully_shard, _ = _impl(name)
+    model = _WithHead()
+    for layer in model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    model(_batch(dist.get_rank())).sum().backward()  # the first step
+    with FSDP2Calls(include_fsdp_mini=True) as log:
+        model.log = log
+        out = model(_batch(dist.get_rank(), seed=1))
+        log.mark("forward end")
+        out.sum().backward()
+    return _issued(log), log.marks, _grads(model)
+
+
+def test_the_root_prefetches_the_last_block_when_backward_starts(no_orphans):
+    # FSDP2 records each unit's post-forward; the root's comes last, so its pre-backward prefetches the unit
+    # whose forward ended before it: the last block, before the head's backward runs
+    # (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py, _backward_prefetch)
+    def compare(a, b):
+        assert a[1] == b[1]
+        _same_collectives_but_the_roots_reduce_scatter(a[0], b[0])
+        ahead = a[0][a[1]["forward end"]:a[1]["head backward"]]
+        assert ahead == [("all_gather", 6 * 6 // 2 + 6 // 2, None)]  # the last layer's rows, at 2 ranks
+        _same_tensors(a[2], b[2])
+
+    _assert_same(launch(_both, 2, args=(_root_prefetch,), timeout=120), compare)
+
+
+class _ChunkedHead(nn.Module):
+    """A body whose output a head (norm, out: one unit, `fully_shard([norm, out])`) takes in chunks,
+    outside the model's forward: a chunked loss."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Sequential(nn.Linear(6, 6), nn.Linear(6, 6))
+        self.norm, self.out = nn.Linear(6, 6), nn.Linear(6, 6)
+
+    def forward(self, x):
+        return self.body(x)
+
+    def head(self, h):
+        return self.out(self.norm(h))
+
+
+def _chunked_step(model, x, how):
+    h = model(x)
+    if how == "retain_graph":  # each chunk's backward runs through the body too
+        for chunk in h.chunk(2):
+            model.head(chunk).sum().backward(retain_graph=True)
+        return
+    if how == "no_body_backward":
+        for chunk in h.detach().chunk(2):
+            model.head(chunk).sum().backward()
+        return
+    detached = h.detach().requires_grad_()
+    chunks = detached.chunk(2)
+    for i, chunk in enumerate(chunks):
+        last = i == len(chunks) - 1
+        if how == "accumulate":
+            model.set_requires_gradient_sync(last)
+        elif how == "keep_after_backward":
+            model.set_reshard_after_backward(last)
+        elif how == "is_last_backward":
+            model.set_is_last_backward(last)
+        model.head(chunk).sum().backward()
+    model.set_is_last_backward(True)
+    h.backward(detached.grad)  # the body's backward, once
+
+
+def _chunked(name, how):
+    fully_shard, _ = _impl(name)
+    model = _ChunkedHead()
+    for layer in model.body:
+        fully_shard(layer)
+    fully_shard([model.norm, model.out])
+    fully_shard(model)
+    steps = []
+    for step in range(2):
+        with FSDP2Calls(include_fsdp_mini=True) as log:
+            _chunked_step(model, _batch(dist.get_rank(), seed=step), how)
+        steps.append(_issued(log))
+    return steps, _grads(model)
+
+
+CHUNKED = ["detach", "retain_graph", "no_body_backward", "accumulate", "keep_after_backward", "is_last_backward"]
+
+
+@pytest.mark.parametrize("how", CHUNKED)
+def test_a_chunked_head_unit_used_standalone(how, no_orphans):
+    # the backward of a chunk ends before the next chunk's forward: FSDP2's end of backward forgets the
+    # post-forward order, so a later chunk (and the body after it) prefetches nothing it would not use
+    def compare(a, b):
+        assert a[0] == b[0]
+        _same_tensors(a[1], b[1])
+
+    _assert_same(launch(lambda: {n: _chunked(n, how) for n in IMPLS}, 2, timeout=120), compare)
+
+
+def _reshard_int(name, value):
+    import warnings
+
+    fully_shard, _ = _impl(name)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = _shard_layers(_mlp(), fully_shard, reshard_after_forward=value)
+    model(_batch(dist.get_rank())).sum().backward()
+    with FSDP2Calls(include_fsdp_mini=True) as log:
+        model(_batch(dist.get_rank(), seed=1)).sum().backward()
+    warned = any("reshard_after_forward=1" in str(w.message) for w in caught)
+    return _issued(log), _grads(model), warned
+
+
+@pytest.mark.parametrize("value, keeps", [(1, True), (2, False)])
+def test_reshard_after_forward_int_1_keeps_and_the_group_size_frees(value, keeps, no_orphans):
+    # FSDP2 reads an int as the group size to reshard to: 1 is False (with a warning), the shard group's size
+    # is True (torch/distributed/fsdp/_fully_shard/_fsdp_init.py, _get_post_forward_mesh_info)
+    def compare(a, b):
+        assert a[0] == b[0]
+        gathers = sum(op == "all_gather" for op, _, _ in a[0])
+        assert gathers == (3 if keeps else 6)  # forward's three layers [+ backward's three again]
+        _same_tensors(a[1], b[1])
+        assert a[2] == (value == 1)  # fsdp_mini warns (FSDP2 logs the same words)
+
+    _assert_same(launch(_both, 2, args=(functools.partial(_reshard_int, value=value),), timeout=120), compare)
+
+
+class _Generating(nn.Module):
+    """A root with parameters of its own (the head) and a no-grad method beside forward, which runs the
+    submodules itself or calls forward (as HuggingFace's generate does)."""
+
+    def __init__(self, calls_forward):
+        super().__init__()
+        self.layers = _mlp()
+        self.head = nn.Linear(6, 6)
+        self.calls_forward = calls_forward
+
+    def forward(self, x):
+        return self.head(self.layers(x))
+
+    @torch.no_grad()
+    def generate(self, x):
+        if self.calls_forward:
+            return self(self(x))
+        return self.head(self.layers(self.head(self.layers(x))))
+
+
+def _generate_then_train(name, calls_forward):
+    from torch.distributed.fsdp import register_fsdp_forward_method as torch_register
+
+    fully_shard, _ = _impl(name)
+    register = torch_register if name == "torch" else fsdp_mini.register_fsdp_forward_method
+    model = _Generating(calls_forward)
+    for layer in model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    register(model, "generate")
+    model(_batch(dist.get_rank())).sum().backward()  # the first step
+    generated = model.generate(_batch(dist.get_rank(), seed=1))
+    kinds = {n: type(p).__name__ for n, p in model.named_parameters()}
+    with FSDP2Calls(include_fsdp_mini=True) as log:
+        model(_batch(dist.get_rank(), seed=2)).sum().backward()
+    return generated, kinds, _issued(log), _grads(model)
+
+
+@pytest.mark.parametrize("calls_forward", [False, True])
+def test_the_root_stays_gathered_after_a_no_grad_generate(calls_forward, no_orphans):
+    # FSDP2's post-forward reshards by reshard_after_forward alone, with or without grad: the root keeps its
+    # parameters and the next step does not gather it again. A generate that calls forward ends the root's
+    # FORWARD inside, and its own end then frees the root (FSDPParamGroup.reshard outside FORWARD)
+    def compare(a, b):
+        torch.testing.assert_close(a[0], b[0])
+        assert a[1] == b[1] and a[1]["layers.0.weight"] == "DTensor"
+        assert a[1]["head.weight"] == ("DTensor" if calls_forward else "Parameter")
+        # the layers, forward and backward, and the root again unless it stayed gathered
+        _same_collectives_but_the_roots_reduce_scatter(a[2], b[2])
+        assert sum(op == "all_gather" for op, _, _ in a[2]) == 6 + calls_forward
+        _same_tensors(a[3], b[3])
+
+    _assert_same(launch(_both, 2, args=(functools.partial(_generate_then_train, calls_forward=calls_forward),),
+                        timeout=120), compare)
+
+
+class _Embedded(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(10, 6)
+        self.layers = _mlp()
+
+    def forward(self, tokens):
+        return self.layers(self.embed(tokens))
+
+
+def _no_unshard_in_backward(name):
+    fully_shard, _ = _impl(name)
+    model = _Embedded()
+    fully_shard(model.embed)
+    for layer in model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    model.embed.set_unshard_in_backward(False)
+    tokens = torch.randint(0, 10, (4,), generator=torch.Generator().manual_seed(dist.get_rank()))
+    with FSDP2Calls(include_fsdp_mini=True) as log:
+        model(tokens).pow(2).sum().backward()
+    return _issued(log), _grads(model)
+
+
+def test_set_unshard_in_backward_false_skips_the_embeddings_gather(no_orphans):
+    def compare(a, b):
+        assert a[0] == b[0]
+        assert sum(op == "all_gather" for op, _, _ in a[0]) == 4 + 3  # forward's four; backward: the layers
+        _same_tensors(a[1], b[1])
+
+    _assert_same(launch(_both, 2, args=(_no_unshard_in_backward,), timeout=120), compare)
+
+
+class _Fails(Exception):
+    """The error a scenario raises on purpose."""
+
+
+class _RaiseInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise _Fails("backward fails here")
+
+
+class _Failing(nn.Module):
+    """Three layers (units); between the first two, a step can fail in forward or in backward."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = _mlp()
+        self.fail = None
+
+    def forward(self, x):
+        h = self.layers[0](x)
+        if self.fail == "forward":
+            raise _Fails("forward fails here")
+        if self.fail == "backward":
+            h = _RaiseInBackward.apply(h)
+        return self.layers[2](self.layers[1](h))
+
+
+def _recover(name, where):
+    fully_shard, _ = _impl(name)
+    model = _Failing()
+    for layer in model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1, eps=1e-3)
+    for step, fail in enumerate((None, where, None)):
+        if fail == "skip":  # the reference: no second step at all
+            continue
+        model.fail = fail
+        try:
+            model(_batch(dist.get_rank(), seed=step)).sum().backward()
+        except _Fails:
+            model.reset_iter_state()
+            opt.zero_grad()
+            continue
+        if step == 2:
+            grads = _grads(model)
+        opt.step()
+        opt.zero_grad()
+    with FSDP2Calls(include_fsdp_mini=True) as log:
+        model(_batch(dist.get_rank(), seed=3)).sum().backward()
+    return grads, _params(model), _issued(log), _grads(model)
+
+
+@pytest.mark.parametrize("where", ["forward", "backward"])
+def test_reset_iter_state_recovers_from_an_exception_mid_step(where, no_orphans):
+    def compare(a, b):
+        _same_tensors(a[0], b[0])
+        _same_tensors(a[1], b[1], rtol=1e-5, atol=1e-6)
+        assert a[2] == b[2]
+        _same_tensors(a[3], b[3])
+
+    results = launch(_both, 2, args=(functools.partial(_recover, where=where),), timeout=120)
+    _assert_same(results, compare)
+    # the failed step counts for nothing: the same as two good steps
+    clean = launch(_both, 2, args=(functools.partial(_recover, where="skip"),), timeout=120)
+    _same_tensors(results[0]["fsdp_mini"][1], clean[0]["fsdp_mini"][1], rtol=1e-5, atol=1e-6)
+
+
+def _reset_while_accumulating(name, where):
+    """An unsynced micro-batch, a failing one (or none: "none"; or neither: "fresh"), then a synced one."""
+    fully_shard, _ = _impl(name)
+    model = _Failing()
+    for layer in model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    if where != "fresh":
+        model.set_requires_gradient_sync(False)
+        model(_batch(dist.get_rank(), seed=0)).sum().backward()
+    if where in ("forward", "backward"):
+        model.fail = where
+        try:
+            model(_batch(dist.get_rank(), seed=1)).sum().backward()
+        except _Fails:
+            model.reset_iter_state()
+        model.fail = None
+    model.set_requires_gradient_sync(True)
+    model(_batch(dist.get_rank(), seed=2)).sum().backward()
+    return _grads(model)
+
+
+def _same(a, b):
+    return all(torch.allclose(a[k], b[k], rtol=1e-6, atol=1e-7) for k in a)
+
+
+@pytest.mark.parametrize("where", ["forward", "backward"])
+def test_reset_iter_state_drops_the_accumulated_micro_batches(where, no_orphans):
+    # A deliberate difference. FSDP2's docstring says the reset discards "no_sync grad-accumulation state",
+    # but its _reset_iter_state leaves the gathered parameters' .grad alone: after a failed forward the
+    # unsynced micro-batch is still added into the next synced step, and after a failed backward so are
+    # the gradients that backward had produced before it failed. Neither is visible to the caller
+    # (zero_grad() clears the sharded gradients only). fsdp_mini drops both, as the docstring says: the
+    # next step is a fresh one.
+    runs = {w: launch(_both, 2, args=(functools.partial(_reset_while_accumulating, where=w),), timeout=120)
+            for w in (where, "none", "fresh")}
+    for rank in range(2):
+        fresh, accumulated = runs["fresh"][rank], runs["none"][rank]
+        assert _same(accumulated["fsdp_mini"], accumulated["torch"]) and _same(fresh["fsdp_mini"], fresh["torch"])
+        ours, theirs = runs[where][rank]["fsdp_mini"], runs[where][rank]["torch"]
+        assert _same(ours, fresh["fsdp_mini"])
+        assert not _same(theirs, fresh["torch"])
+        if where == "forward":
+            assert _same(theirs, accumulated["torch"])
+
+
+def _reset_not_root(name):
+    fully_shard, _ = _impl(name)
+    model = _shard_layers(_mlp(), fully_shard)
+    model(_batch(dist.get_rank())).sum().backward()
+    try:
+        model[0].reset_iter_state()
+    except RuntimeError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_reset_iter_state_on_a_unit_that_is_not_the_root_is_an_error(no_orphans):
+    for result in launch(_both, 2, args=(_reset_not_root,), timeout=120):
+        assert result["fsdp_mini"] == result["torch"] == "reset_iter_state must be called on the root FSDP module"
+
+
+def _summed(name, factor, deprecated_name=False):
+    import warnings
+
+    fully_shard, _ = _impl(name)
+    model = _shard_layers(_mlp(), fully_shard)
+    units = [m for m in model.modules() if hasattr(m, "set_force_sum_reduction_for_comms")]
+    for m in units:  # one unit's setting each (no recurse argument, as in FSDP2)
+        m.set_force_sum_reduction_for_comms(True)  # FSDP2 then needs no PREMUL_SUM: it runs on gloo
+    warned = False
+    if factor is not None:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for m in units:
+                (m.set_reduce_scatter_divide_factor if deprecated_name else m.set_gradient_divide_factor)(factor)
+        warned = any(issubclass(w.category, DeprecationWarning) for w in caught)
+    with FSDP2Calls(include_fsdp_mini=True) as log:
+        model(_batch(dist.get_rank())).sum().backward()
+    return _issued(log), _grads(model), warned
+
+
+@pytest.mark.parametrize("factor, deprecated_name", [(None, False), (8.0, False), (8.0, True)])
+def test_forced_sums_and_a_divide_factor_match_pytorch_on_gloo(factor, deprecated_name, no_orphans):
+    # with sums forced, FSDP2 reduce-scatters with SUM and divides afterwards, by the world or the factor
+    # (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, _get_gradient_divide_factors)
+    def compare(a, b):
+        assert a[0] == b[0] and {r for op, _, r in a[0] if op == "reduce_scatter"} == {"SUM"}
+        _same_tensors(a[1], b[1])
+        assert a[2] == b[2] == deprecated_name
+
+    results = launch(_both, 2, args=(functools.partial(_summed, factor=factor, deprecated_name=deprecated_name),),
+                     timeout=120)
+    _assert_same(results, compare)
+    averaged = launch(_divided, 2, args=(None,), timeout=120)[0]
+    _same_tensors(results[0]["fsdp_mini"][1], {k: v * 2 / (factor or 2) for k, v in averaged.items()})
+
+
+def _hooked(name, mesh_shape):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    fully_shard, _ = _impl(name)
+    mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=("replicate", "shard")[-len(mesh_shape):])
+    model = _shard_layers(_mlp(), fully_shard, mesh=mesh)
+    seen = []
+
+    def hook(reduced):
+        seen.append(reduced.clone())
+        reduced.mul_(2)  # in place: the gradients are twice the reduced ones
+
+    for m in model.modules():
+        if hasattr(m, "set_all_reduce_hook"):
+            m.set_all_reduce_hook(hook)
+    model(_batch(dist.get_rank())).sum().backward()
+    return seen, _grads(model)
+
+
+@pytest.mark.parametrize("mesh_shape, world", [((2,), 2), ((2, 2), 4)])
+def test_set_all_reduce_hook_sees_and_changes_each_reduced_chunk(mesh_shape, world, no_orphans):
+    def compare(a, b):
+        assert len(a[0]) == len(b[0]) == 3  # one per layer; the root has no parameters of its own
+        for x, y in zip(a[0], b[0]):
+            torch.testing.assert_close(x, y)
+        _same_tensors(a[1], b[1])
+
+    _assert_same(launch(_both, world, args=(functools.partial(_hooked, mesh_shape=mesh_shape),),
+                        local_world_size=2, timeout=120), compare)
+
+
+def _shard_dim_1(param):
+    from torch.distributed.tensor import Shard
+
+    return Shard(1) if param.ndim == 2 else None  # weights along their columns, biases by rows
+
+
+def _placed(name, opt_name):
+    fully_shard, _ = _impl(name)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 4))
+    full = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    for layer in (model[0], model[2]):
+        fully_shard(layer, shard_placement_fn=_shard_dim_1)
+    fully_shard(model, shard_placement_fn=_shard_dim_1)
+    layout = {k: (type(v).__name__, tuple(v.placements), tuple(v.to_local().shape))
+              for k, v in model.state_dict().items()}
+    model[0].unshard()
+    gathered = model[0].weight.detach().clone()  # the whole parameter, put together from the columns
+    model[0].reshard()
+    opt = (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if opt_name == "sgd" else
+           torch.optim.AdamW(model.parameters(), lr=1e-2, eps=1e-3, weight_decay=0.1))
+    for step in range(3):
+        x = torch.randn(4, 6, generator=torch.Generator().manual_seed(step * 10 + dist.get_rank()))
+        model(x).pow(2).sum().backward()
+        if step == 0:
+            grads = _grads(model)
+        opt.step()
+        opt.zero_grad()
+    return layout, gathered, full["0.weight"], grads, _params(model)
+
+
+@pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
+def test_shard_placement_fn_shards_along_dim_1_like_pytorch(opt_name, no_orphans):
+    def compare(a, b):
+        assert a[0] == b[0]  # keys, DTensor, placements, local shapes
+        assert a[0]["0.weight"] == ("DTensor", (torch.distributed.tensor.Shard(1),), (8, 3))
+        assert torch.equal(a[1], a[2]) and torch.equal(b[1], b[2])
+        _same_tensors(a[3], b[3])
+        _same_tensors(a[4], b[4], rtol=1e-5, atol=1e-6)
+
+    _assert_same(launch(_both, 2, args=(functools.partial(_placed, opt_name=opt_name),), timeout=120), compare)
+
+
+ROUND_TWO_METHODS = ["set_unshard_in_backward", "reset_iter_state", "set_reduce_scatter_divide_factor",
+                     "set_force_sum_reduction_for_comms", "set_all_reduce_hook"]
+
+
+@pytest.mark.parametrize("method", ROUND_TWO_METHODS)
+def test_the_new_methods_take_pytorchs_arguments(method):
+    import inspect
+
+    from torch.distributed.fsdp import FSDPModule as TorchFSDPModule
+
+    def arguments(fn):
+        return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
+
+    assert arguments(getattr(fsdp_mini.FSDPModule, method)) == arguments(getattr(TorchFSDPModule, method))
+
+
+def test_fully_shard_takes_shard_placement_fn_as_a_keyword():
+    import inspect
+
+    from torch.distributed.fsdp import fully_shard as torch_fully_shard
+
+    ours = inspect.signature(fsdp_mini.fully_shard).parameters["shard_placement_fn"]
+    theirs = inspect.signature(torch_fully_shard).parameters["shard_placement_fn"]
+    assert ours.kind is theirs.kind is inspect.Parameter.KEYWORD_ONLY and ours.default is theirs.default is None

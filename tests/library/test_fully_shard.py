@@ -13,8 +13,8 @@ import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
 from fsdp_mini import FSDP, CommLog, launch
-from fsdp_mini.fully_shard import (FSDPModule, fully_shard, gathered_memory, register_fsdp_forward_method,
-                                   state_of)
+from fsdp_mini.fully_shard import (FSDPModule, full_state_dict, fully_shard, gathered_memory,
+                                   register_fsdp_forward_method, state_of)
 from fsdp_mini.mixed_precision import MixedPrecisionPolicy
 from small_model import Block, TinyConfig, TinyLM, batch, rank_rows, train
 
@@ -394,6 +394,72 @@ def test_generate_runs_on_the_sharded_model_and_equals_the_unwrapped_one(no_orph
     want = Generator().generate(torch.zeros(1, 1, dtype=torch.long), 5)
     for out, sharded_after, gathered_after in launch(_generate, 2, timeout=60):
         assert torch.equal(out, want) and sharded_after and gathered_after == 0
+
+
+# --- shard_placement_fn: parameters split along another dimension ------------------------------------
+
+EVEN = CFG.but(width=12, head_dim=6, ffn=18)  # every 2-D parameter's dim 1 splits over 2 (and 4) ranks
+
+
+def columns(param):
+    """Shard(1) for matrices (the tied token table included), the default Shard(0) for vectors."""
+    from torch.distributed.tensor import Shard
+
+    return Shard(1) if param.ndim == 2 else None
+
+
+def _placed_parity(opt_name, mesh_kind):
+    mesh = mesh_for(mesh_kind)
+    model = TinyLM(EVEN)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, shard_placement_fn=columns)
+    fully_shard(model, mesh=mesh, shard_placement_fn=columns)
+    placements = {k: tuple(v.placements)[-1].dim for k, v in model.state_dict().items()}
+    losses = train(model, make_optimizer(opt_name, model.parameters()), EVEN, STEPS, BATCH)
+    return losses, full_sd(model), placements, full_state_dict(model)  # DTensor's gather, and fsdp_mini's
+
+
+@pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
+@pytest.mark.parametrize("world, mesh_kind", [(2, "1d"), (4, "2d")])
+def test_shard_placement_fn_along_dim_1_matches_single_process_training(opt_name, world, mesh_kind, no_orphans):
+    ref = TinyLM(EVEN)
+    ref_losses = train(ref, make_optimizer(opt_name, ref.parameters()), EVEN, STEPS, BATCH)
+    results = launch(_placed_parity, world, args=(opt_name, mesh_kind), local_world_size=2, timeout=120)
+    torch.testing.assert_close(torch.tensor([r[0] for r in results]).mean(0), torch.tensor(ref_losses), **TOL)
+    for _, sd, placements, full in results:
+        assert placements == {k: 1 if v.ndim == 2 else 0 for k, v in ref.state_dict().items()}
+        for k, v in ref.state_dict().items():
+            torch.testing.assert_close(sd[k], v, **TOL)
+            torch.testing.assert_close(full[k], v, **TOL)
+
+
+def _placement_errors():
+    from torch.distributed.tensor import Replicate, Shard
+
+    def message(fn):
+        try:
+            fn()
+        except ValueError as exc:
+            return str(exc)
+        return "no error"
+
+    return {
+        "replicate": message(lambda: fully_shard(nn.Linear(4, 4), shard_placement_fn=lambda p: Replicate())),
+        "no_such_dim": message(lambda: fully_shard(nn.Linear(4, 4), shard_placement_fn=lambda p: Shard(2))),
+        "uneven": message(lambda: fully_shard(nn.Linear(6, 4), shard_placement_fn=lambda p: Shard(-1))),
+        "with_k": message(lambda: fully_shard(nn.Linear(4, 4), reshard_after_forward=2,
+                                              shard_placement_fn=lambda p: Shard(p.ndim - 1))),
+    }
+
+
+def test_shard_placement_fn_errors_name_the_parameter(no_orphans):
+    # a rank that raised would leave the others waiting in fully_shard's checks: every rank raises, at 4
+    # ranks (reshard_after_forward=2 is a share of 2 of the 4)
+    for out in launch(_placement_errors, 4, timeout=60):
+        assert "must return a Shard placement or None" in out["replicate"] and "weight" in out["replicate"]
+        assert "Shard(2)" in out["no_such_dim"] and "no such dimension" in out["no_such_dim"]
+        assert "6 is not divisible by the shard group size 4" in out["uneven"]
+        assert "reshard_after_forward=2" in out["with_k"] and "dim 0" in out["with_k"]
 
 
 # --- bad input: clear errors before any collective ------------------------------------------------------
