@@ -71,6 +71,7 @@ from torch.distributed.tensor import DTensor
 
 from fsdp_mini.checkpoint_integrity import (CheckpointError, CorruptCheckpointError, IncompleteCheckpointError,
                                             open_checkpoint, save_atomically, verify_pieces)
+from fsdp_mini.flight_recorder import recorded
 from fsdp_mini.fully_shard import FSDPModule
 from fsdp_mini.runtime import local_world_size, require_distributed
 from fsdp_mini.torch_internals import (Shard, ShardedTensor, ShardedTensorMetadata, ShardMetadata,
@@ -356,6 +357,7 @@ def _check_extra_state(extra_state) -> None:
         raise TypeError(f"extra_state cannot be saved: {type(exc).__name__}: {exc}") from exc
 
 
+@recorded("save_checkpoint")  # one flight-record entry for all its collectives: a rank alone in it is named
 def save_checkpoint(path: str | os.PathLike, model, optimizer=None, *, overwrite: bool = False,
                     extra_state: dict[str, Any] | None = None) -> None:
     """Write a sharded checkpoint of `model` (and `optimizer`'s state, and `extra_state`) to the directory `path`.
@@ -456,6 +458,7 @@ def _init_optimizer_state(optimizer) -> None:
             p.grad = grad
 
 
+@recorded("load_checkpoint")
 def load_checkpoint(path: str | os.PathLike, model, optimizer=None, *, verify: bool = True) -> dict[str, Any]:
     """Fill `model`'s shards (and `optimizer`'s state and hyperparameters) in place from a checkpoint
     written by `save_checkpoint`, at any world size and with any strategy; return its `extra_state`.
