@@ -20,11 +20,14 @@ BAD_BATCH = "bad batch on rank 1"
 
 
 class ShapeErrorInABlock(TinyLM):
-    """Feeds block 1 a residual stream one feature short: a shape error, on every rank alike."""
+    """Once `broken`, feeds block 1 a residual stream one feature short: a shape error, on every rank alike,
+    while the AllGather of block 2 that forward prefetches is in flight."""
+
+    broken = False
 
     def run_blocks(self, x):
         for i, block in enumerate(self.blocks):
-            x = block(x[..., :-1] if i == 1 else x)
+            x = block(x[..., :-1] if i == 1 and self.broken else x)
         return x
 
 
@@ -43,7 +46,9 @@ def raises_on_one_rank(folder):
 
 def raises_on_every_rank(folder):
     model = FSDP(ShapeErrorInABlock(CFG), "FULL_SHARD", wrap=(Block,))
-    _step(model, 0)
+    _step(model, 0)  # records the order of the units: from now on forward prefetches the next one
+    model.module.broken = True
+    _step(model, 1)
 
 
 def killed_rank(folder):

@@ -22,8 +22,9 @@ import torch.distributed as dist
 
 from fsdp_mini import FSDP, LaunchError, fully_shard, launch, register_fsdp_forward_method
 from fsdp_mini import collectives as C
-from fsdp_mini.flight_recorder import (FLIGHT_DIR_ENV, Ending, Entry, FlightRecorder, diagnose, find_divergence,
-                                       load_records, load_run, record_path, remove_if_ended_well)
+from fsdp_mini.flight_recorder import (FLIGHT_DIR_ENV, Ending, Entry, FlightRecorder, diagnose, failure_note,
+                                       find_divergence, load_records, load_run, raised_in_a_collective, record_path,
+                                       remove_if_ended_well)
 from small_model import Block, TinyConfig, TinyLM, batch, rank_rows
 
 CFG = TinyConfig(depth=3)
@@ -368,3 +369,28 @@ def test_a_run_whose_ranks_all_finished_is_removed_and_a_failed_one_kept(tmp_pat
     assert not remove_if_ended_well(str(failed)) and failed.exists()
     assert remove_if_ended_well(str(well)) and not well.exists()
     assert failed.exists()
+
+
+def test_an_exception_of_its_own_is_not_blamed_on_a_peer(tmp_path):
+    """A rank that raises (a shape error) while the AllGather forward prefetched is in flight: its note
+    names its exception, not "a peer died or stalls inside it?", which is only for an error raised in the
+    collective itself, on ranks whose records agree and name no other cause."""
+    rec = FlightRecorder(capacity=8)
+    rec.attach(record_path(str(tmp_path), 0), run="r", rank=0, world=1)
+    rec.issue("all_gather", (0,), [torch.ones(2)], "blocks.2")  # the prefetch, in flight
+    try:
+        raise RuntimeError("Given normalized_shape=[13]")
+    except RuntimeError as exc:
+        assert not raised_in_a_collective(exc)
+        rec.end(Ending.RAISED, f"{type(exc).__name__}: {exc}")
+        note = failure_note(str(tmp_path), 0, exc).splitlines()
+    assert note[0] == "fsdp_mini: rank 0 failed: RuntimeError: Given normalized_shape=[13]"
+    assert "a peer died" not in "\n".join(note)
+    (tmp_path / "b").mkdir()
+    collective = FlightRecorder(capacity=8)  # a timeout in the collective, on ranks that agree: where it waited
+    collective.attach(record_path(str(tmp_path / "b"), 0), run="r", rank=0, world=1)
+    collective.issue("all_gather", (0,), [torch.ones(2)], "blocks.2")
+    collective.end(Ending.FAILED_IN_COLLECTIVE, "RuntimeError: Timed out")
+    assert failure_note(str(tmp_path / "b"), 0).splitlines()[0] == (
+        "fsdp_mini: the ranks agree on every recorded collective; rank 0 failed in AllGather #1 (blocks.2) "
+        "(a peer died or stalls inside it?)")
