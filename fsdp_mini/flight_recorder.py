@@ -119,13 +119,19 @@ def raised_in_a_collective(exc: BaseException) -> bool:
     """Whether `exc` was raised by a collective (gloo's timeout, "Connection closed by peer": the
     consequence of another rank's failure) rather than by the rank's own code (a ValueError, a shape error
     in a block, which is the cause). Told by where it was raised: a RuntimeError whose innermost frame is
-    torch.distributed's or fsdp_mini.collectives' (bad arguments there raise ValueError or TypeError)."""
-    if isinstance(exc, dist.DistError):
-        return True
-    if not isinstance(exc, RuntimeError) or exc.__traceback__ is None:
-        return False
-    innermost = traceback.extract_tb(exc.__traceback__)[-1].filename.replace(os.sep, "/")
-    return "/torch/distributed/" in innermost or innermost.endswith("/fsdp_mini/collectives.py")
+    torch.distributed's or fsdp_mini.collectives' (bad arguments there raise ValueError or TypeError), or an
+    error raised while handling one (a checkpoint's RuntimeError wrapping DCP's)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, dist.DistError):
+            return True
+        if isinstance(exc, RuntimeError) and exc.__traceback__ is not None:
+            innermost = traceback.extract_tb(exc.__traceback__)[-1].filename.replace(os.sep, "/")
+            if "/torch/distributed/" in innermost or innermost.endswith("/fsdp_mini/collectives.py"):
+                return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _process_start(pid: int) -> int | None:
@@ -166,7 +172,6 @@ class FlightRecorder:
         self._lock = threading.Lock()
         self._in_forward = False
         self._map: mmap.mmap | None = None
-        self.path: str | None = None  # the file `attach` mirrors into
         self.ended: Ending | None = None  # the end record written into it, if any
         self.enabled = True  # False only to measure what recording costs (the bench's `:norecord` cases)
 
@@ -183,7 +188,6 @@ class FlightRecorder:
             f.write(header[:_SLOT].ljust(_SLOT, b" "))
         with open(path, "r+b") as f:
             self._map = mmap.mmap(f.fileno(), size)
-        self.path = path
         self.ended = None
 
     def end(self, how: Ending, what: str = "") -> None:
@@ -253,7 +257,6 @@ class FlightRecorder:
             self._issued = 0
             self._in_forward = False
             self._map = None
-            self.path = None
             self.ended = None
 
 
@@ -554,8 +557,9 @@ def remove_if_ended_well(folder: str) -> bool:
                 or any(r not in run.ends or run.ends[r].how is not Ending.FINISHED for r in run.records)):
             return False
         shutil.rmtree(folder, ignore_errors=True)
-    with contextlib.suppress(OSError):  # the parent of the runs' folders, once it is empty
-        os.rmdir(os.path.dirname(folder))
+    if os.path.basename(os.path.dirname(folder)) == FLIGHT_ROOT:  # the runs' parent folder, once it is empty
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.dirname(folder))
     return True
 
 

@@ -43,7 +43,8 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from fsdp_mini.flight_recorder import RECORDER, find_divergence, load_run, new_run_id, raised_in_a_collective, record_path
+from fsdp_mini.flight_recorder import (RECORDER, find_divergence, load_run, new_run_id, raised_in_a_collective,
+                                       record_path)
 from fsdp_mini.runtime import check_backend, die_with_parent, mark_launched
 
 __all__ = ["launch", "LaunchError", "LaunchTimeout"]

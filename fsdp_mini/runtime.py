@@ -21,6 +21,7 @@ own folder, a failed run's stays for `python -m fsdp_mini diagnose`.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import datetime
 import enum
 import os
@@ -146,7 +147,16 @@ def init(backend: str | None = None, timeout: float = 600.0) -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
-_flight: dict[str, Any] = {}  # this rank's flight folder and whether the run may remove it (`_record_flight`)
+@dataclasses.dataclass(frozen=True)
+class _FlightFolder:
+    """Where this torchrun rank's flight record is, and whether the run may remove the folder (its own, not
+    one that FSDP_MINI_FLIGHT_DIR chose)."""
+
+    path: str
+    tidy: bool
+
+
+_flight: _FlightFolder | None = None  # set by `_record_flight`
 
 
 def _record_flight() -> None:
@@ -166,7 +176,8 @@ def _record_flight() -> None:
     folder = chosen or default_folder(run[0])
     os.makedirs(folder, exist_ok=True)
     RECORDER.attach(record_path(folder, rank), run=run[0], rank=rank, world=world)
-    _flight.update(folder=folder, tidy=not chosen)
+    global _flight
+    _flight = _FlightFolder(folder, tidy=not chosen)
     install_verdict_hook(folder, rank, tidy=not chosen)
     if rank == 0:
         kept = "kept" if chosen else "removed if every rank ends well"
@@ -202,14 +213,17 @@ def finish(exit_code: int = 0) -> None:
     exception"), after all its work was done; here it hit about 1 run in 15 of a 2-rank torchrun demo.
     `os._exit` skips the interpreter's shutdown, so there is nothing to race with. Never returns.
 
+    Under torchrun it first writes the rank's end record (finished, or exited with `exit_code`), which a
+    failing peer's note and `diagnose` read; the last rank to finish well removes the run's flight folder.
+
     Inside `launch` the same script works: `finish()` raises `RankFinished`, which ends the rank's
     function; the process, its group and its exit are `launch`'s.
     """
     if launcher() is Launcher.LAUNCH:
         raise RankFinished(exit_code)
     RECORDER.end(Ending.FINISHED if exit_code == 0 else Ending.EXITED, str(exit_code))
-    if _flight.get("tidy") and RECORDER.ended is Ending.FINISHED:
-        remove_if_ended_well(_flight["folder"])
+    if _flight is not None and _flight.tidy and RECORDER.ended is Ending.FINISHED:
+        remove_if_ended_well(_flight.path)
     try:
         if dist.is_initialized():
             dist.destroy_process_group()
