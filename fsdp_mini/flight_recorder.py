@@ -42,6 +42,7 @@ import json
 import mmap
 import os
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -98,6 +99,7 @@ class Ending(enum.Enum):
     EXITED = "exited"  # `fsdp_mini.finish(code)` with a code other than 0
     RAISED = "raised"  # an exception of its own (a bad batch, a shape error): a cause
     FAILED_IN_COLLECTIVE = "failed in a collective"  # raised by a collective (a timeout, a peer gone): a consequence
+    STOPPED = "stopped"  # SIGTERM: torchrun's agent stops the other ranks once one has failed
 
 
 @dataclass(frozen=True)
@@ -571,7 +573,9 @@ def install_verdict_hook(folder: str, rank: int, tidy: bool = False) -> None:
     the current `sys.excepthook` (torch.distributed's, which prefixes each line with the rank).
 
     At the interpreter's exit, a rank with no end record yet writes FINISHED (the script returned); with
-    `tidy` (the run's own folder, not a chosen one) the last rank to end well removes the folder."""
+    `tidy` (the run's own folder, not a chosen one) the last rank to end well removes the folder. On
+    SIGTERM (torchrun's agent stopping the ranks that are left once one failed) it writes STOPPED, then dies
+    of the signal as before: a rank stopped while it computed is not taken for one that died."""
     previous = sys.excepthook
 
     def hook(exc_type, exc, tb):
@@ -597,5 +601,12 @@ def install_verdict_hook(folder: str, rank: int, tidy: bool = False) -> None:
         if tidy and RECORDER.ended is Ending.FINISHED:
             remove_if_ended_well(folder)
 
+    def stopped(signum, frame):
+        RECORDER.end(Ending.STOPPED, signal.Signals(signum).name)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
     sys.excepthook = hook
     atexit.register(at_exit)
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # never replace a handler of the script's own
+        signal.signal(signal.SIGTERM, stopped)

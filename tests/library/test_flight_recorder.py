@@ -9,6 +9,7 @@ out prints the verdict, and `python -m fsdp_mini diagnose` prints it from the fi
 import multiprocessing
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -22,9 +23,9 @@ import torch.distributed as dist
 
 from fsdp_mini import FSDP, LaunchError, fully_shard, launch, register_fsdp_forward_method
 from fsdp_mini import collectives as C
-from fsdp_mini.flight_recorder import (FLIGHT_DIR_ENV, Ending, Entry, FlightRecorder, diagnose, failure_note,
-                                       find_divergence, load_records, load_run, raised_in_a_collective, record_path,
-                                       remove_if_ended_well)
+from fsdp_mini.flight_recorder import (FLIGHT_DIR_ENV, RECORDER, Ending, Entry, FlightRecorder, diagnose, failure_note,
+                                       find_divergence, install_verdict_hook, load_records, load_run,
+                                       raised_in_a_collective, record_path, remove_if_ended_well)
 from small_model import Block, TinyConfig, TinyLM, batch, rank_rows
 
 CFG = TinyConfig(depth=3)
@@ -351,9 +352,11 @@ DIVERGED = "ranks diverged: rank 0 issued AllReduce #3 (blocks.0) while rank 1 i
     # every rank raised: the first one, and that the others failed the same way; no word of a peer
     ([(2, Ending.RAISED, "RuntimeError: shapes"), (2, Ending.RAISED, "RuntimeError: shapes")],
      ["rank 0 failed: RuntimeError: shapes", "(rank 1 failed the same way)"]),
+    # a rank stopped by torchrun's agent while it computed (SIGTERM) is not a second death
+    ([(3, Ending.STOPPED, "SIGTERM"), (2, None, "")], [DIED, DIVERGED]),
     # a rank that finished while another waits: the divergence alone
     ([(3, Ending.FAILED_IN_COLLECTIVE, "RuntimeError: Timed out"), (2, Ending.FINISHED, "0")], [DIVERGED]),
-], ids=["raised", "died", "interrupted", "all raised", "finished"])
+], ids=["raised", "died", "interrupted", "all raised", "stopped", "finished"])
 def test_diagnose_names_the_cause_first(ranks, lines, tmp_path):
     _ran_in_processes(tmp_path, ranks)
     expected = [lines[0].removeprefix("ranks diverged: "), *lines[1:]]
@@ -394,3 +397,20 @@ def test_an_exception_of_its_own_is_not_blamed_on_a_peer(tmp_path):
     assert failure_note(str(tmp_path / "b"), 0).splitlines()[0] == (
         "fsdp_mini: the ranks agree on every recorded collective; rank 0 failed in AllGather #1 (blocks.2) "
         "(a peer died or stalls inside it?)")
+
+
+def _stopped_by_sigterm(folder):
+    RECORDER.reset()
+    RECORDER.attach(record_path(folder, 0), run="r", rank=0, world=1)
+    install_verdict_hook(folder, 0)
+    os.kill(os.getpid(), signal.SIGTERM)  # what torchrun's agent sends the ranks left once one failed
+    time.sleep(30)  # computing: the handler runs at once
+    os._exit(0)
+
+
+def test_a_rank_stopped_by_sigterm_says_so_and_still_dies_of_it(tmp_path):
+    p = multiprocessing.get_context("fork").Process(target=_stopped_by_sigterm, args=(str(tmp_path),))
+    p.start()
+    p.join(30)
+    assert p.exitcode == -signal.SIGTERM
+    assert load_run(str(tmp_path)).ends[0].how is Ending.STOPPED
