@@ -357,7 +357,6 @@ def _check_extra_state(extra_state) -> None:
         raise TypeError(f"extra_state cannot be saved: {type(exc).__name__}: {exc}") from exc
 
 
-@recorded("save_checkpoint")  # one flight-record entry for all its collectives: a rank alone in it is named
 def save_checkpoint(path: str | os.PathLike, model, optimizer=None, *, overwrite: bool = False,
                     extra_state: dict[str, Any] | None = None) -> None:
     """Write a sharded checkpoint of `model` (and `optimizer`'s state, and `extra_state`) to the directory `path`.
@@ -390,7 +389,8 @@ def save_checkpoint(path: str | os.PathLike, model, optimizer=None, *, overwrite
         with _quiet(), _as_runtime_error("saving", path):
             dcp.save(sd, storage_writer=writer, planner=DefaultSavePlanner(**_planner_kwargs()))
 
-    save_atomically(path, write, overwrite=overwrite)
+    with recorded("save_checkpoint"):  # its collectives in one flight-record entry: a rank alone in it is named
+        save_atomically(path, write, overwrite=overwrite)
 
 
 def _check_against_checkpoint(path, metadata, sd: dict[str, Any]) -> None:
@@ -458,7 +458,6 @@ def _init_optimizer_state(optimizer) -> None:
             p.grad = grad
 
 
-@recorded("load_checkpoint")
 def load_checkpoint(path: str | os.PathLike, model, optimizer=None, *, verify: bool = True) -> dict[str, Any]:
     """Fill `model`'s shards (and `optimizer`'s state and hyperparameters) in place from a checkpoint
     written by `save_checkpoint`, at any world size and with any strategy; return its `extra_state`.
@@ -479,7 +478,8 @@ def load_checkpoint(path: str | os.PathLike, model, optimizer=None, *, verify: b
     """
     opened = open_checkpoint(path, verify=verify)  # every rank, no collective: a damaged one fails here
     _check_against_checkpoint(path, opened.metadata, _state_dict(model, None, saving=False)[0])  # the model first
-    verify_pieces(opened, wanted=lambda key: optimizer is not None or not key.startswith(OPTIM_PREFIX))
+    with recorded("load_checkpoint", "verify"):  # a flight-record entry, as in save_checkpoint
+        verify_pieces(opened, wanted=lambda key: optimizer is not None or not key.startswith(OPTIM_PREFIX))
     if optimizer is not None:
         _state_dict(model, optimizer, saving=False)  # the optimizer's parameters are the model's, before stepping it
         _init_optimizer_state(optimizer)
@@ -492,7 +492,7 @@ def load_checkpoint(path: str | os.PathLike, model, optimizer=None, *, verify: b
         step()
     if not isinstance(model, FSDPModule):
         model.reshard()  # the gathered copies would be stale: drop them (as load_full_state_dict does)
-    with torch.no_grad(), _quiet(), _as_runtime_error("loading", path):
+    with torch.no_grad(), _quiet(), _as_runtime_error("loading", path), recorded("load_checkpoint", "read"):
         dcp.load(sd, storage_reader=dcp.FileSystemReader(os.fspath(path)),
                  planner=DefaultLoadPlanner(**_planner_kwargs()))
         for step in finish:

@@ -123,8 +123,7 @@ def init(backend: str | None = None, timeout: float = 600.0) -> tuple[int, int]:
     timeout: seconds a collective may wait for its peers before it fails. A hang (a rank that skipped a
         collective) then ends in an error after `timeout`, and under torchrun that error says where the
         ranks diverged: each rank's flight record is mirrored into a folder of this run (FSDP_MINI_FLIGHT_DIR
-        when set, else one under the temporary directory, removed when every rank ends well), which rank 0
-        names at the start and the error names again.
+        when set, else one under the temporary directory), which the error names.
     Under torchrun the rank also dies with its agent (`die_with_parent`).
     """
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
