@@ -83,6 +83,7 @@ from torch.distributed.tensor import DTensor
 from fsdp_mini.checkpoint_integrity import (CheckpointError, CorruptCheckpointError, IncompleteCheckpointError,
                                             UnsafeCheckpointError, WeightsOnlyLoadPlanner, open_checkpoint,
                                             save_atomically, verify_pieces)
+from fsdp_mini.flight_recorder import recorded
 from fsdp_mini.fully_shard import FSDPModule
 from fsdp_mini.runtime import local_world_size, require_distributed
 from fsdp_mini.torch_internals import (Shard, ShardedTensor, ShardedTensorMetadata, ShardMetadata,
@@ -501,7 +502,8 @@ def save_checkpoint(path: str | os.PathLike, model, optimizer=None, *, overwrite
         with _quiet(), _as_runtime_error("saving", path):
             dcp.save(sd, storage_writer=writer, planner=DefaultSavePlanner(**_planner_kwargs()))
 
-    save_atomically(path, write, overwrite=overwrite)
+    with recorded("save_checkpoint"):  # its collectives in one flight-record entry: a rank alone in it is named
+        save_atomically(path, write, overwrite=overwrite)
 
 
 def _check_against_checkpoint(path, metadata, sd: dict[str, Any], tied: set[str], optimizer: bool) -> None:
@@ -629,7 +631,8 @@ def load_checkpoint(path: str | os.PathLike, model, optimizer=None, *, verify: b
     model_only = _state_dict(model, None, saving=False)[0]  # (a ValueError if `model` is not sharded)
     tied = set(_tied_names(model))  # read through their first names
     _check_against_checkpoint(path, opened.metadata, model_only, tied, optimizer=False)  # the model first
-    verify_pieces(opened, wanted=lambda key: optimizer is not None or not key.startswith(OPTIM_PREFIX))
+    with recorded("load_checkpoint", "verify"):  # a flight-record entry, as in save_checkpoint
+        verify_pieces(opened, wanted=lambda key: optimizer is not None or not key.startswith(OPTIM_PREFIX))
     created: list[torch.Tensor] = []
     if optimizer is not None:
         _state_dict(model, optimizer, saving=False)  # the optimizer's parameters are the model's, before stepping it
@@ -640,7 +643,8 @@ def load_checkpoint(path: str | os.PathLike, model, optimizer=None, *, verify: b
         extra_key = _extra_state_key(opened.metadata)
         objects = [key for key, value in sd.items() if value is None] + ([] if extra_key is None else [extra_key])
         if objects:
-            sd.update(_read_objects(opened, objects))
+            with recorded("load_checkpoint", "objects"):
+                sd.update(_read_objects(opened, objects))
         if optimizer is not None:
             groups = _matched_param_groups(path, sd[PARAM_GROUPS_KEY], _group_names(model, optimizer))
     # Checked: from here on, the model and the optimizer are written.
@@ -650,7 +654,7 @@ def load_checkpoint(path: str | os.PathLike, model, optimizer=None, *, verify: b
         model.reshard()  # the gathered copies would be stale: drop them (as load_full_state_dict does)
     read = set(objects)
     tensors = {key: value for key, value in sd.items() if key not in read}
-    with torch.no_grad(), _quiet(), _as_runtime_error("loading", path):
+    with torch.no_grad(), _quiet(), _as_runtime_error("loading", path), recorded("load_checkpoint", "read"):
         dcp.load(tensors, storage_reader=opened.reader(), planner=WeightsOnlyLoadPlanner(**_planner_kwargs()))
         for step in finish:
             step()

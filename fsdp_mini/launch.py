@@ -10,8 +10,10 @@ Why so much care about failure: in distributed code the usual failure is not an 
 One rank raises, the others wait forever in their next collective. Here the first error (with its rank
 and original traceback) is raised in the caller within seconds and every other rank is killed; a
 collective that some rank skipped ends in a `LaunchTimeout` after `timeout` seconds that shows where each
-stuck rank was waiting. A rank that died without a word (killed by a signal, `os._exit`) is named first,
-by its signal or exit code. No child outlives `launch`.
+stuck rank was waiting. The error's first line names the cause: a rank's own exception ("rank 1 failed:
+ValueError: ..."), or a rank that died without a word (killed by a signal, `os._exit`), by its signal or
+exit code, before where the ranks' collectives diverged, which follows from it; where ranks only failed
+inside collectives (a timeout, a crash in gloo), the divergence comes first. No child outlives `launch`.
 
 Under `torchrun` the same worker runs unchanged: call `fsdp_mini.init()` first and end the script with
 `fsdp_mini.finish()` (both in `fsdp_mini.runtime`, which is all a rank needs; this module is the caller's).
@@ -41,7 +43,8 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from fsdp_mini.flight_recorder import RECORDER, find_divergence, load_run, new_run_id, record_path
+from fsdp_mini.flight_recorder import (RECORDER, find_divergence, load_run, new_run_id, raised_in_a_collective,
+                                       record_path)
 from fsdp_mini.runtime import check_backend, die_with_parent, mark_launched
 
 __all__ = ["launch", "LaunchError", "LaunchTimeout"]
@@ -128,7 +131,8 @@ def _child(fn, args, rank, world_size, local_world_size, backend, timeout, folde
         payload = pickle.dumps(("exit", time.time(), exc.code, traceback.format_exc()))
         ok = False
     except BaseException as exc:  # noqa: BLE001 - everything is reported to the parent
-        payload = pickle.dumps(("error", time.time(), f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+        payload = pickle.dumps(("error", time.time(), f"{type(exc).__name__}: {exc}", traceback.format_exc(),
+                                raised_in_a_collective(exc)))
         ok = False
     sys.stdout.flush()
     sys.stderr.flush()
@@ -212,7 +216,9 @@ class _Failure:
     at: float  # when (the rank's clock); 0.0 for a rank that died without a word: the likeliest cause
     headline: str  # one sentence that names the rank
     remote_traceback: str = ""
-    ended: bool = False  # killed from outside or exited: the cause, said before the divergence verdict
+    # raised by a collective, or a crash inside one: said after the divergence verdict. Else (its own
+    # exception, killed from outside, exited) the cause, said before it.
+    consequence: bool = False
 
 
 # Signals a process raises on itself when it crashes (gloo aborts on mismatched sizes): usually inside a
@@ -226,16 +232,17 @@ def _ended_silently(rank: int, exitcode: int | None) -> _Failure:
         try:
             sig = signal.Signals(-exitcode)
         except ValueError:
-            return _Failure(0.0, f"rank {rank} was killed by signal {-exitcode}", ended=True)
-        return _Failure(0.0, f"rank {rank} was killed by signal {-exitcode} ({sig.name})", ended=sig not in _CRASHES)
-    return _Failure(0.0, f"rank {rank} exited with code {exitcode} without reporting (os._exit?)", ended=True)
+            return _Failure(0.0, f"rank {rank} was killed by signal {-exitcode}")
+        return _Failure(0.0, f"rank {rank} was killed by signal {-exitcode} ({sig.name})", consequence=sig in _CRASHES)
+    return _Failure(0.0, f"rank {rank} exited with code {exitcode} without reporting (os._exit?)")
 
 
 def _failure_message(failure: _Failure, rank: int, verdict: str, folder: str, capture: bool) -> str:
-    """The first line names the cause: the rank's own end when it was killed or exited, else where the
-    ranks diverged (an exception or a crash in a collective is usually its consequence), else the rank's
-    error."""
-    first = [failure.headline, verdict] if failure.ended else [verdict, failure.headline]
+    """The first line names the cause: the rank's own end when it was killed or exited, or its own
+    exception (a ValueError, a shape error), then where the ranks diverged, which follows from it; for an
+    error raised by a collective or a crash inside one, usually the divergence's consequence, the verdict
+    first."""
+    first = [verdict, failure.headline] if failure.consequence else [failure.headline, verdict]
     parts = [line for line in first if line]
     if failure.remote_traceback:
         parts.append(f"--- traceback of rank {rank} ---\n{failure.remote_traceback.rstrip()}")
@@ -339,15 +346,16 @@ def _collect(procs, conns, timeout, folder, capture) -> list[Any]:
             elif msg[0] == "exit":
                 _, at, code, remote_tb = msg
                 errors[rank] = _Failure(at, f"rank {rank} exited with code {code} (fsdp_mini.finish or sys.exit)",
-                                        remote_tb, ended=True)
+                                        remote_tb)
             else:
-                _, at, headline, remote_tb = msg
-                errors[rank] = _Failure(at, f"rank {rank} failed: {headline}", remote_tb)
+                _, at, headline, remote_tb, in_collective = msg
+                errors[rank] = _Failure(at, f"rank {rank} failed: {headline}", remote_tb, consequence=in_collective)
         if errors and first_error_at is None:
             first_error_at = time.monotonic()
     if errors:
-        # The rank that failed first is the cause; the others typically report "Connection closed by peer".
-        rank = min(errors, key=lambda r: errors[r].at)
+        # The rank that failed first on its own is the cause; the others typically report "Connection closed
+        # by peer" (a consequence, even when it came first: a rank that raised takes a moment to report).
+        rank = min(errors, key=lambda r: (errors[r].consequence, errors[r].at))
         failure = errors[rank]
         verdict = _divergence(folder, len(procs))
         msg = _failure_message(failure, rank, verdict, folder, capture)
@@ -367,7 +375,7 @@ def _collect(procs, conns, timeout, folder, capture) -> list[Any]:
 def _divergence(folder: str, world_size: int) -> str:
     """The first collective where the ranks differ, from the flight records every rank mirrors into
     `folder` (readable even for a rank that aborted or hangs): the first line of a failure's message,
-    or its second, under the rank that was killed or exited."""
+    or its second, under the rank that raised, was killed or exited (`_failure_message`)."""
     try:
         verdict = find_divergence(load_run(folder).records, world=world_size)
     except (OSError, ValueError, KeyError, TypeError):  # no verdict: the rest of the message stands

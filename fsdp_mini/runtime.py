@@ -13,12 +13,15 @@ one place that reads them, so that the engine, the launcher and checkpoints agre
 
 Under torchrun, `init()` also does for a rank what `launch` does for its children: the rank dies with
 its agent (a killed torchrun leaves no training processes behind), and its collectives are recorded in a
-folder of its own run, so that a rank that times out says where the ranks diverged
-(`fsdp_mini.flight_recorder`).
+folder of its own run, so that a rank that fails says why: its own exception, a peer that died, or where the
+ranks diverged (`fsdp_mini.flight_recorder`). Rank 0 says where that folder is when the run starts
+(`$TMPDIR/fsdp_mini_flight/<run id>`, or FSDP_MINI_FLIGHT_DIR); a run whose ranks all end well removes its
+own folder, a failed run's stays for `python -m fsdp_mini diagnose`.
 """
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import datetime
 import enum
 import os
@@ -30,8 +33,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from fsdp_mini.flight_recorder import (FLIGHT_DIR_ENV, RECORDER, default_folder, install_verdict_hook, new_run_id,
-                                       record_path)
+from fsdp_mini.flight_recorder import (FLIGHT_DIR_ENV, RECORDER, Ending, default_folder, install_verdict_hook,
+                                       new_run_id, record_path, remove_if_ended_well)
 
 __all__ = ["init", "finish", "get_device", "under_torchrun", "require_distributed", "local_world_size", "default_backend",
            "check_backend", "BACKENDS", "Launcher", "launcher", "mark_launched", "die_with_parent", "RankFinished"]
@@ -143,12 +146,25 @@ def init(backend: str | None = None, timeout: float = 600.0) -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+@dataclasses.dataclass(frozen=True)
+class _FlightFolder:
+    """Where this torchrun rank's flight record is, and whether the run may remove the folder (its own, not
+    one that FSDP_MINI_FLIGHT_DIR chose)."""
+
+    path: str
+    tidy: bool
+
+
+_flight: _FlightFolder | None = None  # set by `_record_flight`
+
+
 def _record_flight() -> None:
     """Mirror this rank's collectives into its run's folder, and make a failing rank print the verdict.
 
     On in every world of several ranks (FSDP_MINI_FLIGHT_DIR chooses the folder), and in a world of one
     only when FSDP_MINI_FLIGHT_DIR asks for it. The run id comes from rank 0 (one small broadcast), so that
-    every rank's file says which run it belongs to, and so does the default folder's name."""
+    every rank's file says which run it belongs to, and so does the default folder's name. A chosen folder
+    is kept; the run's own is removed by the last rank to end well (`finish()`, or the script's end)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     chosen = os.environ.get(FLIGHT_DIR_ENV)
     if world == 1 and not chosen:
@@ -159,7 +175,14 @@ def _record_flight() -> None:
     folder = chosen or default_folder(run[0])
     os.makedirs(folder, exist_ok=True)
     RECORDER.attach(record_path(folder, rank), run=run[0], rank=rank, world=world)
-    install_verdict_hook(folder, rank)
+    global _flight
+    _flight = _FlightFolder(folder, tidy=not chosen)
+    install_verdict_hook(folder, rank, tidy=not chosen)
+    if rank == 0:
+        kept = "kept" if chosen else "removed if every rank ends well"
+        sys.stderr.write(f"fsdp_mini: this run's flight records go to {folder} ({kept}; "
+                         f"python -m fsdp_mini diagnose {folder})\n")
+        sys.stderr.flush()
 
 
 def require_distributed(what: str) -> None:
@@ -189,11 +212,17 @@ def finish(exit_code: int = 0) -> None:
     exception"), after all its work was done; here it hit about 1 run in 15 of a 2-rank torchrun demo.
     `os._exit` skips the interpreter's shutdown, so there is nothing to race with. Never returns.
 
+    Under torchrun it first writes the rank's end record (finished, or exited with `exit_code`), which a
+    failing peer's note and `diagnose` read; the last rank to finish well removes the run's flight folder.
+
     Inside `launch` the same script works: `finish()` raises `RankFinished`, which ends the rank's
     function; the process, its group and its exit are `launch`'s.
     """
     if launcher() is Launcher.LAUNCH:
         raise RankFinished(exit_code)
+    RECORDER.end(Ending.FINISHED if exit_code == 0 else Ending.EXITED, str(exit_code))
+    if _flight is not None and _flight.tidy and RECORDER.ended is Ending.FINISHED:
+        remove_if_ended_well(_flight.path)
     try:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -10,7 +10,8 @@ and the timeout of a `LaunchTimeout`; the budget, the phase and the bytes of eac
 
 `read(text)` takes every sentence `fsdp_mini` writes about a failed run: a verdict (`find_divergence`,
 the "ranks diverged: ..." line of a `LaunchError`, `python -m fsdp_mini diagnose` and its notes) and the
-headline of a `LaunchError` or `LaunchTimeout` (a rank that failed, was killed or exited). A verdict's structure is parsed back from the sentence (the library hands over only the
+headline of a `LaunchError` or `LaunchTimeout` or of `diagnose` (a rank that failed, was killed, exited or
+died, an interrupted run). A verdict's structure is parsed back from the sentence (the library hands over only the
 sentence); rendered in English, the parsed structure gives the library's sentence back, character for
 character (tests/course/test_language.py checks it on the library's own verdicts), so a change of the library's
 wording fails a test instead of printing a wrong reading. `read_budget(snapshot, budget)` reads a
@@ -228,6 +229,18 @@ _SENTENCES = [
      lambda m: f"ранг {m['rank']} завершился с кодом {m['code']}, ничего не сообщив (os._exit?)"),
     (r"rank (?P<rank>\d+) exited with code (?P<code>-?\d+) \(fsdp_mini\.finish or sys\.exit\)",
      lambda m: f"ранг {m['rank']} завершился с кодом {m['code']} (fsdp_mini.finish или sys.exit)"),
+    (r"(?:rank (?P<one>\d+)|ranks (?P<many>[\d, ]+)) died: (?:its process|their processes) ended without an end "
+     r"record \(killed by a signal, or os\._exit\?\)",
+     lambda m: (f"ранг {m['one']} умер: его процесс завершился" if m["one"] else
+                f"ранги {m['many']} умерли: их процессы завершились")
+               + f", не оставив записи о завершении ({'убит' if m['one'] else 'убиты'} сигналом или os._exit?)"),
+    (r"the run was interrupted: no rank left an end record \((?P<ranks>ranks? [\d, ]+); killed together, "
+     r"e\.g\. with their agent\?\)",
+     lambda m: f"запуск прерван: ни один ранг не оставил записи о завершении "
+               f"({_ranks_ru(int(r) for r in m['ranks'].split(' ', 1)[1].split(', '))}; "
+               f"их убили разом, например вместе с агентом?)"),
+    (r"\((?:rank (?P<one>\d+)|ranks (?P<many>[\d, ]+)) failed the same way\)",
+     lambda m: f"(ранг {m['one']} упал так же)" if m["one"] else f"(ранги {m['many']} упали так же)"),
     (r"\(ranks \[(?P<ranks>[\d, ]+)\] failed after it; ranks still running were killed\)",
      lambda m: f"({_ranks_ru(int(r) for r in m['ranks'].split(', '))} упали после него; "
                f"ранги, которые ещё работали, завершены)"),

@@ -6,8 +6,10 @@ that died); the verdict logic itself is tested on hand-made records. Under torch
 into a folder of its run without being asked (FSDP_MINI_FLIGHT_DIR chooses another), a rank that times
 out prints the verdict, and `python -m fsdp_mini diagnose` prints it from the files, of one run only.
 """
+import multiprocessing
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -21,8 +23,9 @@ import torch.distributed as dist
 
 from fsdp_mini import FSDP, LaunchError, fully_shard, launch, register_fsdp_forward_method
 from fsdp_mini import collectives as C
-from fsdp_mini.flight_recorder import (FLIGHT_DIR_ENV, Entry, FlightRecorder, diagnose, find_divergence, load_records,
-                                       load_run, record_path)
+from fsdp_mini.flight_recorder import (FLIGHT_DIR_ENV, RECORDER, Ending, Entry, FlightRecorder, diagnose, failure_note,
+                                       find_divergence, install_verdict_hook, load_records, load_run,
+                                       raised_in_a_collective, record_path, remove_if_ended_well)
 from small_model import Block, TinyConfig, TinyLM, batch, rank_rows
 
 CFG = TinyConfig(depth=3)
@@ -306,3 +309,108 @@ def test_a_torchrun_hang_prints_the_verdict_within_the_timeout_with_nothing_set(
     assert os.path.dirname(folder) == str(tmp_path / "fsdp_mini_flight")  # a folder per run
     assert diagnose(folder) == SKIPPED_BLOCK_VERDICT.removeprefix("ranks diverged: ")
     assert not _processes_running(script)
+
+
+# --- the verdict from end records, on records written by real processes ----------------------------------
+
+def _end_in_a_process(folder, run, rank, world, issued, how, what):
+    rec = FlightRecorder(capacity=8)
+    rec.attach(record_path(folder, rank), run=run, rank=rank, world=world)
+    for _ in range(issued):
+        rec.complete(rec.issue("all_reduce", tuple(range(world)), [torch.ones(2)], "blocks.0"))
+    if how is not None:
+        rec.end(how, what)
+    os._exit(0)
+
+
+def _ran_in_processes(folder, ranks):
+    """Rank r, in a process of its own that then exits, issues `ranks[r][0]` AllReduces and writes the end
+    record `ranks[r][1:]` ((None, "") for none: a process gone without one), one rank after the other."""
+    ctx = multiprocessing.get_context("fork")
+    for rank, (issued, how, what) in enumerate(ranks):
+        p = ctx.Process(target=_end_in_a_process, args=(str(folder), "20260101-000000-aaaaaaaa", rank, len(ranks), issued, how,
+                                            what))
+        p.start()
+        p.join(30)
+        time.sleep(0.01)  # the next rank's end comes later
+
+
+DIED = "rank 1 died: its process ended without an end record (killed by a signal, or os._exit?)"
+DIVERGED = "ranks diverged: rank 0 issued AllReduce #3 (blocks.0) while rank 1 issued no collective #3 " \
+           "(its last: AllReduce #2 (blocks.0))"
+
+
+@pytest.mark.parametrize("ranks, lines", [
+    # an exception of rank 1's own comes first; rank 0's error in the collective it then waited in follows
+    ([(3, Ending.FAILED_IN_COLLECTIVE, "RuntimeError: Connection closed by peer"), (2, Ending.RAISED, "ValueError: bad")],
+     ["rank 1 failed: ValueError: bad", DIVERGED]),
+    # a rank gone without an end record died; the divergence is its consequence
+    ([(3, Ending.FAILED_IN_COLLECTIVE, "RuntimeError: Connection closed by peer"), (2, None, "")], [DIED, DIVERGED]),
+    # every rank gone without one: killed from outside (with its agent), not a divergence
+    ([(3, None, ""), (2, None, "")],
+     ["the run was interrupted: no rank left an end record (ranks 0, 1; killed together, e.g. with their agent?)"]),
+    # every rank raised: the first one, and that the others failed the same way; no word of a peer
+    ([(2, Ending.RAISED, "RuntimeError: shapes"), (2, Ending.RAISED, "RuntimeError: shapes")],
+     ["rank 0 failed: RuntimeError: shapes", "(rank 1 failed the same way)"]),
+    # a rank stopped by torchrun's agent while it computed (SIGTERM) is not a second death
+    ([(3, Ending.STOPPED, "SIGTERM"), (2, None, "")], [DIED, DIVERGED]),
+    # a rank that finished while another waits: the divergence alone
+    ([(3, Ending.FAILED_IN_COLLECTIVE, "RuntimeError: Timed out"), (2, Ending.FINISHED, "0")], [DIVERGED]),
+], ids=["raised", "died", "interrupted", "all raised", "stopped", "finished"])
+def test_diagnose_names_the_cause_first(ranks, lines, tmp_path):
+    _ran_in_processes(tmp_path, ranks)
+    expected = [lines[0].removeprefix("ranks diverged: "), *lines[1:]]
+    assert diagnose(str(tmp_path)).splitlines() == expected
+
+
+def test_a_run_whose_ranks_all_finished_is_removed_and_a_failed_one_kept(tmp_path):
+    well, failed = tmp_path / "fsdp_mini_flight" / "well", tmp_path / "fsdp_mini_flight" / "failed"
+    well.mkdir(parents=True)
+    failed.mkdir()
+    _ran_in_processes(well, [(2, Ending.FINISHED, "0"), (2, Ending.FINISHED, "0")])
+    _ran_in_processes(failed, [(2, Ending.FINISHED, "0"), (2, Ending.RAISED, "ValueError: bad")])
+    assert not remove_if_ended_well(str(failed)) and failed.exists()
+    assert remove_if_ended_well(str(well)) and not well.exists()
+    assert failed.exists()
+
+
+def test_an_exception_of_its_own_is_not_blamed_on_a_peer(tmp_path):
+    """A rank that raises (a shape error) while the AllGather forward prefetched is in flight: its note
+    names its exception, not "a peer died or stalls inside it?", which is only for an error raised in the
+    collective itself, on ranks whose records agree and name no other cause."""
+    rec = FlightRecorder(capacity=8)
+    rec.attach(record_path(str(tmp_path), 0), run="r", rank=0, world=1)
+    rec.issue("all_gather", (0,), [torch.ones(2)], "blocks.2")  # the prefetch, in flight
+    try:
+        raise RuntimeError("Given normalized_shape=[13]")
+    except RuntimeError as exc:
+        assert not raised_in_a_collective(exc)
+        rec.end(Ending.RAISED, f"{type(exc).__name__}: {exc}")
+        note = failure_note(str(tmp_path), 0, exc).splitlines()
+    assert note[0] == "fsdp_mini: rank 0 failed: RuntimeError: Given normalized_shape=[13]"
+    assert "a peer died" not in "\n".join(note)
+    (tmp_path / "b").mkdir()
+    collective = FlightRecorder(capacity=8)  # a timeout in the collective, on ranks that agree: where it waited
+    collective.attach(record_path(str(tmp_path / "b"), 0), run="r", rank=0, world=1)
+    collective.issue("all_gather", (0,), [torch.ones(2)], "blocks.2")
+    collective.end(Ending.FAILED_IN_COLLECTIVE, "RuntimeError: Timed out")
+    assert failure_note(str(tmp_path / "b"), 0).splitlines()[0] == (
+        "fsdp_mini: the ranks agree on every recorded collective; rank 0 failed in AllGather #1 (blocks.2) "
+        "(a peer died or stalls inside it?)")
+
+
+def _stopped_by_sigterm(folder):
+    RECORDER.reset()
+    RECORDER.attach(record_path(folder, 0), run="r", rank=0, world=1)
+    install_verdict_hook(folder, 0)
+    os.kill(os.getpid(), signal.SIGTERM)  # what torchrun's agent sends the ranks left once one failed
+    time.sleep(30)  # computing: the handler runs at once
+    os._exit(0)
+
+
+def test_a_rank_stopped_by_sigterm_says_so_and_still_dies_of_it(tmp_path):
+    p = multiprocessing.get_context("fork").Process(target=_stopped_by_sigterm, args=(str(tmp_path),))
+    p.start()
+    p.join(30)
+    assert p.exitcode == -signal.SIGTERM
+    assert load_run(str(tmp_path)).ends[0].how is Ending.STOPPED

@@ -16,6 +16,7 @@ import torch.distributed as dist
 import fsdp_mini
 from fsdp_mini import LaunchError, LaunchTimeout, init, launch
 from fsdp_mini import collectives as C
+from fsdp_mini.flight_recorder import diagnose
 
 pytestmark = pytest.mark.usefixtures("no_orphans")
 
@@ -313,9 +314,11 @@ while True:  # training that never ends by itself
 """
 
 
-def test_killing_the_torchrun_agent_leaves_no_rank_running(tmp_path):
+def test_killing_the_torchrun_agent_leaves_no_rank_running_and_diagnose_calls_the_run_interrupted(tmp_path):
     """torchrun starts each rank in a session of its own, so a killed agent (SIGKILL: no clean-up) used to
-    leave its ranks training; `init()` asks Linux to kill a rank when its parent dies, as `launch` does."""
+    leave its ranks training; `init()` asks Linux to kill a rank when its parent dies, as `launch` does.
+    The ranks' records then stop wherever each one was, with no end record: `diagnose` called that a
+    divergence; it is an interrupted run."""
     script = tmp_path / "forever.py"
     script.write_text(FOREVER)
     env = dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(tmp_path))
@@ -334,6 +337,9 @@ def test_killing_the_torchrun_agent_leaves_no_rank_running(tmp_path):
         gone, alive = psutil.wait_procs(ranks, timeout=15)
         alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
         assert not alive, f"ranks still running after their agent was killed: {alive}"
+        [folder] = (tmp_path / "fsdp_mini_flight").iterdir()
+        assert diagnose(str(folder)).splitlines() == [
+            "the run was interrupted: no rank left an end record (ranks 0, 1; killed together, e.g. with their agent?)"]
     finally:
         agent.kill()
         agent.wait(30)
