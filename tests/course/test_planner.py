@@ -237,3 +237,17 @@ def test_plan_bad_input_is_a_usage_error_naming_the_value(args, message):
             argv += [flag, value]
     out = run(*argv)
     assert out.returncode == 2 and message in out.stderr
+
+
+def test_the_docs_pages_show_the_tables_the_code_computes():
+    """lessons/en/planner.md and its Russian twin carry the validation tables as `validation.table` prints them
+    now: a change to the model that moves a number must update both pages."""
+    from pathlib import Path
+
+    from fsdp_mini.course.planner.validation import CHECK_ROWS, table
+
+    lessons = Path(__file__).resolve().parents[2] / "lessons"
+    en, ru = ((lessons / lang / "planner.md").read_text(encoding="utf-8") for lang in ("en", "ru"))
+    checks = validate(CHECK_ROWS)
+    assert table() in en and table(checks) in en
+    assert table(language="ru") in ru and table(checks, language="ru") in ru

@@ -71,6 +71,8 @@ def candidates(model: ModelSpec, layout: Layout) -> list[Layout]:
 def _why(loser: Plan, winner: Plan) -> str:
     if not loser.memory.fits:
         return f"short by {loser.memory.short_by / GiB:.1f} GiB"
+    if loser.time.tokens_per_s_per_gpu >= 0.995 * winner.time.tokens_per_s_per_gpu:
+        return "as fast as the first (within 0.5 %)"
     extra = {k: loser.time.parts[k] - winner.time.parts.get(k, 0.0) for k in loser.time.parts}
     name, seconds = max(extra.items(), key=lambda kv: kv[1])
     share = seconds / loser.time.step_s * 100

@@ -21,7 +21,7 @@ from fsdp_mini.course.planner.layout import Checkpointing, Layout
 from fsdp_mini.course.planner.models import get_model
 from fsdp_mini.course.planner.step_time import step_time
 
-__all__ = ["PublishedRow", "CALIBRATION_ROWS", "TOLERANCE", "Validated", "validate", "fit", "table"]
+__all__ = ["PublishedRow", "CALIBRATION_ROWS", "CHECK_ROWS", "TOLERANCE", "Validated", "validate", "fit", "table"]
 
 TOLERANCE = 0.10
 """The target: predicted tokens/s within 10 % of the published on every row."""
@@ -35,16 +35,21 @@ class PublishedRow:
     local_batch: int
     ac: Checkpointing
     tokens_per_s: float
-    mfu: float
+    mfu: float | None
     gpu: str = "a100-80gb"
     gpus: int = 64
+    tp: int = 1
+    compile: bool = False
+    float8: bool = False
 
     @property
     def seq(self) -> int:
         return 8192 if self.model.startswith("llama3") else 4096
 
     def layout(self) -> Layout:
-        return Layout(gpus=self.gpus, seq=self.seq, local_batch=self.local_batch, ac=self.ac)
+        """The run as configured; torchtitan's TP always comes with sequence parallelism on the norms."""
+        return Layout(gpus=self.gpus, seq=self.seq, local_batch=self.local_batch, ac=self.ac, tp=self.tp,
+                      sp=self.tp > 1, compile=self.compile, float8=self.float8)
 
 
 _A = Checkpointing
@@ -58,6 +63,17 @@ CALIBRATION_ROWS = (
     PublishedRow("llama2-70b", 1, _A.SELECTIVE_OP, 355, 0.508),
     PublishedRow("llama2-70b", 2, _A.FULL, 353, 0.505),
 )
+
+CHECK_ROWS = (
+    # torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md, "Vanilla TP" column: Grand Teton H100
+    # 96 GB at 500 W, FSDP x TP 8, torch.compile; sequence 8,192 (torchtitan's Llama 3 configs). Not fitted on:
+    # shown on the docs page as a check of what the A100 constants say about another GPU and layout.
+    PublishedRow("llama3-8b", 12, _A.SELECTIVE_OP, 4378, None, "h100-96gb", 64, 8, True),
+    PublishedRow("llama3-8b", 12, _A.SELECTIVE_OP, 5078.1, None, "h100-96gb", 64, 8, True, True),
+    PublishedRow("llama3-70b", 16, _A.FULL, 597.3, None, "h100-96gb", 256, 8, True),
+    PublishedRow("llama3-70b", 16, _A.FULL, 809.8, None, "h100-96gb", 256, 8, True, True),
+)
+"""Published runs the constants were not fitted on (float8: tensorwise scaling; their MFU is not published)."""
 
 
 @dataclass(frozen=True)
@@ -129,9 +145,16 @@ def fit(rows=CALIBRATION_ROWS) -> Calibration:
     return Calibration(float(1 / x[0]), float(1 / x[1]), float(network))
 
 
+def _ru(text: str) -> str:
+    """A cell in Russian typography: thin-space thousands, decimal comma, no-break space before %, minus sign."""
+    text = text.replace(",", "\u202f").replace(".", ",").replace(" %", "\u00a0%")
+    return "\u2212" + text[1:] if text.startswith("-") else text
+
+
 def table(validated=None, language: str = "en") -> str:
-    """The validation table as Markdown, English or Russian headers."""
+    """The validation table as Markdown, English or Russian (headers and number typography)."""
     validated = validate() if validated is None else validated
+    fmt = _ru if language == "ru" else (lambda x: x)
     heads = {"en": ("model", "local batch", "AC", "published tokens/s", "predicted", "error", "published MFU",
                     "predicted MFU"),
              "ru": ("модель", "локальный батч", "чекпоинтинг", "опубликовано, токенов/с", "предсказано", "ошибка",
@@ -139,6 +162,9 @@ def table(validated=None, language: str = "en") -> str:
     lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     for v in validated:
         r = v.row
-        lines.append(f"| {r.model} | {r.local_batch} | {r.ac.value} | {r.tokens_per_s:,.0f} | {v.tokens_per_s:,.0f} | "
-                     f"{v.error * 100:+.1f} % | {r.mfu * 100:.1f} % | {v.mfu * 100:.1f} % |")
+        published_mfu = "\u2014" if r.mfu is None else f"{r.mfu * 100:.1f} %"
+        cells = [f"{r.tokens_per_s:,.0f}", f"{v.tokens_per_s:,.0f}", f"{v.error * 100:+.1f} %", published_mfu,
+                 f"{v.mfu * 100:.1f} %"]
+        run = r.ac.value + (", float8" if r.float8 else "")
+        lines.append(f"| {r.model} | {r.local_batch} | {run} | " + " | ".join(fmt(c) for c in cells) + " |")
     return "\n".join(lines)
