@@ -251,3 +251,30 @@ def test_the_docs_pages_show_the_tables_the_code_computes():
     checks = validate(CHECK_ROWS)
     assert table() in en and table(checks) in en
     assert table(language="ru") in ru and table(checks, language="ru") in ru
+
+
+def test_collectives_by_hand_on_their_links():
+    """FSDP over 64 A100s: a block's bf16 AllGather is a ring of 64 leaving each node through its 8 NICs (8 x 25
+    GB/s x the network fraction, below NVLink's 300 GB/s); HSDP's replicas, one GPU per node, use one NIC; TP
+    inside a node uses NVLink."""
+    from fsdp_mini.course.planner.step_time import group_link
+
+    m, gpu = get_model("llama2-70b"), get_gpu("a100-80gb")
+    f = calibration.NETWORK_FRACTION
+    t = plan(m, gpu, Layout(gpus=64, seq=4096, local_batch=1, ac="selective-op")).time
+    unit = m.block_params * 2
+    expected = 63 * 20e-6 + 63 / 64 * unit / (8 * 25e9 * f)
+    assert t.collectives["fsdp_all_gather_per_block_s"] == pytest.approx(expected, rel=1e-12)
+    assert t.collectives["fsdp_reduce_scatter_per_block_s"] == pytest.approx(63 * 20e-6 + 63 / 64 * 2 * unit / (8 * 25e9 * f))
+    assert group_link(8, 8, gpu, 8, f) == (20e-6, 25e9 * f)   # one member per node
+    assert group_link(8, 1, gpu, 8, f) == (5e-6, 300e9)       # inside a node
+    assert group_link(64, 1, gpu, 8, 1.0) == (20e-6, 200e9)   # 8 NICs x 25 GB/s
+
+
+def test_without_reshard_after_forward_every_block_stays_gathered_and_gathers_once():
+    m, gpu = get_model("llama2-13b"), get_gpu("a100-80gb")
+    kept = plan(m, gpu, Layout(gpus=64, seq=4096, local_batch=1, ac="full", reshard_after_forward=False))
+    freed = plan(m, gpu, Layout(gpus=64, seq=4096, local_batch=1, ac="full"))
+    assert kept.memory.terms["blocks gathered in flight (bf16)"] == 40 * m.block_params * 2
+    assert freed.memory.terms["blocks gathered in flight (bf16)"] == 2 * m.block_params * 2
+    assert kept.time.step_s <= freed.time.step_s

@@ -9,7 +9,8 @@ From first principles (nothing here is fitted to a measurement):
   split too) / (dp_shard x cp) (FSDP's group). `fsdp_mini.estimate_memory` is the same arithmetic for
   model states alone (ZeRO's K = 12 plus 2 + 2). CPU offload moves them to the host.
 * Gathered parameters (bf16): the root unit (embedding, final norm, head), which FSDP2 keeps gathered
-  from its forward to the end of backward, and (1 + prefetch) blocks in flight; in backward also a block's
+  from its forward to the end of backward, and (1 + prefetch) blocks in flight (every block, from its
+  forward to its backward, without `reshard_after_forward`); in backward also a block's
   unsharded bf16 gradients, their fp32 copy that the ReduceScatter reads, and the root's bf16 gradient,
   reduced only at the end. With float8 all-gather the blocks travel in 1 byte.
 * Activations: `activations.block_saved` per block and mode, times the block count, times the tokens one
@@ -111,14 +112,16 @@ def memory_breakdown(model: ModelSpec, gpu: GPU, layout: Layout) -> MemoryBreakd
     loss = loss_bytes_per_token(model, e) * tokens / tp
     in_flight = (1 + layout.prefetch) * unit * gathered_bytes
     backward_buffers = unit * 2 + unit * 4 + root  # a block's bf16 grads, their fp32 copy, the root's bf16 grad
-    forward_end = loss + unit * gathered_bytes  # the last block stays gathered for backward
+    # the last block stays gathered for backward; without reshard_after_forward every block does
+    kept = unit * gathered_bytes * (1 if layout.reshard_after_forward else model.layers)
+    forward_end = loss + kept
     # In backward: while a block computes, its saved tensors (and a rebuilt forward) are alive; its gradient
     # buffers appear in post-backward, when autograd has freed them: the larger of the two moments.
     last_checkpointed = layout.ac != Checkpointing.SELECTIVE_LAYER or model.layers % layout.ac_every == 0
     last_saved = per_block[layout.ac if layout.ac != Checkpointing.SELECTIVE_LAYER else
                            (Checkpointing.FULL if last_checkpointed else Checkpointing.NONE)]
-    backward_start = in_flight + root + max(rebuilt, unit * 6 - last_saved)
-    terms["blocks gathered in flight (bf16)"] = in_flight
+    backward_start = max(in_flight, kept) + root + max(rebuilt, unit * 6 - last_saved)
+    terms["blocks gathered in flight (bf16)"] = max(in_flight, kept)
     terms["gradient buffers (block bf16 + fp32 for ReduceScatter, root bf16)"] = backward_buffers
     terms["checkpointed block rebuilt in backward"] = rebuilt
     terms["logits and loss (bf16 logits, fp32 copy, log_softmax)"] = loss
