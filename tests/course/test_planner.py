@@ -65,11 +65,17 @@ def test_llama_block_saved_bytes_by_hand():
     recomputed); FULL keeps the input."""
     m = get_model("llama2-13b")
     h, f, a = 5120, 13824, 40
-    total = lambda mode: sum(x.bytes_per_token for x in block_saved(m, mode))
+    total = lambda mode: sum(x.bytes_per_token for x in block_saved(m, mode) if x.split != "sp-only")
     assert total(Checkpointing.NONE) == 24 * h + 8 * f + 4 * a + 8
     assert recomputed_matmuls(m) == ["wk", "wo", "w3"]
     assert total(Checkpointing.SELECTIVE_OP) == 2 * (h + h + h + f + h + h) + 4 * a
     assert total(Checkpointing.FULL) == 2 * h
+    # under SP the policy also keeps the two ReduceScatter outputs (wo's and w2's), each 1/tp of h per token
+    op = block_saved(m, Checkpointing.SELECTIVE_OP)
+    tokens, sp = 4096, Layout(gpus=8, seq=4096, local_batch=1, tp=4, sp=True)
+    no_sp = Layout(gpus=8, seq=4096, local_batch=1, tp=4)
+    only = [x for x in op if x.split == "sp-only"]
+    assert saved_bytes(only, sp, tokens) == 2 * 2 * h * tokens / 4 and saved_bytes(only, no_sp, tokens) == 0
 
 
 def test_tp_sp_cp_split_what_they_split():
@@ -241,7 +247,8 @@ def test_plan_bad_input_is_a_usage_error_naming_the_value(args, message):
 
 def test_the_docs_pages_show_the_tables_the_code_computes():
     """lessons/en/planner.md and its Russian twin carry the validation tables as `validation.table` prints them
-    now: a change to the model that moves a number must update both pages."""
+    now: a change to the model that moves a number must update both pages (`python -m
+    fsdp_mini.course.planner.validation` rewrites them)."""
     from pathlib import Path
 
     from fsdp_mini.course.planner.validation import CHECK_ROWS, table

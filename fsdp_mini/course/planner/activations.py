@@ -19,7 +19,9 @@ this is the same count extended to the models the planner knows, in 16-bit train
 Each tensor carries where tensor parallelism puts it: `"tp"` (split over TP ranks: heads, the MLP's width),
 `"sp"` (the residual stream: split only under sequence parallelism), `"full"` (the input of a
 column-parallel layer, which PyTorch's sequence parallelism all-gathers and autograd keeps whole, and the
-partial sums a row-parallel layer returns). Context parallelism splits every tensor by its tokens.
+partial sums a row-parallel layer returns), `"sp-only"` (exists only under sequence parallelism, split over
+TP ranks: the ReduceScatter outputs that op-level checkpointing saves). Context parallelism splits every
+tensor by its tokens.
 
 `compile` models what Inductor's fusion changes: RMSNorm keeps its bf16 input and 1/rms, not the fp32 copy
 and the normalized tensor; SwiGLU keeps w1's and w3's outputs and recomputes silu and the product in the
@@ -97,7 +99,12 @@ def matmul_outputs(model: ModelSpec) -> list[tuple[str, int, str]]:
 
 def recomputed_matmuls(model: ModelSpec) -> list[str]:
     """torchtitan's op-level selective checkpointing counts the block's matrix products in forward order and
-    saves every odd one (1st, 3rd, ...): the even ones (Llama: wk, wo, w3) run again in backward."""
+    saves every odd one (1st, 3rd, ...): the even ones (Llama: wk, wo, w3) run again in backward.
+
+    Its policy (torchtitan's parallelize code, `_save_list` and `_custom_policy`): MUST_SAVE for the outputs of
+    `aten.mm` except every second one, of the flash and memory-efficient attention kernels, of
+    `_c10d_functional.reduce_scatter_tensor` and of `aten.max` (float8's scales: a scalar per tensor,
+    negligible); PREFER_RECOMPUTE for everything else."""
     return [name for i, (name, _, _) in enumerate(matmul_outputs(model), start=1) if i % 2 == 0]
 
 
@@ -113,7 +120,8 @@ def block_saved(model: ModelSpec, mode: Checkpointing, element_bytes: int = 2, c
         mms = [Saved(f"{name} output", e * width, split) for name, width, split in matmul_outputs(model)
                if name not in recomputed]
         return [block_input] + mms + [Saved("attention output (saved op)", e * model.hidden, "tp"),
-                                      Saved("attention log-sum-exp (fp32 per head)", 4 * model.heads, "tp")]
+                                      Saved("attention log-sum-exp (fp32 per head)", 4 * model.heads, "tp"),
+                                      Saved("SP ReduceScatter outputs (saved op)", 2 * e * model.hidden, "sp-only")]
     return (norm_saved(model, "attention norm", e, compile) + _attention(model, e)
             + norm_saved(model, "MLP norm", e, compile) + _mlp(model, e, compile))
 

@@ -51,7 +51,9 @@ def saved_bytes(items: list[Saved], layout: Layout, tokens: int) -> float:
     """Bytes on one GPU of `items` for `tokens` tokens, each split by TP where it is (`Saved.split`)."""
     total = 0.0
     for item in items:
-        split = layout.tp if item.split == "tp" or (item.split == "sp" and layout.sp) else 1
+        if item.split == "sp-only" and not layout.sp:
+            continue
+        split = layout.tp if item.split in ("tp", "sp-only") or (item.split == "sp" and layout.sp) else 1
         total += item.bytes_per_token * tokens / split
     return total
 

@@ -134,11 +134,13 @@ def step_time(model: ModelSpec, gpu: GPU, layout: Layout, calibration: Calibrati
     act_bytes = 2 * T * model.hidden  # one activation of the TP group's tokens, bf16
     tp_alpha, tp_bw = group_link(tp, 1, gpu, layout.gpus_per_node, c.network_fraction)
     if tp == 1:
-        tp_f = 0.0
+        tp_f = tp_recomputed = 0.0
     elif layout.sp:
-        tp_f = 2 * (ring_all_gather(act_bytes, tp, tp_alpha, tp_bw) + ring_reduce_scatter(act_bytes, tp, tp_alpha, tp_bw))
+        gather = 2 * ring_all_gather(act_bytes, tp, tp_alpha, tp_bw)
+        tp_f = gather + 2 * ring_reduce_scatter(act_bytes, tp, tp_alpha, tp_bw)
+        tp_recomputed = gather  # op-level checkpointing saves the ReduceScatters' outputs
     else:
-        tp_f = 2 * ring_all_reduce(act_bytes, tp, tp_alpha, tp_bw)
+        tp_f = tp_recomputed = 2 * ring_all_reduce(act_bytes, tp, tp_alpha, tp_bw)
     cp_alpha, cp_bw = group_link(cp, tp, gpu, layout.gpus_per_node, c.network_fraction)
     kv_chunk = 2 * 2 * T * model.kv_dim / tp  # k and v of this rank's tokens, bf16
     cp_ring_f = (cp - 1) * (cp_alpha + kv_chunk / cp_bw) if cp > 1 else 0.0
@@ -149,7 +151,7 @@ def step_time(model: ModelSpec, gpu: GPU, layout: Layout, calibration: Calibrati
     backward = 2 * mm_f + ATTENTION_BACKWARD_RATIO * attn_f + 2 * elem_f + tp_f + cp_b
     n_ckpt = checkpointed_blocks(L, layout.ac, layout.ac_every)
     if layout.ac == Checkpointing.SELECTIVE_OP:
-        recompute = recomputed_mm + elem_f + tp_f
+        recompute = recomputed_mm + elem_f + tp_recomputed
     elif n_ckpt:
         recompute = forward
     else:
