@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from fsdp_mini.course import bench_collectives, cost, simulate
 from fsdp_mini.course.bench import command as bench_command
+from fsdp_mini.course.planner.layout import Checkpointing
 from fsdp_mini.collectives import naive_all_reduce, ring_all_reduce
 from fsdp_mini.comm_log import CommLog
 from fsdp_mini.flight_recorder import diagnose
@@ -207,9 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--local-batch", type=int, required=True, help="sequences per data-parallel rank (its TP and CP "
                                                                   "ranks share them)")
     p.add_argument("--micro-batches", type=int, default=1, help="gradient-accumulation steps the local batch is split into")
-    p.add_argument("--ac", default="none", choices=[c.value for c in __import__(
-        "fsdp_mini.course.planner.layout", fromlist=["Checkpointing"]).Checkpointing],
-        help="activation checkpointing (selective-layer: every 2nd block)")
+    p.add_argument("--ac", default="none", choices=[c.value for c in Checkpointing],
+                   help="activation checkpointing (selective-layer: every 2nd block)")
     p.add_argument("--float8", action="store_true", help="float8 linears (compute and FSDP AllGather)")
     p.add_argument("--compile", action="store_true", help="torch.compile each block: fused memory-bound ops, fewer "
                                                           "saved intermediates")
