@@ -125,8 +125,10 @@ def step_time(model: ModelSpec, gpu: GPU, layout: Layout, calibration: Calibrati
     attn_f = 2 * layout.seq * model.hidden * T / tp / attn_peak
     stream, inner = elementwise_bytes(model, layout.compile)
     elem_bytes = stream * T / sp_split + inner * T / tp
-    if layout.float8:  # casts to float8: each linear's input forward, its output gradient backward (2 + 1 bytes)
-        elem_bytes += 3 * sum(w for _, w, _ in matmul_outputs(model)) * T / tp + 3 * 2 * model.hidden * T
+    if layout.float8:  # casts to float8 (read 2, write 1 byte): each linear's input forward, its output's gradient
+        widths = [(params // width, width) for (_, params), (_, width, _) in zip(model.block_matmuls,
+                                                                                 matmul_outputs(model))]
+        elem_bytes += 3 * sum(w_in + w_out for w_in, w_out in widths) * T / tp
     elem_f = elem_bytes / hbm
     outputs = dict((name, width) for name, width, _ in matmul_outputs(model))
     recomputed_mm = 2 * model.hidden * sum(outputs[n] for n in recomputed_matmuls(model)) / tp * T / mm_peak
