@@ -154,8 +154,11 @@ def plan_cmd(args) -> int:
     print(f"\ntokens/s per GPU {t.tokens_per_s_per_gpu:,.0f}, MFU {t.mfu * 100:.1f} % (torchtitan's 6N + 12 L H T "
           f"per token, of the bf16 peak)")
     if layout.compile:
-        print("compile: norms fused with the residual add, rotary and SwiGLU fused (fewer memory-bound passes); "
-              "norms keep their bf16 input, SwiGLU only w1 and w3's outputs (fewer saved intermediates)")
+        print("compile: norms fused with the residual add, SwiGLU fused (fewer memory-bound passes; rotary stays "
+              "op by op: Inductor falls back on complex numbers); norms keep their bf16 input, SwiGLU only w1 and "
+              "w3's outputs (fewer saved intermediates)")
+    if layout.compile_loss:
+        print("compile-loss: the loss reads the bf16 logits and writes their bf16 gradient, no fp32 copies")
     return 0
 
 
