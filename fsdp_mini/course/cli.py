@@ -1,4 +1,4 @@
-"""The command line, `python -m fsdp_mini` (or `fsdp-mini`): the demo, the benchmarks, and `diagnose`.
+"""The command line, `python -m fsdp_mini` (or `fsdp-mini`): the demo, the benchmarks, `diagnose` and `plan`.
 
 Each subcommand starts its ranks with `launch` or, when run under `torchrun` (RANK is set), runs the
 same worker in this process after `init()`; rank 0 prints.
@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from fsdp_mini.course import bench_collectives, cost, simulate
 from fsdp_mini.course.bench import command as bench_command
+from fsdp_mini.course.planner.layout import Checkpointing
 from fsdp_mini.collectives import naive_all_reduce, ring_all_reduce
 from fsdp_mini.comm_log import CommLog
 from fsdp_mini.flight_recorder import diagnose
@@ -106,6 +107,61 @@ def diagnose_cmd(args) -> int:
     return 1 if verdict.startswith("no flight records") else 0
 
 
+def plan_cmd(args) -> int:
+    """Memory per GPU and step time of one layout (`fsdp_mini.course.planner`), or with --compare every layout
+    of the same GPUs and global batch, ranked."""
+    from fsdp_mini.course import planner
+    from fsdp_mini.course.planner.compare import compare, describe
+
+    model, gpu = planner.get_model(args.model), planner.get_gpu(args.gpu)
+    layout = planner.Layout(gpus=args.gpus, seq=args.seq, local_batch=args.local_batch,
+                            gpus_per_node=args.gpus_per_node, dp_replicate=args.dp_replicate, tp=args.tp,
+                            sp=args.sp, cp=args.cp, micro_batches=args.micro_batches, ac=args.ac,
+                            float8=args.float8, compile=args.compile, compile_loss=args.compile_loss)
+    if args.compare:
+        ranked = compare(model, gpu, layout)
+        if args.json:
+            print(json.dumps([{"rank": c.rank, "layout": describe(c.plan.layout), "why": c.why} | c.plan.to_dict()
+                              for c in ranked], indent=1))
+            return 0
+        print(f"{model.name} on {args.gpus} x {gpu.name}, {layout.local_batch * layout.dp} sequences of "
+              f"{args.seq} per step: every layout, fastest first")
+        print(f"{'rank':>4}  {'layout':<48}{'GiB':>7}{'tokens/s/GPU':>14}{'MFU':>7}  why not first")
+        for c in ranked:
+            p = c.plan
+            print(f"{c.rank if c.rank else '-':>4}  {describe(p.layout):<48}{p.memory.peak_reserved / planner.GiB:7.1f}"
+                  f"{p.time.tokens_per_s_per_gpu:14,.0f}{p.time.mfu * 100:6.1f}%  {c.why}")
+        return 0
+    result = planner.plan(model, gpu, layout)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=1))
+        return 0
+    m, t = result.memory, result.time
+    print(f"{model.name} ({model.params:,} parameters) on {args.gpus} x {gpu.name}: "
+          f"FSDP {layout.dp_shard} x HSDP {layout.dp_replicate} x TP {layout.tp}{' (SP)' if layout.sp else ''} "
+          f"x CP {layout.cp}, {layout.local_batch} x {layout.seq} tokens per data-parallel rank, AC {layout.ac.value}"
+          + (", float8" if layout.float8 else "") + (", compiled" if layout.compile else ""))
+    print("\nmemory per GPU                                                         GiB")
+    for name, nbytes in m.terms.items():
+        print(f"  {name:<68}{nbytes / planner.GiB:8.2f}")
+    print(f"  {'peak allocated (' + m.peak_moment + ')':<68}{m.peak_allocated / planner.GiB:8.2f}")
+    print(f"  {'peak reserved (torch.cuda.max_memory_reserved)':<68}{m.peak_reserved / planner.GiB:8.2f}")
+    print(f"  of {m.capacity / planner.GiB:.1f} GiB: {m.verdict()}")
+    print("\ntime per step                                                            s")
+    for name, seconds in t.parts.items():
+        print(f"  {name:<68}{seconds:8.3f}")
+    print(f"  {'step':<68}{t.step_s:8.3f}")
+    print(f"\ntokens/s per GPU {t.tokens_per_s_per_gpu:,.0f}, MFU {t.mfu * 100:.1f} % (torchtitan's 6N + 12 L H T "
+          f"per token, of the bf16 peak)")
+    if layout.compile:
+        print("compile: norms fused with the residual add, SwiGLU fused (fewer memory-bound passes; rotary stays "
+              "op by op: Inductor falls back on complex numbers); norms keep their bf16 input, SwiGLU only w1 and "
+              "w3's outputs (fewer saved intermediates)")
+    if layout.compile_loss:
+        print("compile-loss: the loss reads the bf16 logits and writes their bf16 gradient, no fp32 copies")
+    return 0
+
+
 class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose help shows each option's default; the subcommands' parsers are of this class
     too (`add_subparsers(parser_class=...)`), also those that other modules register (bench, simulate)."""
@@ -140,6 +196,31 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("folder", help="the folder of the ranks' flight records (files rank<r>.flight): the one a "
                                   "failed rank's error names, or FSDP_MINI_FLIGHT_DIR")
     g.set_defaults(func=diagnose_cmd)
+    p = sub.add_parser("plan", help="which layout fits a model on a cluster, and how fast it trains (estimates)")
+    p.add_argument("--model", required=True, help="a preset: llama2-7b, llama2-13b, llama2-70b, llama3-8b, "
+                                                  "llama3-70b, llama3-405b, gpt2, gpt2-medium, gpt2-large, gpt2-xl")
+    p.add_argument("--gpu", required=True, help="a preset: a100-80gb, h100-sxm, h100-96gb, h200")
+    p.add_argument("--gpus", type=int, required=True, help="GPUs in all")
+    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (NVLink inside, network between)")
+    p.add_argument("--dp-replicate", type=int, default=1, help="HSDP replicas (FSDP shards over gpus / (dp-replicate "
+                                                               "x tp x cp))")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
+    p.add_argument("--sp", action="store_true", help="sequence parallelism with TP")
+    p.add_argument("--cp", type=int, default=1, help="context-parallel degree (ring attention over the sequence)")
+    p.add_argument("--seq", type=int, required=True, help="tokens per sequence (the whole sequence: CP splits it)")
+    p.add_argument("--local-batch", type=int, required=True, help="sequences per data-parallel rank (its TP and CP "
+                                                                  "ranks share them)")
+    p.add_argument("--micro-batches", type=int, default=1, help="gradient-accumulation steps the local batch is split into")
+    p.add_argument("--ac", default="none", choices=[c.value for c in Checkpointing],
+                   help="activation checkpointing (selective-layer: every 2nd block)")
+    p.add_argument("--float8", action="store_true", help="float8 linears (compute and FSDP AllGather)")
+    p.add_argument("--compile", action="store_true", help="torch.compile each block: fused memory-bound ops, fewer "
+                                                          "saved intermediates")
+    p.add_argument("--compile-loss", action="store_true", help="torch.compile the loss too: no fp32 copies of the "
+                                                                "logits (torchtitan's --training.compile since 2025)")
+    p.add_argument("--compare", action="store_true", help="rank every layout of these GPUs and this global batch")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.set_defaults(func=plan_cmd)
     bench_command.add_subcommand(sub)
     simulate.add_subcommand(sub)
     return parser
