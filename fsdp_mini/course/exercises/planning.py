@@ -193,13 +193,13 @@ def op_level_policy():
     outputs of the attention kernels and of every odd matrix product in forward order (1st, 3rd, ...),
     recompute everything else. torchtitan counts `aten.mm` (Llama has no biases); the course's GPT has biases,
     so its products are `aten.addmm` and count alike; the CPU's flash attention kernel joins the list."""
-    forward_products = [0]
+    products = {False: 0, True: 0}  # matrix products seen in forward, and in backward's recomputation
 
     def policy(ctx, func, *args, **kwargs):
         if func in _MATMULS:
-            if not ctx.is_recompute:
-                forward_products[0] += 1
-            return CheckpointPolicy.MUST_SAVE if forward_products[0] % 2 == 1 else CheckpointPolicy.PREFER_RECOMPUTE
+            products[ctx.is_recompute] += 1  # counted apart, so that both passes decide alike
+            odd = products[ctx.is_recompute] % 2 == 1
+            return CheckpointPolicy.MUST_SAVE if odd else CheckpointPolicy.PREFER_RECOMPUTE
         return CheckpointPolicy.MUST_SAVE if func in _ATTENTION else CheckpointPolicy.PREFER_RECOMPUTE
 
     return create_selective_checkpoint_contexts(policy)

@@ -30,14 +30,16 @@ def plot_memory_and_speed(plans, labels: list[str], title: str = ""):
     """Left: each plan's peak memory per GPU (GiB) in `memory_parts`, the GPU's capacity as a line; a plan
     that does not fit is hatched. Right: its tokens per second per GPU, its MFU written beside the bar (none
     for a plan that does not fit: it would not run)."""
+    from matplotlib.patches import Patch
+
     gib = 1024 ** 3
-    fig, (left, right) = figure(width=9.5, height=0.55 * len(plans) + 1.5, ncols=2, sharey=True)
+    fig, (left, right) = figure(width=9.5, height=0.55 * len(plans) + 2.0, ncols=2, sharey=True)
     rows = list(range(len(plans)))[::-1]  # the first plan on top
     for y, p in zip(rows, plans):
         start = 0.0
         for (name, nbytes), color in zip(memory_parts(p), PART_COLORS):
             left.barh(y, nbytes / gib, left=start, color=color, hatch=None if p.memory.fits else "//",
-                      edgecolor="white", label=name if y == rows[0] else None)
+                      edgecolor="white")
             start += nbytes / gib
         left.text(start, y, f" {num(start, 1)}", va="center", fontsize=SMALL)
         rate = p.time.tokens_per_s_per_gpu
@@ -46,18 +48,21 @@ def plot_memory_and_speed(plans, labels: list[str], title: str = ""):
         right.text(rate if p.memory.fits else 0, y, note, va="center", fontsize=SMALL)
     capacity = plans[0].memory.capacity / gib
     left.axvline(capacity, color="#C44E52", linewidth=1.2, linestyle="--")
-    left.text(capacity, len(plans) - 0.45, tr(f" {plans[0].gpu.name}: {num(capacity, 0)} GiB",
+    left.text(capacity, -0.55, tr(f" {plans[0].gpu.name}: {num(capacity, 0)} GiB",
                                               f" {plans[0].gpu.name}: {num(capacity, 0)} ГиБ"),
-              color="#C44E52", fontsize=SMALL, va="bottom")
+              color="#C44E52", fontsize=SMALL, va="top")
     left.set_yticks(rows, labels)
-    left.set_ylim(-0.6, len(plans) - 0.1)
+    left.set_ylim(-0.8, len(plans) - 0.4)
     left.set_xlabel(tr("peak memory per GPU, GiB", "пиковая память на GPU, ГиБ"))
-    left.legend(fontsize=SMALL, frameon=False, loc="lower right")
+    handles = [Patch(color=color, label=name) for (name, _), color in zip(memory_parts(plans[0]), PART_COLORS)]
+    handles.append(Patch(facecolor="white", edgecolor="#555555", hatch="//",
+                         label=tr("does not fit", "не помещается")))
     right.set_xlabel(tr("tokens/s per GPU", "токенов/с на GPU"))
     right.set_xlim(0, 1.35 * max(p.time.tokens_per_s_per_gpu for p in plans))
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
+    fig.legend(handles=handles, loc="lower center", ncol=4, frameon=False, fontsize=SMALL)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     return fig
 
 
@@ -79,7 +84,7 @@ _RU_NAMES = {
     "attention": "внимание",
     "memory-bound ops (norms, rotary, SwiGLU, loss)": "операции, упирающиеся в память (нормализации, RoPE, SwiGLU, лосс)",
     "recomputation": "пересчёт",
-    "TP collectives (exposed)": "коллективы TP (не скрыты)",
+    "TP collectives (exposed)": "коллективные операции TP (не скрыты)",
     "CP ring (exposed)": "кольцо CP (не скрыто)",
     "FSDP AllGather (exposed)": "AllGather FSDP (не скрыт)",
     "FSDP ReduceScatter / HSDP AllReduce (exposed)": "ReduceScatter FSDP / AllReduce HSDP (не скрыты)",
@@ -96,7 +101,7 @@ def term_name(key: str) -> str:
 
 
 def layout_label(layout) -> str:
-    """A layout's degrees in one short label: "FSDP 256", "FSDP 64 x TP 4 + SP", "HSDP 2 x FSDP 16 x CP 2"."""
+    """A layout's degrees in one short label: "FSDP 256", "FSDP 64 × TP 4 + SP", "HSDP 2 × FSDP 16 × CP 2"."""
     parts = [f"FSDP {layout.dp_shard}"]
     if layout.dp_replicate > 1:
         parts.insert(0, f"HSDP {layout.dp_replicate}")
@@ -104,7 +109,7 @@ def layout_label(layout) -> str:
         parts.append(f"TP {layout.tp}" + (" + SP" if layout.sp else ""))
     if layout.cp > 1:
         parts.append(f"CP {layout.cp}")
-    return " x ".join(parts)
+    return " × ".join(parts)
 
 
 def show_assumptions(gpu, calibration) -> None:
