@@ -88,6 +88,7 @@ _RU_NAMES = {
     "CP ring (exposed)": "кольцо CP (не скрыто)",
     "FSDP AllGather (exposed)": "AllGather FSDP (не скрыт)",
     "FSDP ReduceScatter / HSDP AllReduce (exposed)": "ReduceScatter FSDP / AllReduce HSDP (не скрыты)",
+    "FSDP copy-in / copy-out": "копирование FSDP в буфер и из буфера",
     "optimizer step": "шаг оптимизатора",
     "end of forward (the loss)": "конец forward (лосс)",
     "start of backward": "начало backward",
