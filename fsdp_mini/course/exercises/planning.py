@@ -293,7 +293,8 @@ def _judge_bytes(fn) -> Verdict:
             return Verdict.wrong(tr(
                 f"course GPT block (h = {cfg.n_embd}, {cfg.n_head} heads, {tokens} tokens, fp32, measured on CPU): "
                 f"your count is {num(abs(got - held))} bytes {more} than what the block kept.",
-                f"блок GPT курса (h = {cfg.n_embd}, {cfg.n_head} головы, {tokens} токенов, fp32, измерено на CPU): "
+                f"блок GPT курса (h = {cfg.n_embd}, {cfg.n_head} "
+                f"{plural(cfg.n_head, 'голова', 'головы', 'голов')}, {tokens} токенов, fp32, измерено на CPU): "
                 f"ваш счёт на {num(abs(got - held))} байт {more}, чем блок сохранил.")
                 + _why_bytes(got / tokens, held / tokens, model, 4))
     return Verdict.right(tr(
