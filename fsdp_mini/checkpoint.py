@@ -34,20 +34,30 @@ same (name, offsets), and DCP's save-plan deduplication keeps one of them, givin
 with the least to write so far. So each element is written once (DCP's plan validation checks that:
 no overlap, full cover), and the writing is spread over all ranks, not over one replica group only.
 Buffers and the optimizer's scalar states (Adam's `step`) are replicated plain tensors, deduplicated
-the same way. Tied parameters are written once, under their first name. Every rank loads its own pieces.
+the same way. A tied parameter (`head.weight is embed.weight`) is written under each of its names, as
+`dcp.save(module.state_dict())` writes it, so that PyTorch's own loaders find every key a plain module's
+`state_dict()` has; its optimizer state is written once, under its first name, as PyTorch's
+`get_optimizer_state_dict` names it. A load reads a tied parameter through its first name (a checkpoint
+that holds it only there, as fsdp_mini wrote it before, loads too). Every rank loads its own pieces.
 
 Optimizer state (a torch optimizer over `model.parameters()`, i.e. over the flat shards): each state
 tensor shaped like the shard (Adam's exp_avg, exp_avg_sq; SGD's momentum_buffer) is cut into the same
 boxes, under `optim.<parameter name>.<state name>`, so it reshards like the parameter; a scalar state is
-stored per original parameter too (every parameter of a flat shard shares its step); the `param_groups`
-hyperparameters (without their 'params') are one pickled object, `optim.param_groups`. A fresh optimizer
-has no state tensors to load into, so `load_checkpoint` first creates them as
+stored per original parameter too (every parameter of a flat shard shares its step); `param_groups` is
+one pickled object, `optim.param_groups`: each group's hyperparameters, and under 'params' the original
+names of its parameters (a flat shard's group: the names of the parameters in it), as PyTorch's
+`get_optimizer_state_dict` stores them. A load matches groups by those names, not by position, so an
+optimizer built with its groups in another order gets each group's own hyperparameters; a group whose
+parameters match no saved group is an error (a checkpoint without names, written before, loads by
+position). A fresh optimizer has no state tensors to load into, so `load_checkpoint` first creates them as
 torch.distributed.checkpoint.state_dict does: one `step()` on zero gradients with lr 0.
 
 What cannot go wrong silently (`fsdp_mini.checkpoint_integrity`): a save writes into a staging directory
 and renames it into place only when it is complete, so a crash leaves the old checkpoint or the new one,
 never a mix; every piece written is checksummed, and a load verifies the checksums before it fills any
-tensor, so damaged files are an error naming the file and the piece, never wrong weights. The rest of a
+tensor, so damaged files are an error naming the file and the piece, never wrong weights. Unlike
+PyTorch's DCP reader, a load runs no code from the checkpoint: `.metadata` and the pickled items are read
+with restricted unpicklers (UnsafeCheckpointError names what was refused). The rest of a
 training run's state (the step, the LR scheduler's `state_dict()`, RNG states) travels in `extra_state`,
 saved per rank beside the tensors: a resume needs no side file.
 """
@@ -56,6 +66,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import pickle
 import warnings
 from contextlib import contextmanager
 from typing import Any, Callable
@@ -64,20 +75,22 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from torch.distributed.tensor import DTensor
 
 from fsdp_mini.checkpoint_integrity import (CheckpointError, CorruptCheckpointError, IncompleteCheckpointError,
-                                            open_checkpoint, save_atomically, verify_pieces)
+                                            UnsafeCheckpointError, WeightsOnlyLoadPlanner, open_checkpoint,
+                                            save_atomically, verify_pieces)
 from fsdp_mini.fully_shard import FSDPModule
 from fsdp_mini.runtime import local_world_size, require_distributed
 from fsdp_mini.torch_internals import (Shard, ShardedTensor, ShardedTensorMetadata, ShardMetadata,
                                        TensorProperties)
+from fsdp_mini.zero_checkpoint import is_replicated, replicated_state_dict, unwrapped
 
 __all__ = ["save_checkpoint", "load_checkpoint", "sharded_state_dict", "CheckpointError", "CorruptCheckpointError",
-           "IncompleteCheckpointError"]
+           "IncompleteCheckpointError", "UnsafeCheckpointError"]
 
 OPTIM_PREFIX = "optim."
 PARAM_GROUPS_KEY = "optim.param_groups"
@@ -214,8 +227,9 @@ def _optimizer_params(model, optimizer, plans):
 
 def _per_param_state_dict(model, optimizer, saving: bool):
     """The per-parameter design's dict for DCP: its parameters are DTensors already (this rank's rows,
-    with the layout over the mesh), so they go in as they are, each under its first name (a tied one once,
-    as the flat design writes it); optimizer states shaped like a parameter are DTensors too."""
+    with the layout over the mesh), so they go in as they are, each under its first name (a tied one's other
+    names are added by `sharded_state_dict`, for both designs); optimizer states shaped like a parameter
+    are DTensors too."""
     for m in model.modules():
         if isinstance(m, FSDPModule):
             m.reshard()
@@ -223,7 +237,7 @@ def _per_param_state_dict(model, optimizer, saving: bool):
     name_of: dict[int, str] = {}
     for name, t in model.state_dict(keep_vars=True).items():
         if id(t) in name_of:
-            continue  # tied: written once, under its first name
+            continue  # tied: loaded through its first name
         name_of[id(t)] = name
         sd[name] = t.detach() if isinstance(t, DTensor) else t
     finish: list[Callable[[], Any]] = []
@@ -247,19 +261,89 @@ def _per_param_state_dict(model, optimizer, saving: bool):
                     sd[full_key] = value if saving else None
                     if not saving:
                         finish.append(lambda s=optimizer.state[p], key=key, k=full_key: s.__setitem__(key, sd[k]))
-    sd[PARAM_GROUPS_KEY] = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups] \
-        if saving else None
-    if not saving:
-        finish.append(lambda: _set_param_groups(optimizer, sd[PARAM_GROUPS_KEY]))
+    sd[PARAM_GROUPS_KEY] = _param_groups(model, optimizer) if saving else None
     return sd, [], finish
 
 
-def _set_param_groups(optimizer, saved) -> None:
-    if len(saved) != len(optimizer.param_groups):
-        raise ValueError(f"the checkpoint's optimizer has {len(saved)} param groups, this one "
-                         f"{len(optimizer.param_groups)}")
-    for group, hyper in zip(optimizer.param_groups, saved):
-        group.update({k: v for k, v in hyper.items() if k != "params"})
+def _param_names(model) -> dict[int, list[str]]:
+    """The original (first) names behind each tensor an optimizer over `model.parameters()` holds: a
+    parameter's own name in the per-parameter design and in a replicated model (plain or DDP, under ZeRO-1),
+    the names of the parameters in a flat shard."""
+    if isinstance(model, FSDPModule) or is_replicated(model):
+        return {id(p): [name] for name, p in unwrapped(model).named_parameters()}
+    return {id(h.shard): [info.names[0] for info in h.layout.params] for h in model.handles}
+
+
+def _group_names(model, optimizer) -> list[list[str]]:
+    """For each of `optimizer`'s param groups, the original names of its parameters."""
+    names = _param_names(model)
+    return [[n for p in group["params"] for n in names[id(p)]] for group in optimizer.param_groups]
+
+
+def _param_groups(model, optimizer) -> list[dict[str, Any]]:
+    """`optim.param_groups` as saved: each group's hyperparameters, and under 'params' the original names of
+    its parameters (as PyTorch's `get_optimizer_state_dict` stores them), by which a load finds it again."""
+    return [{**{k: v for k, v in group.items() if k != "params"}, "params": names}
+            for group, names in zip(optimizer.param_groups, _group_names(model, optimizer))]
+
+
+def _tied_names(model) -> dict[str, str]:
+    """Every further name of a tied tensor, with its first name (`{"head.weight": "embed.weight"}`)."""
+    if isinstance(model, FSDPModule) or is_replicated(model):
+        state, first = unwrapped(model).state_dict(keep_vars=True), {}
+        for name, t in state.items():
+            first.setdefault(id(t), name)
+        return {name: first[id(t)] for name, t in state.items() if first[id(t)] != name}
+    return {alias: info.names[0] for h in model.handles for info in h.layout.params for alias in info.names[1:]}
+
+
+def _listed(items: list[str], limit: int = 12) -> str:
+    more = f", ... ({len(items) - limit} more)" if len(items) > limit else ""
+    return "[" + ", ".join(items[:limit]) + more + "]"
+
+
+def _matched_param_groups(path, saved: list[dict[str, Any]], names: list[list[str]]) -> list[dict[str, Any]]:
+    """For each of this optimizer's param groups (given by its parameters' `names`), the hyperparameters
+    of the saved group that holds exactly those parameters; a ValueError if any group has no such match.
+
+    A checkpoint whose groups carry no names (written before they did) is matched by position."""
+    if len(saved) != len(names):
+        raise ValueError(f"checkpoint {os.fspath(path)} does not match the optimizer: the checkpoint's optimizer "
+                         f"has {len(saved)} param groups, this one {len(names)}")
+    hyper = [{k: v for k, v in group.items() if k != "params"} for group in saved]
+    if not all("params" in group for group in saved):
+        return hyper
+    by_names: dict[frozenset[str], list[int]] = {}
+    for i, group in enumerate(saved):
+        by_names.setdefault(frozenset(group["params"]), []).append(i)  # several only for empty groups
+    matched, unmatched = [], []
+    for i, group in enumerate(names):
+        candidates = by_names.get(frozenset(group), [])
+        if candidates:
+            matched.append(hyper[candidates.pop(0)])
+        else:
+            unmatched.append(i)
+    if unmatched:
+        where = {n: i for i, group in enumerate(saved) for n in group["params"]}
+
+        def described(i: int) -> str:
+            group = names[i]
+            held = sorted({where[n] for n in group if n in where})
+            absent = [repr(n) for n in group if n not in where]
+            return (f"group {i} holds {_listed([repr(n) for n in group], 6)} ({len(group)} parameters), which the "
+                    f"checkpoint has in its groups {held}" + (f" and not at all: {_listed(absent, 6)}" if absent else ""))
+
+        theirs = "; ".join(f"{i}: {_listed([repr(n) for n in group['params']], 6)} ({len(group['params'])})"
+                           for i, group in enumerate(saved))
+        raise ValueError(f"checkpoint {os.fspath(path)}: this optimizer's param groups do not match the checkpoint's "
+                         f"by parameter name: {'; '.join(described(i) for i in unmatched)}. The checkpoint's groups: "
+                         f"{theirs}")
+    return matched
+
+
+def _set_param_groups(optimizer, hyperparameters: list[dict[str, Any]]) -> None:
+    for group, hyper in zip(optimizer.param_groups, hyperparameters):
+        group.update(hyper)
 
 
 def _state_dict(model, optimizer, saving: bool):
@@ -268,6 +352,11 @@ def _state_dict(model, optimizer, saving: bool):
     values that are not views, scalars and objects, into place)."""
     if isinstance(model, FSDPModule):
         return _per_param_state_dict(model, optimizer, saving)
+    if is_replicated(model):  # plain or DDP, with a ZeroRedundancyOptimizer: fsdp_mini.zero_checkpoint
+        sd, prepare, finish = replicated_state_dict(model, optimizer, saving, OPTIM_PREFIX)
+        if optimizer is not None:
+            sd[PARAM_GROUPS_KEY] = _param_groups(model, optimizer) if saving else None
+        return sd, prepare, finish
     _check_model(model)
     plans = _layout_plans(model)
     sd: dict[str, Any] = {}
@@ -307,23 +396,23 @@ def _state_dict(model, optimizer, saving: bool):
                 sd.update({k: value if saving else None for k in keys})
                 if not saving:
                     finish.append(lambda s=optimizer.state[p], key=key, k=keys[0]: s.__setitem__(key, sd[k]))
-    groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
-    sd[PARAM_GROUPS_KEY] = groups if saving else None
-
-    if not saving:
-        finish.append(lambda: _set_param_groups(optimizer, sd[PARAM_GROUPS_KEY]))
+    sd[PARAM_GROUPS_KEY] = _param_groups(model, optimizer) if saving else None
     return sd, prepare, finish
 
 
 def sharded_state_dict(model, optimizer=None) -> dict[str, Any]:
-    """What `save_checkpoint` hands to `dcp.save`: original names and shapes, values that are views of
-    this rank's shards (ShardedTensor), replicated buffers and scalars, and `optim.param_groups`.
+    """What `save_checkpoint` hands to `dcp.save`: original names and shapes (a tied tensor under each of
+    its names), values that are views of this rank's shards (ShardedTensor, or the per-parameter design's
+    DTensors), replicated buffers and scalars, and `optim.param_groups`.
 
     For your own DCP calls (another storage writer, `dcp.async_save`); save it with
     `DefaultSavePlanner(flatten_state_dict=False, flatten_sharded_tensors=False)`: the dict is flat
     already, and `optim.param_groups` stays one object. No communication.
     """
-    return _state_dict(model, optimizer, saving=True)[0]
+    sd = _state_dict(model, optimizer, saving=True)[0]
+    for alias, first in _tied_names(model).items():  # a tied tensor under each of its names
+        sd[alias] = sd[first]
+    return sd
 
 
 # --- save and load -----------------------------------------------------------------------------------
@@ -332,10 +421,14 @@ def sharded_state_dict(model, optimizer=None) -> dict[str, Any]:
 def _as_runtime_error(doing: str, path):
     """DCP reports a failure on any rank as a CheckpointException on every rank (no hang), but that is a
     BaseException, which `except Exception` in a training loop would not catch: re-raise it as an
-    ordinary RuntimeError, with DCP's per-rank tracebacks in the message."""
+    ordinary RuntimeError, with DCP's per-rank tracebacks in the message; or, when a rank found the
+    checkpoint itself at fault (an UnsafeCheckpointError), that error, on every rank."""
     try:
         yield
     except CheckpointException as exc:
+        ours = [e for _, (e, _) in sorted(exc.failures.items()) if isinstance(e, CheckpointError)]
+        if ours:  # what is wrong with the checkpoint itself (an unsafe item), as the first rank that met it said
+            raise ours[0] from exc
         raise RuntimeError(f"{doing} the checkpoint {os.fspath(path)} failed: {exc}") from exc
 
 
@@ -350,10 +443,26 @@ def _check_extra_state(extra_state) -> None:
     if not isinstance(extra_state, dict):
         raise TypeError(f"extra_state must be a dict (e.g. {{'step': ..., 'scheduler': sched.state_dict()}}), "
                         f"got {type(extra_state).__name__}")
+    _check_loadable("extra_state", extra_state)
+
+
+def _check_loadable(what: str, value) -> None:
+    """Before any collective: a pickled item must load back through `torch.load(weights_only=True)`, the only
+    way `load_checkpoint` reads one, or the save would write a checkpoint that cannot be loaded."""
+    buffer = io.BytesIO()
     try:
-        torch.save(extra_state, io.BytesIO())
+        torch.save(value, buffer)
     except Exception as exc:  # noqa: BLE001 - whatever pickling raises, said before any rank writes
-        raise TypeError(f"extra_state cannot be saved: {type(exc).__name__}: {exc}") from exc
+        raise TypeError(f"{what} cannot be saved: {type(exc).__name__}: {exc}") from exc
+    buffer.seek(0)
+    try:
+        torch.load(buffer, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        why = next((line.strip() for line in str(exc).splitlines() if "Unsupported" in line), str(exc))
+        raise TypeError(f"{what} would not load back: load_checkpoint reads pickled items with "
+                        f"torch.load(weights_only=True), so that a checkpoint cannot run code, and it refuses this "
+                        f"one ({why}). Keep to tensors, numbers, strings and containers, or allow the class with "
+                        "torch.serialization.add_safe_globals (in the loading process too)") from exc
 
 
 def save_checkpoint(path: str | os.PathLike, model, optimizer=None, *, overwrite: bool = False,
@@ -364,9 +473,10 @@ def save_checkpoint(path: str | os.PathLike, model, optimizer=None, *, overwrite
     by one of their replicas) and rank 0 the metadata that says where every piece of every parameter
     is. Nothing is gathered: no rank ever holds more than its shards.
 
-    extra_state: the rest of the training state, a dict torch.save can write (the step, the LR
-    scheduler's `state_dict()`, `torch.get_rng_state()`, ...). Each rank's is saved, and
-    `load_checkpoint` returns it.
+    extra_state: the rest of the training state, a dict of what `torch.load(weights_only=True)` reads back:
+    tensors, numbers, strings, containers (the step, the LR scheduler's `state_dict()`,
+    `torch.get_rng_state()`, ...). Each rank's is saved, and `load_checkpoint` returns it. Anything else
+    (and any optimizer hyperparameter that would not load back) is a TypeError before any collective.
 
     Nothing is written into `path` itself until the end. The ranks write into `.NAME.saving` beside it;
     each rank checksums (CRC-32) every piece it wrote, and rank 0, once every rank has written, writes
@@ -380,6 +490,9 @@ def save_checkpoint(path: str | os.PathLike, model, optimizer=None, *, overwrite
     directory holding other files, which replacing it would delete. An empty directory is fine.
     """
     sd = sharded_state_dict(model, optimizer)
+    for key, value in sd.items():
+        if not torch.is_tensor(value):  # an optimizer's param groups or plain values
+            _check_loadable(repr(key), value)
     if extra_state is not None:
         _check_extra_state(extra_state)
         sd[f"{EXTRA_STATE_PREFIX}{dist.get_rank()}"] = extra_state
@@ -391,13 +504,15 @@ def save_checkpoint(path: str | os.PathLike, model, optimizer=None, *, overwrite
     save_atomically(path, write, overwrite=overwrite)
 
 
-def _check_against_checkpoint(path, metadata, sd: dict[str, Any]) -> None:
+def _check_against_checkpoint(path, metadata, sd: dict[str, Any], tied: set[str], optimizer: bool) -> None:
     """Compare keys and shapes with the checkpoint's metadata before reading anything, so a different
-    model fails with every mismatch named (and the model untouched) rather than with DCP's first one."""
+    model (or optimizer) fails with every mismatch named, and the model untouched, rather than with DCP's
+    first one. The checkpoint's optimizer keys are unexpected only when an `optimizer` is loaded: then a
+    state this optimizer does not have (Adam's moments, loaded into SGD) is an error, not dropped."""
     saved = metadata.state_dict_metadata
     missing = [k for k in sd if k not in saved]
-    unexpected = sorted(k for k in saved if not k.startswith((OPTIM_PREFIX, EXTRA_STATE_PREFIX))
-                        and k not in sd)  # file order varies
+    unexpected = sorted(k for k in saved if k not in sd and k not in tied and not k.startswith(EXTRA_STATE_PREFIX)
+                        and (optimizer or not k.startswith(OPTIM_PREFIX)))  # file order varies
     shapes = []
     for key, value in sd.items():
         md = saved.get(key)
@@ -407,19 +522,23 @@ def _check_against_checkpoint(path, metadata, sd: dict[str, Any]) -> None:
         if tuple(md.size) != size:
             shapes.append(f"{key}: {tuple(md.size)} in the checkpoint, {size} here")
     if missing or unexpected or shapes:
-        def listed(items, limit=12):
-            more = f", ... ({len(items) - limit} more)" if len(items) > limit else ""
-            return "[" + ", ".join(items[:limit]) + more + "]"
-
         problems = []
         if missing:
-            problems.append(f"missing keys {listed([repr(k) for k in missing])}")
+            problems.append(f"missing keys {_listed([repr(k) for k in missing])}")
         if unexpected:
-            problems.append(f"unexpected keys {listed([repr(k) for k in unexpected])}")
+            problems.append(f"unexpected keys {_listed([repr(k) for k in unexpected])}")
         if shapes:
-            problems.append(f"shape mismatches {listed(shapes)}")
-        hint = (" (was it saved without the optimizer?)"
-                if missing and all(k.startswith(OPTIM_PREFIX) for k in missing) else "")
+            problems.append(f"shape mismatches {_listed(shapes)}")
+
+        def states(keys) -> str:  # the state names of optim.<parameter>.<state>
+            return ", ".join(sorted({k.rsplit(".", 1)[1] for k in keys
+                                     if k.startswith(OPTIM_PREFIX) and k != PARAM_GROUPS_KEY})) or "none"
+
+        hint = ""
+        if PARAM_GROUPS_KEY in missing:
+            hint = " (was it saved without the optimizer?)"
+        elif any(k.startswith(OPTIM_PREFIX) for k in missing + unexpected):
+            hint = f" (the checkpoint's optimizer state is {states(saved)}; this optimizer's: {states(sd)})"
         raise ValueError(f"checkpoint {os.fspath(path)} does not match the model: {', '.join(problems)}{hint}")
 
 
@@ -434,13 +553,15 @@ def _extra_state_key(metadata) -> str | None:
     return own if len(saved) == dist.get_world_size() and own in saved else f"{EXTRA_STATE_PREFIX}0"
 
 
-def _init_optimizer_state(optimizer) -> None:
+def _init_optimizer_state(optimizer) -> list[torch.Tensor]:
     """Create a fresh optimizer's state tensors, so that DCP has something to load into: one step on
     zero gradients with every lr at 0, which leaves the parameters as they are (as
-    torch.distributed.checkpoint.state_dict does). Grads and lrs are put back afterwards."""
+    torch.distributed.checkpoint.state_dict does). Grads and lrs are put back afterwards. Returns the
+    parameters whose state this created, for `_drop_state_on_error` to undo should the load be refused."""
     params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]  # frozen: no state
-    if all(optimizer.state.get(p) for p in params):
-        return
+    created = [p for p in params if not optimizer.state.get(p)]
+    if not created:
+        return []
     grads = [p.grad for p in params]
     lrs = [g["lr"] for g in optimizer.param_groups]
     try:
@@ -454,6 +575,28 @@ def _init_optimizer_state(optimizer) -> None:
             g["lr"] = lr
         for p, grad in zip(params, grads):
             p.grad = grad
+    return created
+
+
+@contextmanager
+def _drop_state_on_error(optimizer, created: list[torch.Tensor]):
+    """Checks that fail after `_init_optimizer_state` leave the optimizer as it was: without that state."""
+    try:
+        yield
+    except BaseException:
+        for p in created:
+            optimizer.state.pop(p, None)
+        raise
+
+
+def _read_objects(opened, keys: list[str]) -> dict[str, Any]:
+    """Collective: the checkpoint's pickled items under `keys` (param groups, extra_state, an optimizer's
+    plain values), read before any tensor is written, so that they can be checked first, and each through
+    `torch.load(weights_only=True)` (WeightsOnlyLoadPlanner): an item that could run code is refused."""
+    objects = {key: None for key in keys}
+    with _as_runtime_error("loading", opened.path):
+        dcp.load(objects, storage_reader=opened.reader(), planner=WeightsOnlyLoadPlanner(**_planner_kwargs()))
+    return objects
 
 
 def load_checkpoint(path: str | os.PathLike, model, optimizer=None, *, verify: bool = True) -> dict[str, Any]:
@@ -461,9 +604,12 @@ def load_checkpoint(path: str | os.PathLike, model, optimizer=None, *, verify: b
     written by `save_checkpoint`, at any world size and with any strategy; return its `extra_state`.
 
     Collective: every rank must call it. Each rank reads only the parts of the saved pieces that overlap
-    its own shard. Strict: a ValueError names every key missing from the checkpoint, every parameter of
-    the checkpoint this model lacks, and every shape that differs, before anything is read. Optimizer
-    keys in the checkpoint are ignored when `optimizer` is None.
+    its own shard. Strict, and checked before any tensor of the model or the optimizer is written: a
+    ValueError names every key missing from the checkpoint, every parameter of the checkpoint this model
+    lacks, every shape that differs, every optimizer state the checkpoint has and this optimizer does not
+    (Adam's moments loaded into SGD) or the reverse, and a param group whose parameters match no saved
+    group by name (groups are matched by their parameters' names, not by position). A fresh optimizer is
+    left without state then. Optimizer keys in the checkpoint are ignored when `optimizer` is None.
 
     Verified before any tensor is filled: the manifest, the metadata and every piece this load reads
     are checked against the checksums of the save (each file by one rank). Damage is a
@@ -472,26 +618,42 @@ def load_checkpoint(path: str | os.PathLike, model, optimizer=None, *, verify: b
     model and the optimizer as they were. `verify=False` skips the checksums, e.g. to load a checkpoint
     written by plain `dcp.save`, which has no manifest.
 
+    Runs no code from the checkpoint, with or without `verify` (a difference from PyTorch's DCP reader,
+    which unpickles with plain pickle): `.metadata` is unpickled allowing only DCP's metadata classes, and
+    the pickled items (param groups, extra_state) with `torch.load(weights_only=True)`; anything else is
+    an UnsafeCheckpointError naming what was refused, before any tensor is written.
+
     Returns the `extra_state` this rank saved (at another world size, rank 0's), {} when none was.
     """
-    opened = open_checkpoint(path, verify=verify)  # every rank, no collective: a damaged one fails here
-    _check_against_checkpoint(path, opened.metadata, _state_dict(model, None, saving=False)[0])  # the model first
+    opened = open_checkpoint(path, verify=verify)  # every rank, no collective: a damaged or unsafe one fails here
+    model_only = _state_dict(model, None, saving=False)[0]  # (a ValueError if `model` is not sharded)
+    tied = set(_tied_names(model))  # read through their first names
+    _check_against_checkpoint(path, opened.metadata, model_only, tied, optimizer=False)  # the model first
     verify_pieces(opened, wanted=lambda key: optimizer is not None or not key.startswith(OPTIM_PREFIX))
+    created: list[torch.Tensor] = []
     if optimizer is not None:
         _state_dict(model, optimizer, saving=False)  # the optimizer's parameters are the model's, before stepping it
-        _init_optimizer_state(optimizer)
-    sd, prepare, finish = _state_dict(model, optimizer, saving=False)
-    _check_against_checkpoint(path, opened.metadata, sd)
-    extra_key = _extra_state_key(opened.metadata)
-    if extra_key is not None:
-        sd[extra_key] = None  # an object: DCP puts the unpickled dict here
+        created = _init_optimizer_state(optimizer)
+    with _drop_state_on_error(optimizer, created):
+        sd, prepare, finish = _state_dict(model, optimizer, saving=False)
+        _check_against_checkpoint(path, opened.metadata, sd, tied, optimizer=optimizer is not None)
+        extra_key = _extra_state_key(opened.metadata)
+        objects = [key for key, value in sd.items() if value is None] + ([] if extra_key is None else [extra_key])
+        if objects:
+            sd.update(_read_objects(opened, objects))
+        if optimizer is not None:
+            groups = _matched_param_groups(path, sd[PARAM_GROUPS_KEY], _group_names(model, optimizer))
+    # Checked: from here on, the model and the optimizer are written.
     for step in prepare:
         step()
-    if not isinstance(model, FSDPModule):
+    if not isinstance(model, FSDPModule) and not is_replicated(model):
         model.reshard()  # the gathered copies would be stale: drop them (as load_full_state_dict does)
+    read = set(objects)
+    tensors = {key: value for key, value in sd.items() if key not in read}
     with torch.no_grad(), _quiet(), _as_runtime_error("loading", path):
-        dcp.load(sd, storage_reader=dcp.FileSystemReader(os.fspath(path)),
-                 planner=DefaultLoadPlanner(**_planner_kwargs()))
+        dcp.load(tensors, storage_reader=opened.reader(), planner=WeightsOnlyLoadPlanner(**_planner_kwargs()))
         for step in finish:
             step()
+    if optimizer is not None:
+        _set_param_groups(optimizer, groups)
     return {} if extra_key is None else sd[extra_key]

@@ -33,10 +33,27 @@ So a save takes three steps here (`save_atomically`), and a load checks before i
 Why CRC-32: it catches every burst of up to 32 flipped bits and all but 2^-32 of other damage, which is
 what disks and transfers do to files; it is no defence against someone who alters a file on purpose (a
 signature is). zlib's is the fastest checksum in Python's standard library: about 2 GB/s here.
+
+A checkpoint cannot run code. A CRC proves integrity, not origin: whoever wrote a checkpoint also wrote
+its manifest. And a pickle runs whatever it names: PyTorch's own DCP reader unpickles `.metadata` with
+plain `pickle.load` and every non-tensor item (`optim.param_groups`, `extra_state`) with
+`torch.load(weights_only=False)`, so a checkpoint from an untrusted source executes its author's code
+when it is loaded. Here, unlike in PyTorch, every pickle of the load is restricted:
+
+- `.metadata` is read by `open_checkpoint` with an unpickler that resolves only DCP's metadata classes and
+  the few harmless globals they pickle (torch.Size, dtypes, layouts, paths; `_METADATA_GLOBALS`); any other
+  global is an UnsafeCheckpointError naming it, raised before the global is even imported. DCP's load then
+  takes that metadata object from `OpenedCheckpoint.reader()` instead of unpickling the file again.
+- The non-tensor items go through `WeightsOnlyLoadPlanner`: `torch.load(weights_only=True)`, PyTorch's own
+  restricted unpickler (tensors, plain containers and numbers, and what `torch.serialization.
+  add_safe_globals` allows); a refusal is an UnsafeCheckpointError naming the item and the global.
+- Tensors DCP already reads with `torch.load(weights_only=True)`; the manifest is JSON.
 """
 from __future__ import annotations
 
+import copy
 import enum
+import io
 import json
 import mmap
 import os
@@ -44,15 +61,19 @@ import pickle
 import shutil
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import metadata as dcp_metadata
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
-__all__ = ["CheckpointError", "CorruptCheckpointError", "IncompleteCheckpointError", "SaveStep",
-           "ChecksummingWriter", "OpenedCheckpoint", "save_atomically", "open_checkpoint", "verify_pieces",
+__all__ = ["CheckpointError", "CorruptCheckpointError", "IncompleteCheckpointError", "UnsafeCheckpointError",
+           "SaveStep", "ChecksummingWriter", "OpenedCheckpoint", "WeightsOnlyLoadPlanner", "save_atomically",
+           "open_checkpoint", "verify_pieces",
            "crc32_of_ranges", "staging_path", "replaced_path", "MANIFEST", "METADATA"]
 
 MANIFEST = "manifest.json"
@@ -70,6 +91,11 @@ class CorruptCheckpointError(CheckpointError):
 
 class IncompleteCheckpointError(CheckpointError):
     """No committed checkpoint where one was expected: the save that should have written it was interrupted."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A pickle in the checkpoint names a global that a checkpoint has no need of: unpickling it could run
+    code (a crafted checkpoint does exactly that), so it is refused before that global is resolved."""
 
 
 class SaveStep(enum.Enum):
@@ -372,6 +398,54 @@ class OpenedCheckpoint:
     metadata: Any  # torch.distributed.checkpoint.metadata.Metadata
     manifest: dict[str, Any] | None
 
+    def reader(self) -> dcp.FileSystemReader:
+        """DCP's file reader for this checkpoint, handing DCP this (checked, safely unpickled) metadata
+        rather than unpickling `.metadata` again with plain pickle."""
+        return _OpenedReader(self)
+
+
+class _OpenedReader(dcp.FileSystemReader):
+    def __init__(self, opened: OpenedCheckpoint):
+        super().__init__(opened.path)
+        self._metadata = opened.metadata
+
+    def read_metadata(self, *args: Any, **kwargs: Any):
+        if kwargs.get("rank") is not None:  # DCP's fallback to per-rank metadata: not what was checked
+            raise FileNotFoundError("only the checkpoint's global .metadata is read")
+        metadata = copy.copy(self._metadata)
+        metadata.storage_meta = replace(metadata.storage_meta or dcp_metadata.StorageMeta(),
+                                        load_id=self.load_id)  # what FileSystemReader.read_metadata records
+        return metadata
+
+
+class WeightsOnlyLoadPlanner(DefaultLoadPlanner):
+    """DCP's default load planner, but a non-tensor item (`optim.param_groups`, `extra_state`, an
+    optimizer's plain value) is unpickled with `torch.load(weights_only=True)` instead of
+    `weights_only=False`: plain containers, numbers, strings and tensors load, anything that could run
+    code is an UnsafeCheckpointError naming the item and the global (allow a class of your own with
+    `torch.serialization.add_safe_globals`)."""
+
+    def __init__(self, flatten_state_dict: bool = False, flatten_sharded_tensors: bool = False,
+                 allow_partial_load: bool = False):
+        # Flat dicts only, loaded in place: with flatten_sharded_tensors, DefaultLoadPlanner loads into a
+        # copy of the dict, so an item would never reach the caller's dict (DCP's default planner has that
+        # trap too when flatten_state_dict is False).
+        if flatten_state_dict or flatten_sharded_tensors:
+            raise ValueError("WeightsOnlyLoadPlanner loads a flat state dict in place: flatten_state_dict and "
+                             "flatten_sharded_tensors must be False")
+        super().__init__(False, False, allow_partial_load)
+
+    def load_bytes(self, read_item, value: io.BytesIO) -> None:
+        key = read_item.dest_index.fqn
+        try:
+            loaded = torch.load(value, weights_only=True)
+        except pickle.UnpicklingError as exc:
+            why = next((line.strip() for line in str(exc).splitlines() if "Unsupported" in line), str(exc))
+            raise UnsafeCheckpointError(f"rank {dist.get_rank() if dist.is_initialized() else 0}: the checkpoint's "
+                                        f"item {key!r} was refused by torch.load(weights_only=True), since "
+                                        f"unpickling it could run code: {why}") from exc
+        self.state_dict[key] = loaded
+
 
 def _missing(path: Path) -> Exception:
     """Why there is no checkpoint directory at `path`, as precisely as the leftovers of a save tell."""
@@ -390,9 +464,48 @@ def _missing(path: Path) -> Exception:
     return FileNotFoundError(f"no checkpoint at {path}: the directory does not exist")
 
 
+def _is_tensor_attribute(module: str, name: str) -> bool:
+    """`torch.float32` and friends: a dtype, layout or memory format is pickled as the global naming it."""
+    return module == "torch" and isinstance(vars(torch).get(name), (torch.dtype, torch.layout, torch.memory_format))
+
+
+# Every global that DCP's `.metadata` pickles: its dataclasses (`metadata.py`), the file reader's
+# _StorageInfo (where each item lies), and what their fields hold: torch.Size, a layout (pickled through
+# torch.serialization._get_layout, a lookup by name), the checkpoint_id path. Each is harmless to call
+# with any arguments: a constructor of plain data or a lookup.
+_METADATA_GLOBALS = frozenset(
+    {("torch.distributed.checkpoint.metadata", cls.__name__) for cls in (
+        dcp_metadata.Metadata, dcp_metadata.MetadataIndex, dcp_metadata.StorageMeta, dcp_metadata.TensorProperties,
+        dcp_metadata.TensorStorageMetadata, dcp_metadata.BytesStorageMetadata, dcp_metadata.ChunkStorageMetadata)}
+    | {("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING"),
+       ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+       ("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict")}
+    | {("pathlib", cls) for cls in ("Path", "PosixPath", "WindowsPath", "PurePath", "PurePosixPath",
+                                    "PureWindowsPath")})
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """pickle's Unpickler restricted to DCP's metadata ("Restricting Globals" in Python's pickle docs): a
+    pickle can call only the globals it resolves, so refusing every other one refuses any code."""
+
+    def __init__(self, file, path: Path):
+        super().__init__(file)
+        self.path = path
+
+    def find_class(self, module: str, name: str):
+        if (module, name) in _METADATA_GLOBALS or _is_tensor_attribute(module, name):
+            return super().find_class(module, name)
+        raise UnsafeCheckpointError(
+            f"checkpoint {self.path}: its {METADATA} asks for the global {module}.{name}, which is not one of DCP's "
+            "metadata classes: refused, since unpickling it could run code (a checkpoint from an untrusted "
+            "source can be crafted to). PyTorch's own DCP reader would unpickle it")
+
+
 def _unpickle_metadata(path: Path, data: bytes):
     try:
-        metadata = pickle.loads(data)
+        metadata = _MetadataUnpickler(io.BytesIO(data), path).load()
+    except UnsafeCheckpointError:
+        raise
     except Exception as exc:  # noqa: BLE001 - damaged bytes raise anything from UnpicklingError to MemoryError
         raise CorruptCheckpointError(f"checkpoint {path} is damaged: its {METADATA} cannot be read "
                                      f"({type(exc).__name__}: {exc})") from exc

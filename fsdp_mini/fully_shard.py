@@ -445,7 +445,8 @@ def fully_shard(module: nn.Module | list[nn.Module], *, mesh=None, reshard_after
         flat = next((sub for sub in m.modules() if isinstance(sub, GradientSync)), None)
         if flat is not None:
             raise ValueError(f"fully_shard was given a module wrapped by {type(flat).__name__} (fsdp_mini's flat "
-                             f"FSDP or DDP): the two designs do not mix; apply fully_shard to the plain model")
+                             f"FSDP or DDP, or replicate): the two designs do not mix; apply fully_shard to the plain "
+                             f"model (beside replicate: fully_shard the blocks, replicate their parent)")
     mp = mp_policy if mp_policy is not None else MixedPrecisionPolicy()
     if not isinstance(mp, MixedPrecisionPolicy):
         raise ValueError(f"mp_policy must be a MixedPrecisionPolicy, got {type(mp_policy).__name__}")

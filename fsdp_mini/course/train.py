@@ -38,7 +38,8 @@ def train(model, optimizer, cfg: GPTConfig, steps: int, batch_size: int, max_nor
     `shard_batch=False`, e.g. a reference computed on one rank) the whole batch. `rows_of`: the (rank,
     size) whose rows this rank takes when they are not its global ones: on a (dp, tp) mesh its data-parallel
     coordinates, since every rank of a TP group works on the same rows.
-    `max_norm` clips with the model's own `clip_grad_norm_` if it has one (FSDP), else torch's."""
+    `max_norm` clips with the model's own `clip_grad_norm_` if it has one (FSDP), else the optimizer's
+    (ZeRO-1 on a plain model, whose `.grad` is each rank's own until it reduces them), else torch's."""
     distributed = dist.is_initialized() and shard_batch
     rank, world = (rows_of or (dist.get_rank(), dist.get_world_size())) if distributed else (0, 1)
     device = device or (get_device() if distributed else "cpu")
@@ -48,7 +49,7 @@ def train(model, optimizer, cfg: GPTConfig, steps: int, batch_size: int, max_nor
         loss = model(x, y)
         loss.backward()
         if max_norm is not None:
-            clip = getattr(model, "clip_grad_norm_", None)
+            clip = getattr(model, "clip_grad_norm_", None) or getattr(optimizer, "clip_grad_norm_", None)
             if clip is not None:
                 clip(max_norm)
             else:

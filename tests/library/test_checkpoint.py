@@ -13,6 +13,7 @@ from torch.testing import assert_close
 from fsdp_mini import full_state_dict, fully_shard, get_device, launch
 from fsdp_mini.checkpoint import load_checkpoint, save_checkpoint, sharded_state_dict
 from fsdp_mini.fsdp import FSDP
+from fsdp_mini.zero import ZeroRedundancyOptimizer
 from small_model import Block, TinyConfig, TinyLM, batch
 
 pytestmark = pytest.mark.usefixtures("no_orphans")
@@ -152,9 +153,9 @@ def test_each_piece_is_written_once_under_the_original_name_and_shape(model_only
     saved, _ = results[0]
     md = dcp.FileSystemReader(path).read_metadata()
     plain = TinyLM(CFG)
-    assert set(md.state_dict_metadata) == set(plain.state_dict()) - {"head.weight"}  # tied: saved once
+    assert set(md.state_dict_metadata) == set(plain.state_dict())  # the tied weight under both its names
     written = {}  # file -> elements of parameters in it
-    for name, p in plain.named_parameters():  # named_parameters skips the tied duplicate
+    for name, p in plain.named_parameters():  # named_parameters skips the tied duplicate, written like the first
         tmd = md.state_dict_metadata[name]
         assert tuple(tmd.size) == tuple(p.shape)
         assert sum(c.sizes.numel() for c in tmd.chunks) == p.numel()  # two replicas hold it, written once
@@ -167,7 +168,6 @@ def test_each_piece_is_written_once_under_the_original_name_and_shape(model_only
     assert all(n < total / 2 for n in written.values()), written
     # So a plain module reads it with DCP alone, no fsdp_mini involved (here without torch.distributed).
     target = plain.state_dict()
-    del target["head.weight"]  # the same tensor as embed.weight: filled through it
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
         dcp.load(target, checkpoint_id=path, no_dist=True)
@@ -301,3 +301,196 @@ def test_padding_only_shards_0d_and_frozen_parameters_and_buffers(tmp_path):
         assert keys == sorted(["lin.weight", "lin.bias", "scale", "frozen", "offset", "optim.param_groups"]
                               + [f"optim.{p}.{s}" for p in ("lin.weight", "lin.bias", "scale")
                                  for s in ("exp_avg", "exp_avg_sq", "step")])
+
+
+# --- optimizer param groups follow their parameters' names, not their position ------------------------
+
+DESIGNS = ["flat", "per_param"]
+
+
+def _design(design, seed=0):
+    if design == "zero":  # a replicated model under ZeRO-1 (fsdp_mini.zero_checkpoint)
+        return TinyLM(CFG, seed=seed)
+    return _sharded("FULL_SHARD" if design == "flat" else "fully_shard", seed=seed)
+
+
+def _decay_split(model, design):
+    """(decay, no_decay) tensors of the optimizer: per parameter, the matrices and the vectors (1-D: norms,
+    biases); in the flat design, whose optimizer sees one flat shard per unit, the root unit and the blocks."""
+    if design == "flat":
+        root = [h.shard for h in model.units[0].handles]
+        return root, [h.shard for u in model.units[1:] for h in u.handles]
+    params = list(model.parameters())
+    return [p for p in params if p.ndim >= 2], [p for p in params if p.ndim < 2]
+
+
+def _grouped_adamw(model, design, reverse=False, weight_decay=(0.1, 0.0)):
+    decay, no_decay = _decay_split(model, design)
+    groups = [{"params": decay, "weight_decay": weight_decay[0], "lr": 1e-2},
+              {"params": no_decay, "weight_decay": weight_decay[1], "lr": 2e-2}]
+    if design == "zero":
+        return ZeroRedundancyOptimizer(groups[::-1] if reverse else groups, torch.optim.AdamW, eps=1e-3)
+    return torch.optim.AdamW(groups[::-1] if reverse else groups, eps=1e-3)
+
+
+def _save_grouped(path, design):
+    model = _design(design)
+    opt = _grouped_adamw(model, design)
+    _train(model, opt, range(SPLIT), _rows())
+    save_checkpoint(path, model, opt)
+    return _train(model, opt, range(SPLIT, STEPS), _rows())
+
+
+def _load_grouped_reversed(path, design):
+    model = _design(design, seed=1)
+    opt = _grouped_adamw(model, design, reverse=True, weight_decay=(0.5, 0.7))  # other values: all replaced
+    load_checkpoint(path, model, opt)
+    decay, _ = _decay_split(model, design)
+    holds_decay = [any(p is q for p in g["params"] for q in decay) for g in opt.param_groups]
+    hyper = [(holds, g["weight_decay"], g["lr"]) for holds, g in zip(holds_decay, opt.param_groups)]
+    return hyper, _train(model, opt, range(SPLIT, STEPS), _rows())
+
+
+@pytest.mark.parametrize("design", DESIGNS + ["zero"])
+def test_param_groups_are_restored_by_parameter_name_not_by_position(tmp_path, design):
+    # As PyTorch's get/set_optimizer_state_dict do: a group's hyperparameters follow the names of its parameters.
+    path = str(tmp_path / "ckpt")
+    uninterrupted = launch(_save_grouped, 2, args=(path, design), timeout=TIMEOUT)
+    for hyper, losses in launch(_load_grouped_reversed, 3, args=(path, design), timeout=TIMEOUT):
+        assert hyper == [(False, 0.0, 2e-2), (True, 0.1, 1e-2)], hyper
+    resumed = torch.tensor([r[1] for r in launch(_load_grouped_reversed, 2, args=(path, design), timeout=TIMEOUT)])
+    assert_close(resumed.mean(0), torch.tensor(uninterrupted).mean(0), rtol=1e-5, atol=1e-6)
+    if design == "per_param":  # the names stored are those PyTorch's get_optimizer_state_dict stores
+        from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        plain = TinyLM(CFG)
+        theirs = get_optimizer_state_dict(plain, _grouped_adamw(plain, design))["param_groups"]
+        ours = {"optim.param_groups": None}
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+            dcp.load(ours, checkpoint_id=path, no_dist=True, planner=DefaultLoadPlanner(flatten_state_dict=False,
+                                                                                    flatten_sharded_tensors=False))
+        assert [g["params"] for g in ours["optim.param_groups"]] == [g["params"] for g in theirs]
+
+
+def _load_into_groups(path, design, layout):
+    """Try to load into an optimizer built another way; the error, and whether the model and the optimizer
+    were left exactly as they were (weights compared, the optimizer still without any state)."""
+    model = _design(design, seed=1)
+    decay, no_decay = _decay_split(model, design)
+    if layout == "one_group":
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, eps=1e-3)
+    elif layout == "regrouped":  # two groups again, but one tensor has moved from one to the other
+        opt = torch.optim.AdamW([{"params": decay + no_decay[:1]}, {"params": no_decay[1:]}], lr=1e-2, eps=1e-3)
+    elif layout == "sgd":  # no state at all: Adam's moments would be dropped
+        opt = torch.optim.SGD([{"params": decay}, {"params": no_decay}], lr=0.1)
+    else:  # "sgd_momentum": another state (momentum_buffer) than the checkpoint's
+        opt = torch.optim.SGD([{"params": decay}, {"params": no_decay}], lr=0.1, momentum=0.9)
+    before = full_state_dict(model)
+    try:
+        load_checkpoint(path, model, opt)
+        error = ""
+    except ValueError as exc:
+        error = str(exc)
+    after = full_state_dict(model)
+    return error, all(torch.equal(before[k], after[k]) for k in before), len(opt.state) == 0
+
+
+@pytest.mark.parametrize("design", DESIGNS)
+def test_an_optimizer_that_does_not_match_is_refused_before_anything_is_written(tmp_path, design):
+    path = str(tmp_path / "ckpt")
+    launch(_save_grouped, 2, args=(path, design), timeout=TIMEOUT)
+    expected = {
+        "one_group": ["the checkpoint's optimizer has 2 param groups, this one 1"],
+        "regrouped": ["param groups do not match the checkpoint's by parameter name", "group 0 holds"],
+        "sgd": ["unexpected keys", ".exp_avg'", "exp_avg, exp_avg_sq, step", "this optimizer's: none"],
+        "sgd_momentum": ["missing keys", ".momentum_buffer'", "unexpected keys", ".exp_avg_sq'",
+                         "this optimizer's: momentum_buffer"],
+    }
+    problems = []  # every layout tried before the verdict
+    for layout, parts in expected.items():
+        error, model_untouched, optimizer_untouched = launch(_load_into_groups, 2, args=(path, design, layout),
+                                                             timeout=TIMEOUT)[1]  # rank 1: the same error on both
+        if not all(p in error for p in parts):
+            problems.append(f"{layout}: error {error!r} lacks one of {parts}")
+        if not model_untouched:
+            problems.append(f"{layout}: the model was written before the error")
+        if not optimizer_untouched:
+            problems.append(f"{layout}: the optimizer was given state before the error")
+    assert not problems, "\n".join(problems)
+
+
+def _save_without_group_names(path, design):
+    """A checkpoint as fsdp_mini wrote it before param groups carried their parameters' names (and before a
+    tied weight was written under its second name too)."""
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+
+    model = _design(design)
+    opt = _grouped_adamw(model, design)
+    _train(model, opt, range(1), _rows())
+    sd = sharded_state_dict(model, opt)
+    sd["optim.param_groups"] = [{k: v for k, v in g.items() if k != "params"} for g in sd["optim.param_groups"]]
+    del sd["head.weight"]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*deprecating ShardedTensor.*", category=FutureWarning)
+        dcp.save(sd, checkpoint_id=path, planner=DefaultSavePlanner(flatten_state_dict=False,
+                                                                     flatten_sharded_tensors=False))
+    return full_state_dict(model)
+
+
+def _load_old_by_position(path, design):
+    model = _design(design, seed=1)
+    opt = _grouped_adamw(model, design, weight_decay=(0.5, 0.7))
+    load_checkpoint(path, model, opt, verify=False)  # plain dcp.save: no manifest
+    return [(g["weight_decay"], g["lr"]) for g in opt.param_groups], full_state_dict(model)
+
+
+@pytest.mark.parametrize("design", DESIGNS)
+def test_a_checkpoint_without_group_names_loads_its_groups_by_position(tmp_path, design):
+    path = str(tmp_path / "ckpt")
+    saved = launch(_save_without_group_names, 2, args=(path, design), timeout=TIMEOUT)[0]
+    for groups, state in launch(_load_old_by_position, 2, args=(path, design), timeout=TIMEOUT):
+        assert groups == [(0.1, 1e-2), (0.0, 2e-2)]
+        assert list(state) == list(saved) and all(torch.equal(state[k], saved[k]) for k in saved)  # head.weight too
+
+
+# --- a tied weight: PyTorch's own loaders read the checkpoint of either design ------------------------
+
+def _save_tied(path, design):
+    model = _design(design)
+    opt = _optimizer("adamw", model.parameters())
+    _train(model, opt, range(SPLIT), _rows())
+    save_checkpoint(path, model, opt, extra_state={"step": SPLIT})
+    return full_state_dict(model)
+
+
+def _load_tied(path, design):
+    model = _design(design, seed=1)
+    opt = _optimizer("adamw", model.parameters())
+    extra = load_checkpoint(path, model, opt)
+    return full_state_dict(model), extra
+
+
+@pytest.mark.parametrize("design", DESIGNS)
+def test_a_tied_weight_loads_with_pytorchs_own_loaders_and_with_fsdp_mini(tmp_path, design):
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    path = str(tmp_path / "ckpt")
+    saved = launch(_save_tied, 2, args=(path, design), timeout=TIMEOUT)[0]
+    assert set(saved) == set(TinyLM(CFG).state_dict())  # head.weight among them
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        plain = TinyLM(CFG, seed=1)  # a plain module, its own state_dict(): both names of the tied weight
+        dcp.load(plain.state_dict(), checkpoint_id=path, no_dist=True)
+        flow = TinyLM(CFG, seed=1)  # PyTorch's state-dict API
+        sd = get_model_state_dict(flow)
+        dcp.load(sd, checkpoint_id=path, no_dist=True)
+        set_model_state_dict(flow, sd)
+    for module in (plain, flow):
+        assert module.head.weight is module.embed.weight
+        state = module.state_dict()
+        assert list(state) == list(saved) and all(torch.equal(state[k], saved[k]) for k in saved)
+    for state, extra in launch(_load_tied, 3, args=(path, design), timeout=TIMEOUT):  # and fsdp_mini's, 2 -> 3
+        assert extra == {"step": SPLIT}
+        assert list(state) == list(saved) and all(torch.equal(state[k], saved[k]) for k in saved)

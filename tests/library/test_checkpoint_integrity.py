@@ -5,8 +5,10 @@ Every damage and every crash point is tried on both designs (flat FSDP and per-p
 case must end in a clear error with the model and optimizer untouched, or in exactly the old or the new
 values. What the checksums cost a save is measured by a benchmark run side by side, not here (no timed unit
 tests)."""
+import datetime
 import json
 import os
+import pickle
 import shutil
 import warnings
 from pathlib import Path
@@ -18,8 +20,8 @@ import torch.distributed.checkpoint as dcp
 
 import fsdp_mini.checkpoint_integrity as integrity
 from fsdp_mini import FSDP, LaunchError, fully_shard, launch
-from fsdp_mini.checkpoint import (CheckpointError, CorruptCheckpointError, IncompleteCheckpointError, load_checkpoint,
-                                  save_checkpoint)
+from fsdp_mini.checkpoint import (EXTRA_STATE_PREFIX, CheckpointError, CorruptCheckpointError,
+                                  IncompleteCheckpointError, load_checkpoint, save_checkpoint, sharded_state_dict)
 from fsdp_mini.checkpoint_integrity import MANIFEST, SaveStep, open_checkpoint, replaced_path, staging_path
 from small_model import Block, TinyConfig, TinyLM, batch
 
@@ -387,6 +389,9 @@ def _bad_save_on_rank0(path, kwargs):
     ("checkpoint", {}, FileExistsError, "already exists"),
     ("empty", {"extra_state": [1, 2]}, TypeError, "extra_state must be a dict"),
     ("empty", {"extra_state": {"f": lambda: 0}}, TypeError, "extra_state cannot be saved"),
+    # picklable, but not by torch.load(weights_only=True), the only way a load reads it: refused when saving
+    ("empty", {"extra_state": {"when": datetime.date(2026, 1, 1)}}, TypeError,
+     "extra_state would not load back: load_checkpoint reads pickled items with torch.load(weights_only=True)"),
 ])
 def test_bad_input_to_save_is_refused_before_any_collective(tmp_path, setup, kwargs, error, message):
     path = tmp_path / "ckpt"
@@ -410,9 +415,125 @@ def test_a_plain_dcp_checkpoint_reads_the_same_tensors(tmp_path):
     # The manifest sits beside DCP's files: the directory stays a plain DCP checkpoint.
     path = str(tmp_path / "ckpt")
     saved = launch(_save_trained, 2, args=(path, "flat"), timeout=TIMEOUT)[0]
-    target = {k: torch.empty_like(v) for k, v in saved.items() if k != "head.weight"}  # tied: saved once
+    target = {k: torch.empty_like(v) for k, v in saved.items()}  # the tied head too: written under both names
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
         dcp.load(target, checkpoint_id=path, no_dist=True)
     assert all(torch.equal(target[k], saved[k]) for k in target)
     assert sorted(os.listdir(path)) == [".metadata", "__0_0.distcp", "__1_0.distcp", MANIFEST]
+
+
+# --- a checkpoint cannot run code -------------------------------------------------------------------------
+
+class _RunsCode:
+    """Pickled as the call open(marker, "w"): unpickling it creates the file `marker`. A crafted checkpoint
+    could call anything instead (os.system, ...); a file is what a test can see."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+def _save_crafted(path, design, where, marker):
+    """A checkpoint whose `.metadata` (where="metadata") or rank 1's extra_state (where="data") carries a
+    pickle that creates `marker`, saved through save_atomically: its manifest matches every byte, as the
+    manifest of a checkpoint from someone else's machine would. A CRC proves integrity, not origin."""
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+
+    model = _model(design)
+    opt = _optimizer(model)
+    _train(model, opt, range(1))
+    sd = sharded_state_dict(model, opt)
+    rank = dist.get_rank()
+    sd[f"{EXTRA_STATE_PREFIX}{rank}"] = {"step": _RunsCode(marker) if where == "data" and rank == 1 else 1}
+
+    def write(writer):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*deprecating ShardedTensor.*", category=FutureWarning)
+            dcp.save(sd, storage_writer=writer,
+                     planner=DefaultSavePlanner(flatten_state_dict=False, flatten_sharded_tensors=False))
+        if where == "metadata" and rank == 0:
+            file = Path(writer.path, ".metadata")
+            metadata = pickle.loads(file.read_bytes())  # our own, just written
+            metadata.planner_data = _RunsCode(marker)
+            file.write_bytes(pickle.dumps(metadata))
+
+    integrity.save_atomically(path, write, overwrite=False)
+
+
+def _load_crafted(cases, design, marker):
+    out = []
+    for path, verify in cases:
+        model = _model(design, seed=1)
+        opt = _optimizer(model)
+        before = _full(model)
+        try:
+            load_checkpoint(path, model, opt, verify=verify)
+            error = None
+        except Exception as exc:  # noqa: BLE001 - the test reads type and message
+            error = (type(exc).__name__, str(exc))
+        out.append((error, _equal(before, _full(model)), len(opt.state) == 0, os.path.exists(marker)))
+    return out
+
+
+@pytest.mark.parametrize("design", DESIGNS)
+def test_a_checkpoint_whose_pickles_would_run_code_is_refused(tmp_path, design):
+    marker = tmp_path / "code_ran"
+    cases = []
+    for where in ("metadata", "data"):
+        path = tmp_path / where
+        launch(_save_crafted, 2, args=(str(path), design, where, str(marker)), timeout=TIMEOUT)
+        unverified = tmp_path / f"{where}_without_manifest"  # a plain dcp.save checkpoint: verify=False
+        shutil.copytree(path, unverified)
+        os.remove(unverified / MANIFEST)
+        cases += [(str(path), True), (str(unverified), False)]
+    assert not marker.exists()
+    expected = {  # what each refusal must name: the file or the item, and the global
+        str(tmp_path / "metadata"): [".metadata asks for the global io.open", "refused"],
+        str(tmp_path / "data"): ["'extra_state/rank1' was refused by torch.load(weights_only=True)", "io.open"],
+    }
+    for rank_results in launch(_load_crafted, 2, args=(cases, design, str(marker)), timeout=TIMEOUT):
+        for (path, verify), (error, untouched, opt_untouched, ran) in zip(cases, rank_results):
+            assert not ran, f"{path}: the checkpoint ran code (error: {error})"
+            parts = expected[path.replace("_without_manifest", "")]
+            assert error is not None and error[0] == "UnsafeCheckpointError", (path, error)
+            assert all(p in error[1] for p in parts), (path, parts, error)
+            assert untouched and opt_untouched, f"{path}: the model or the optimizer was changed before the error"
+    assert not marker.exists()
+    # PyTorch's own DCP reader runs both: the difference from PyTorch that the docstrings state.
+    dcp.FileSystemReader(str(tmp_path / "metadata")).read_metadata()
+    assert marker.exists()
+    marker.unlink()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        dcp.load({f"{EXTRA_STATE_PREFIX}1": None}, checkpoint_id=str(tmp_path / "data"), no_dist=True)
+    assert marker.exists()
+
+
+def _save_with_pytorch(path):
+    """PyTorch's own sharded checkpoint: FSDP2 and get_state_dict, saved as one nested dict by plain dcp.save
+    (DCP flattens it, so its metadata also holds planner_data, the nesting)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.fsdp import fully_shard as torch_fully_shard
+
+    model = TinyLM(CFG)
+    for block in model.blocks:
+        torch_fully_shard(block)
+    torch_fully_shard(model)
+    opt = _optimizer(model)
+    _train(model, opt, range(1))
+    model_sd, optim_sd = get_state_dict(model, opt)
+    dcp.save({"model": model_sd, "optim": optim_sd, "extra": {"step": 1}}, checkpoint_id=path)
+
+
+def test_the_restricted_unpickler_reads_pytorchs_own_checkpoints(tmp_path):
+    # The allowlist is no narrower than what DCP writes: PyTorch's FSDP2 checkpoint's metadata reads as pickle does.
+    path = tmp_path / "pytorch"
+    launch(_save_with_pytorch, 2, args=(str(path),), timeout=TIMEOUT)
+    opened = open_checkpoint(path, verify=False)  # no manifest: a plain dcp.save
+    plain = pickle.loads((path / ".metadata").read_bytes())
+    assert opened.metadata.planner_data and opened.metadata.planner_data == plain.planner_data
+    assert opened.metadata.state_dict_metadata == plain.state_dict_metadata
+    assert opened.metadata.storage_data == plain.storage_data

@@ -95,8 +95,8 @@ def _one_step_log(impl):
     model(torch.randn(4, 5)).backward()
     with CommLog() as log:
         opt.step()
-    layouts = {str(dtype): (layout.numel, layout.padded_numel, dtype.itemsize)
-               for dtype, layout in opt.layouts.items()}
+    layouts = {str(fs.dtype): (fs.layout.numel, fs.layout.padded_numel, fs.dtype.itemsize)
+               for fs in opt.flat_shards}
     return layouts, [(r.op, r.impl, r.nbytes, r.sent) for r in log.records]
 
 
@@ -125,8 +125,8 @@ def _state_bytes():
     opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.AdamW, lr=1e-3)
     model(*batch(CFG, 4)).backward()
     opt.step()
-    (layout,) = opt.layouts.values()
-    return opt.optimizer_state_bytes(), layout.shard_numel
+    (fs,) = opt.flat_shards
+    return opt.optimizer_state_bytes(), fs.layout.shard_numel
 
 
 def test_each_rank_keeps_a_quarter_of_the_optimizer_state():
@@ -151,7 +151,7 @@ def _bookkeeping():
     frozen = model.pos.detach().clone()
     params = list(model.parameters())
     opt = ZeroRedundancyOptimizer(params + params, torch.optim.SGD, lr=0.1)  # duplicates: counted once
-    (layout,) = opt.layouts.values()
+    (fs,) = opt.flat_shards
     x, y = batch(CFG, 4)
 
     def closure():
@@ -162,8 +162,8 @@ def _bookkeeping():
     loss = opt.step(closure)
     grads_before = [p.grad is not None for p in model.parameters() if p.requires_grad]
     opt.zero_grad()
-    return (len(layout.params), layout.numel, isinstance(loss, torch.Tensor), all(grads_before),
-            all(p.grad is None for p in model.parameters()), all(s.grad is None for s in opt.shards.values()),
+    return (len(fs.layout.params), fs.layout.numel, isinstance(loss, torch.Tensor), all(grads_before),
+            all(p.grad is None for p in model.parameters()), fs.shard.grad is None,
             torch.equal(model.pos, frozen), len(opt.param_groups), opt.param_groups[0]["lr"])
 
 
@@ -177,7 +177,8 @@ def test_bookkeeping():
 @pytest.mark.parametrize("kwargs, message", [
     ({"params": []}, "no parameters that require grad"),
     ({"params": [nn.Parameter(torch.ones(3), requires_grad=False)]}, "no parameters that require grad"),
-    ({"params": [{"params": [nn.Parameter(torch.ones(3))]}]}, "option groups"),
+    ({"params": [{"lr": 0.1}]}, "a parameter group needs 'params'"),
+    ({"params": [nn.Parameter(torch.ones(3)), {"params": [nn.Parameter(torch.ones(3))]}]}, "not a mix"),
     ({"params": nn.Parameter(torch.ones(3))}, "not one tensor"),
     ({"impl": "mpi"}, "impl must be one of ('builtin', 'ring')"),
     ({"optimizer_class": dict}, "torch.optim.Optimizer subclass"),
