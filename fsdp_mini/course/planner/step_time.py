@@ -140,7 +140,11 @@ def step_time(model: ModelSpec, gpu: GPU, layout: Layout, calibration: Calibrati
     attn_f = 2 * layout.seq * model.hidden * T / tp / attn_peak
     stream, inner = elementwise_bytes(model, layout.compile)
     elem_bytes = stream * T / sp_split + inner * T / tp
-    if layout.float8:  # casts to float8 (read 2, write 1 byte): each linear's input forward, its output's gradient
+    # float8 (torchao, tensorwise): 3 bytes per element of each linear's input and output width here, which the
+    # block's memory-bound bytes count 3 times (forward once, backward twice): 9 + 9, about what the recipe moves,
+    # 10 per input element (forward: amax, read 2, and cast, read 2 write 1; backward the same again for the weight
+    # gradient) and 8 per output element (its gradient's amax and two casts, for dgrad and transposed for wgrad)
+    if layout.float8:
         widths = [(params // width, width) for (_, params), (_, width, _) in zip(model.block_matmuls,
                                                                                  matmul_outputs(model))]
         elem_bytes += 3 * sum(w_in + w_out for w_in, w_out in widths) * T / tp
