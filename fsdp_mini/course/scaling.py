@@ -14,15 +14,22 @@ that condition as a cluster grows, with the numbers of lesson 11's H100 cluster 
    nodes in a data-parallel one, with FULL_SHARD on dp. What each rank holds and the bytes each link carries
    per step, derived from the transformer's shapes (`TransformerShape`): TP's AllReduces of activations on
    NVLink, FSDP's AllGathers and ReduceScatters of a 1/tp-sized unit on the network.
-3. `compare_plans`: "when to choose what" for a Llama-class model: FSDP, HSDP and TP(8) x FSDP side by
-   side, model-state memory per rank (`fsdp_mini.estimate_memory`), communication per step and how much of
-   it compute hides.
+3. `compare_plans`: "when to choose what" for a Llama-class model on paper: FSDP, HSDP and TP(8) x FSDP side
+   by side, model-state memory per rank (`fsdp_mini.estimate_memory`), communication per step and how much of
+   it compute hides, one micro-batch and no recomputation.
+4. `planner_comparison`: the same layouts (and TP8 with sequence parallelism) asked of the course's planner
+   (`fsdp_mini.course.planner`), which adds what the paper version leaves out (activation memory, the loss,
+   recomputation, micro-batches, attention's FLOPs, fitted efficiencies) and says under which micro-batches
+   and checkpointing mode a verdict holds (`best_plans`, `tp_crossing`).
+
+One home for each fact: the Llama shapes and the H100's peak, bandwidths and ring latencies are the planner's
+presets (`get_model("llama2-*")`, `get_gpu("h100-sxm")`); this module only names them for the lesson.
 
 Assumptions, each a default a caller can change:
 
 * cluster: nodes of 8 H100 SXM, NVLink 450 GB/s and 400 Gb/s InfiniBand (50 GB/s) per GPU, alpha 5 us
-  inside a node and 20 us across (lesson 11's `Cluster(n, 8, 450e9, 50e9, 5e-6, 20e-6)`); 989 TFLOP/s dense
-  bf16 at 45 % MFU (lesson 11's H100 number).
+  inside a node and 20 us across (the planner's `h100-sxm` preset; lesson 11's `Cluster(n, 8, 450e9, 50e9,
+  5e-6, 20e-6)`); 989 TFLOP/s dense bf16 at 45 % MFU (lesson 11's H100 number).
 * batch: 4M = 4,194,304 tokens a step, 1,024 sequences of 4,096 (Llama 2: Touvron et al. 2023, section 2.2,
   "a global batch-size of 4M tokens", for the 7B to the 70B model).
 * models: Llama-2-7B and Llama-2-70B's published shapes (`LLAMA2_7B`, `LLAMA2_70B`); a unit is one
@@ -44,6 +51,9 @@ from typing import Callable, Sequence
 from fsdp_mini.course.cluster import Cluster
 from fsdp_mini.course.cost import ring_all_gather, ring_all_reduce, ring_reduce_scatter
 from fsdp_mini.course.exercises.activations import tokens_to_hide
+from fsdp_mini.course.planner import Layout, get_gpu, get_model
+from fsdp_mini.course.planner import Plan as PlannerPlan
+from fsdp_mini.course.planner import plan as planner_plan
 from fsdp_mini.course.simulate import flops_seconds
 from fsdp_mini.memory import MemoryEstimate, estimate_memory
 from fsdp_mini.ring_model import ring_model_sent
@@ -54,12 +64,16 @@ __all__ = [
     "HidingRow", "ScalingLimits", "fsdp_scaling", "scaling_limits", "latency_equals_bandwidth_at",
     "LinkTraffic", "MeshLayout", "mesh_layout",
     "Plan", "FSDP_PLAN", "HSDP_PLAN", "TP8_FSDP_PLAN", "PLANS", "PlanRow", "compare_plans",
+    "H100", "PLANNER_LAYOUTS", "PlannerRow", "planner_comparison", "best_plans", "tp_crossing",
 ]
 
-H100_FLOPS = 989e12 * 0.45
+H100 = get_gpu("h100-sxm")
+"""The planner's H100 SXM preset: the one source of the peak, the memory, the links and their latencies."""
+
+H100_FLOPS = H100.bf16_flops * 0.45
 """FLOP/s one H100 SXM achieves: 989 TFLOP/s dense bf16 peak at 45 % MFU (lesson 11)."""
-H100_MEMORY = 80e9
-"""Bytes of HBM on one H100 SXM (80 GB): what model states must fit under, with room left for activations."""
+H100_MEMORY = H100.memory_bytes
+"""Bytes of HBM on one H100 SXM (80 GiB): what model states must fit under, with room left for activations."""
 GPUS_PER_NODE = 8
 GLOBAL_BATCH_TOKENS = 4 * 1024 * 1024
 """Tokens per optimizer step: Llama 2's "global batch-size of 4M tokens" (Touvron et al., 2023, section 2.2),
@@ -75,9 +89,10 @@ def h100_cluster(gpus: int, gpus_per_node: int = GPUS_PER_NODE) -> Cluster:
     inside a node, 400 Gb/s InfiniBand (50 GB/s) and alpha 20 us per GPU between nodes."""
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1 or gpus % gpus_per_node and gpus > gpus_per_node:
         raise ValueError(f"gpus={gpus!r} must be a positive integer, a multiple of {gpus_per_node} above one node")
+    links = (H100.nvlink_bandwidth, H100.network_bandwidth, H100.alpha_nvlink, H100.alpha_network)
     if gpus <= gpus_per_node:
-        return Cluster(1, gpus, 450e9, 50e9, 5e-6, 20e-6)
-    return Cluster(gpus // gpus_per_node, gpus_per_node, 450e9, 50e9, 5e-6, 20e-6)
+        return Cluster(1, gpus, *links)
+    return Cluster(gpus // gpus_per_node, gpus_per_node, *links)
 
 
 # --- the models ------------------------------------------------------------------------------------------
@@ -96,6 +111,17 @@ class TransformerShape:
     heads: int
     kv_heads: int
     vocab: int
+    preset: str = ""
+    """The planner's name for the same model (`fsdp_mini.course.planner.get_model`), if it has one."""
+
+    @classmethod
+    def from_preset(cls, preset: str, name: str) -> "TransformerShape":
+        """The planner's preset `preset`, shown as `name`: its shapes, not a copy of them."""
+        spec = get_model(preset)
+        if spec.mlp != "swiglu" or spec.bias or spec.tied or spec.positions:
+            raise ValueError(f"{preset} is not a Llama-style decoder")
+        return cls(name, hidden=spec.hidden, layers=spec.layers, ffn=spec.ffn, heads=spec.heads,
+                   kv_heads=spec.kv_heads, vocab=spec.vocab, preset=preset)
 
     def __post_init__(self) -> None:
         for field in ("hidden", "layers", "ffn", "heads", "kv_heads", "vocab"):
@@ -157,11 +183,11 @@ class TransformerShape:
                                  f"whole heads and an equal share of the MLP")
 
 
-LLAMA2_7B = TransformerShape("Llama-2-7B", hidden=4096, layers=32, ffn=11008, heads=32, kv_heads=32, vocab=32000)
+LLAMA2_7B = TransformerShape.from_preset("llama2-7b", "Llama-2-7B")
 """6,738,415,616 parameters; a block 202,383,360 (lesson 11's "about 200 M")."""
-LLAMA2_13B = TransformerShape("Llama-2-13B", hidden=5120, layers=40, ffn=13824, heads=40, kv_heads=40, vocab=32000)
+LLAMA2_13B = TransformerShape.from_preset("llama2-13b", "Llama-2-13B")
 """13,015,864,320 parameters; a block 317,204,480."""
-LLAMA2_70B = TransformerShape("Llama-2-70B", hidden=8192, layers=80, ffn=28672, heads=64, kv_heads=8, vocab=32000)
+LLAMA2_70B = TransformerShape.from_preset("llama2-70b", "Llama-2-70B")
 """68,976,648,192 parameters (grouped-query attention, 8 key/value heads); a block 855,654,400."""
 
 
@@ -476,3 +502,91 @@ def compare_plans(models: Sequence[TransformerShape] = (LLAMA2_7B, LLAMA2_70B),
     one compute stream); TP's AllReduces wait in line."""
     return [_plan_row(m, g, p, global_batch, flops_per_s, cluster_for, memory_limit)
             for m in models for g in gpu_counts for p in plans]
+
+
+# --- 4. the same question to the planner ------------------------------------------------------------------------
+
+PLANNER_LAYOUTS = {"FSDP": {}, "HSDP": {"hsdp": True}, "TP8 x FSDP": {"tp": 8}, "TP8+SP x FSDP": {"tp": 8, "sp": True}}
+"""The layouts `planner_comparison` plans: FULL_SHARD over every GPU; FULL_SHARD inside a node with one replica
+per node; TP over a node's 8 GPUs with FULL_SHARD across nodes, without and with sequence parallelism."""
+
+
+@dataclass(frozen=True)
+class PlannerRow:
+    """One layout for one model on one cluster size, as the planner prices it. `result` is the planner's
+    `Plan` (memory and step time), None where the global batch leaves a data-parallel rank fewer sequences
+    than the micro-batches (FSDP alone on more GPUs than sequences)."""
+
+    model: str
+    gpus: int
+    plan: str
+    micro_batches: int
+    ac: str
+    result: PlannerPlan | None
+
+    @property
+    def fits(self) -> bool:
+        return self.result is not None and self.result.memory.fits
+
+    @property
+    def runs(self) -> bool:
+        return self.result is not None
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs utilisation (torchtitan's), 0 where the layout cannot run."""
+        return 0.0 if self.result is None else self.result.time.mfu
+
+    @property
+    def efficiency(self) -> float:
+        """What `plot_plans` draws: here the MFU."""
+        return self.mfu
+
+
+def planner_comparison(models: Sequence[TransformerShape] = (LLAMA2_7B, LLAMA2_70B),
+                       gpu_counts: Sequence[int] = GPU_COUNTS[3:], layouts: dict = PLANNER_LAYOUTS,
+                       global_batch: int = GLOBAL_BATCH_TOKENS, seq: int = SEQUENCE_LENGTH,
+                       micro_batches: int = 1, ac: str = "full", gpu: str = "h100-sxm") -> list[PlannerRow]:
+    """Every layout of `layouts` for every model and GPU count, at a fixed global batch of `global_batch`
+    tokens in sequences of `seq`, each data-parallel rank's sequences in `micro_batches` micro-batches,
+    checkpointing `ac` ("none", "selective-op", "selective-layer", "full"), on `gpu` (a planner preset)."""
+    if global_batch % seq:
+        raise ValueError(f"global_batch={global_batch} is not a whole number of sequences of {seq}")
+    sequences = global_batch // seq
+    rows = []
+    for model in models:
+        spec = get_model(model.preset)
+        for gpus in gpu_counts:
+            for name, degrees in layouts.items():
+                tp, sp = degrees.get("tp", 1), degrees.get("sp", False)
+                replicas = max(1, gpus // GPUS_PER_NODE) if degrees.get("hsdp") else 1
+                dp = gpus // tp
+                result = None
+                if sequences % dp == 0 and (sequences // dp) % micro_batches == 0:
+                    layout = Layout(gpus=gpus, seq=seq, local_batch=sequences // dp, micro_batches=micro_batches,
+                                    ac=ac, tp=tp, sp=sp, dp_replicate=replicas)
+                    result = planner_plan(spec, get_gpu(gpu), layout)
+                rows.append(PlannerRow(model.name, gpus, name, micro_batches, ac, result))
+    return rows
+
+
+def best_plans(rows: Sequence[PlannerRow]) -> dict[tuple[str, int], PlannerRow | None]:
+    """For each (model, GPU count): the fastest row that fits (highest MFU), None where none fits."""
+    best: dict[tuple[str, int], PlannerRow | None] = {}
+    for row in rows:
+        key = (row.model, row.gpus)
+        best.setdefault(key, None)
+        if row.fits and (best[key] is None or row.mfu > best[key].mfu):
+            best[key] = row
+    return best
+
+
+def tp_crossing(rows: Sequence[PlannerRow], model: str) -> int | None:
+    """The first GPU count from which the best layout that fits uses TP at every larger count that has a
+    layout that fits; None if TP never wins."""
+    best = best_plans(rows)
+    counts = sorted(g for m, g in best if m == model and best[m, g] is not None)
+    for i, gpus in enumerate(counts):
+        if all("TP" in best[model, g].plan for g in counts[i:]):
+            return gpus
+    return None

@@ -280,3 +280,40 @@ def test_when_to_choose_what():
                for g in (512, 1024, 2048, 4096))
     # at 4,096 GPUs a 4M-token batch is too small for every plan: each spends over half the step waiting
     assert all(rows[m, 4096, p].efficiency < 0.5 for m in (seven, seventy) for p in (fsdp, hsdp, tp8))
+
+
+def test_the_llama_shapes_and_the_h100_links_are_the_planners_presets():
+    """One home for each fact: scaling.py names the planner's presets, it does not copy them."""
+    from fsdp_mini.course.planner import get_gpu, get_model
+
+    for shape in (LLAMA2_7B, LLAMA2_13B, LLAMA2_70B):
+        spec = get_model(shape.preset)
+        assert (shape.params, shape.block_params) == (spec.params, spec.block_params)
+    gpu = get_gpu("h100-sxm")
+    assert h100_cluster(512) == Cluster(64, 8, gpu.nvlink_bandwidth, gpu.network_bandwidth, gpu.alpha_nvlink,
+                                        gpu.alpha_network)
+    assert H100_FLOPS == gpu.bf16_flops * 0.45
+    with pytest.raises(ValueError, match="not a Llama-style"):
+        TransformerShape.from_preset("gpt2", "GPT-2")
+
+
+def test_planner_comparison_plans_each_layout_with_the_stated_assumptions():
+    """Lesson 12, part 5: every row is the planner's plan of that layout, under the micro-batches and the
+    checkpointing mode asked for; a layout with fewer sequences than data-parallel ranks does not run."""
+    from fsdp_mini.course.planner import Layout, get_gpu, get_model, plan
+    from fsdp_mini.course.scaling import best_plans, planner_comparison, tp_crossing
+
+    rows = planner_comparison((LLAMA2_70B,), (512, 2048), micro_batches=2, ac="full")
+    by = {(r.gpus, r.plan): r for r in rows}
+    assert len(rows) == 2 * 4 and all(r.micro_batches == 2 and r.ac == "full" for r in rows)
+    expected = plan(get_model("llama2-70b"), get_gpu("h100-sxm"),
+                    Layout(gpus=512, seq=4096, local_batch=16, micro_batches=2, ac="full", tp=8, sp=True))
+    assert by[512, "TP8+SP x FSDP"].result == expected
+    assert by[512, "HSDP"].result.layout.dp_replicate == 64
+    assert not by[2048, "FSDP"].runs and by[2048, "FSDP"].mfu == 0 and not by[2048, "FSDP"].fits
+    best = best_plans(rows)
+    fitting = [r for r in rows if r.gpus == 512 and r.fits]
+    assert best["Llama-2-70B", 512] is max(fitting, key=lambda r: r.mfu)
+    assert tp_crossing(rows, "Llama-2-70B") in (512, 2048)
+    with pytest.raises(ValueError, match="whole number of sequences"):
+        planner_comparison((LLAMA2_70B,), (512,), global_batch=4097)

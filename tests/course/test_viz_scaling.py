@@ -48,3 +48,16 @@ def test_the_plans_plot_draws_hollow_markers_for_plans_that_do_not_fit():
     hollow = [line for ax in fig.axes for line in ax.lines if line.get_markerfacecolor() == "none"]
     assert len(hollow) == len({(r.model, r.plan) for r in rows if not r.fits})
     plt.close(fig)
+
+
+def test_the_plans_plot_has_one_legend_under_the_panels():
+    """Lesson 12's figure at site size: one legend for both panels, outside them, one entry per plan."""
+    import matplotlib.pyplot as plt
+
+    rows = compare_plans()
+    models = list(dict.fromkeys(r.model for r in rows))
+    fig = plot_plans(rows, models)
+    assert all(ax.get_legend() is None for ax in fig.axes) and len(fig.legends) == 1
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels[:-1] == list(dict.fromkeys(r.plan for r in rows))
+    plt.close(fig)
