@@ -19,6 +19,7 @@ tests/course/test_planner.py checks every calibration row within `TOLERANCE` and
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from fsdp_mini.course.planner.calibration import CALIBRATION, Calibration
@@ -277,7 +278,8 @@ def held_out_table(validated=None, language: str = "en") -> str:
         else:
             memory = [f"{r.memory_gib:.1f}", f"{v.memory_gib:.1f}", f"{v.memory_error * 100:+.1f} %"]
         cells = [f"{r.tokens_per_s:,.0f}", f"{v.tokens_per_s:,.0f}", f"{v.error * 100:+.1f} %"] + memory
-        source = r.source if language == "en" else r.source.replace("Dec", "дек.").replace("Jun", "июнь")
+        source = r.source if language == "en" else re.sub(  # «дек. 2024 г.»: a year, not 2 024 of something
+            r"(\d{4})$", r"\1 г.", r.source.replace("Dec", "дек.").replace("Jun", "июнь"))
         lines.append(f"| {source} | {r.model} | {r.gpus} | {_layout_cell(r, fmt)} | {r.local_batch} | {run} | "
                      + " | ".join(fmt(c) for c in cells) + " |")
     return "\n".join(lines)
