@@ -115,3 +115,42 @@ def test_the_lessons_folded_solutions_are_the_references_and_every_exercise_is_i
             cells = json.loads(found[0][0].read_text())["cells"]
             checks = [c for c in cells if c["cell_type"] == "code" and f".check({name})" in "".join(c["source"])]
             assert len(checks) == 1, f"{found[0][0].name}: one cell should check {name}"
+
+
+# --- lesson 12's layout: three dimensions on the nodes, any grid DeviceMesh accepts ---------------------------
+
+LAYOUT_REASONS = {  # each planted mistake of 12.dp_tp_layout, and the words its verdict must contain
+    "_layout_shard_across_nodes": "8 ranks, 4 GPUs per node, tp 2: your shard group [0, 4] spans nodes [0, 1]",
+    "_layout_tp_across_nodes": "your TP group [0, 4] spans nodes [0, 1]",
+    "_layout_two_dims": "the mesh has three dimensions (replicate, shard, tp) of sizes (2, 2, 2)",
+    "_layout_fsdp_over_all_nodes": "yours has shape (1, 4, 2)",
+    "_layout_repeats_a_rank": "every rank 0..7 must appear exactly once",
+}
+
+
+@pytest.mark.parametrize("wrong", EXERCISES["12.dp_tp_layout"].wrong, ids=lambda f: f.__name__)
+def test_each_wrong_layout_is_told_which_group_crosses_the_nodes(wrong):
+    """All of them fail on paper, before any process starts: the verdict names the case and the group."""
+    verdict = EXERCISES["12.dp_tp_layout"].verdict(wrong)
+    assert verdict.outcome is Outcome.WRONG and LAYOUT_REASONS[wrong.__name__] in verdict.detail, verdict.detail
+
+
+def test_every_layout_devicemesh_accepts_is_taken_on_paper():
+    """A tensor, nested lists or tuples, a NumPy array; TP innermost or the shard group innermost inside a node:
+    each is a mesh DeviceMesh takes with every TP and shard group inside a node. A float grid is not."""
+    import numpy as np
+
+    from fsdp_mini.course.exercises.tensor_parallel import LAYOUT_CASES, REAL_CASE, _as_mesh, _node_problem
+
+    def shard_innermost(world, per_node, tp):
+        return torch.arange(world).reshape(world // per_node, tp, per_node // tp).transpose(1, 2)
+
+    forms = [lambda g: g, lambda g: g.tolist(), lambda g: tuple(map(tuple, g.tolist())), lambda g: g.numpy()]
+    for case in LAYOUT_CASES + (REAL_CASE,):
+        for layout in (EXERCISES["12.dp_tp_layout"].reference, shard_innermost):
+            for form in forms:
+                grid, problem = _as_mesh(form(torch.as_tensor(layout(*case))), *case)
+                assert not problem and not _node_problem(grid, *case), (case, problem)
+        _, problem = _as_mesh(np.arange(case[0], dtype=float).reshape(case[0] // case[1], case[1] // case[2],
+                                                                       case[2]), *case)
+        assert "a tensor or nested lists of ints" in problem

@@ -1,7 +1,7 @@
-"""Lesson 12's sequence-parallel exercise (`fsdp_mini.course.exercises.sequence_parallel`), judged as
-tests/course/test_exercise.py judges every exercise of `all_exercises()`: the reference passes, each planted
-mistake fails with a reason, an unwritten body is "not yet". It joins `all_exercises()` (and this file can
-go) when lesson 12 shows it with its folded solution, which test_exercise.py requires of every exercise."""
+"""Lesson 12's sequence-parallel exercise (`fsdp_mini.course.exercises.sequence_parallel`): beyond what
+tests/course/test_exercise.py checks of every exercise of `all_exercises()` (the reference passes, each planted
+mistake fails, an unwritten body is "not yet", the lesson's folded solution is the reference), each planted
+mistake's verdict names its own reason, and the reference's names the collectives it counted."""
 import pytest
 
 from fsdp_mini.course.exercise import Outcome
@@ -28,9 +28,3 @@ def test_a_planted_mistake_fails_with_its_reason(wrong, no_orphans):
     assert verdict.outcome is Outcome.WRONG
     assert REASONS[wrong.__name__] in verdict.detail, verdict.detail
 
-
-def test_an_unwritten_body_is_not_yet(no_orphans):
-    def stub(partial, group):
-        raise NotImplementedError
-
-    assert EX.verdict(stub).outcome is Outcome.NOT_YET

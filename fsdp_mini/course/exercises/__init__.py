@@ -24,6 +24,8 @@
              an AllGather
   tensor_parallel lesson 12: a row-parallel Linear's forward (its AllReduce and its bias), the 2-D mesh's rank
              grid that keeps tensor parallelism inside a node
+  sequence_parallel lesson 12: the pair that leaves a row-parallel region under sequence parallelism
+             (ReduceScatter along the sequence forward, AllGather backward)
   planning        lesson 13: the bytes a block keeps under op-level selective checkpointing (against the
              planner and a CPU measurement), the layout for a model, a cluster and a batch (scored by the planner)
 """
@@ -38,7 +40,8 @@ def all_exercises() -> list[CodeExercise]:
     """Every code exercise of the course, in lesson order (what tests/course/test_exercise.py runs)."""
     from fsdp_mini.course.exercises import (activations, ddp_buckets, diagnosis, flat_param, hybrid, mixed_precision,
                                             model_states, p2p_collectives, per_parameter, planning, port_to_fsdp2,
-                                            prefetch, tensor_parallel, zero1)
+                                            prefetch, sequence_parallel, tensor_parallel,
+                                            zero1)
     return [model_states.MODEL_STATE_BYTES, model_states.BYTES_PER_RANK,
             p2p_collectives.BROADCAST, p2p_collectives.OBVIOUS_ALL_REDUCE,
             p2p_collectives.REDUCE_SCATTER, p2p_collectives.ALL_GATHER,
@@ -50,5 +53,6 @@ def all_exercises() -> list[CodeExercise]:
             per_parameter.DIM0_SHARD, per_parameter.UNSHARD, per_parameter.REDUCE_GRADS,
             diagnosis.FIRST_DIVERGENCE, diagnosis.SAME_COLLECTIVES,
             activations.CHOOSE_CHECKPOINTED, activations.TOKENS_TO_HIDE,
-            tensor_parallel.ROW_PARALLEL_FORWARD, tensor_parallel.DP_TP_LAYOUT,
+            tensor_parallel.ROW_PARALLEL_FORWARD, sequence_parallel.REDUCE_SCATTER_TO_SEQUENCE,
+            tensor_parallel.DP_TP_LAYOUT,
             planning.SELECTIVE_OP_BYTES, planning.PICK_LAYOUT]

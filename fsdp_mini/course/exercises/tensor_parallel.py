@@ -5,11 +5,14 @@
    every rank). Run on real ranks (worlds 2 and 4) and judged by parity with one process, for the output and
    for the gradients of the input slice, the weight slice and the bias, and by CommLog: which AllReduces ran
    in forward and which in backward.
-2. `dp_tp_layout(world_size, gpus_per_node, tp)`: the rank grid of a 2-D mesh, dp rows of tp ranks, each row
-   a tensor-parallel group, laid out so that every TP group sits inside one node (ranks numbered node by
-   node). The judge builds a DeviceMesh from it on 4 real ranks (2 nodes of 2), runs one TP x fully_shard
-   step of the course GPT, checks with CommLog and the flight recorder that every TP AllReduce's group lies
-   inside a node and that the result equals one process's, then checks larger layouts on paper.
+2. `dp_tp_layout(world_size, gpus_per_node, tp)`: the ranks of a 3-D mesh ("replicate", "shard", "tp"),
+   TP x HSDP: one replica per node, sharded over gpus_per_node / tp ranks, each a TP group of tp; the learner
+   decides which dimension crosses the nodes (ranks numbered node by node). Any grid DeviceMesh accepts (a
+   tensor, nested lists) is taken. The judge checks on paper, for 8 ranks on 2 nodes and larger clusters,
+   that every TP group and every shard group sits inside a node, then builds a DeviceMesh from it on 4 real
+   ranks (2 nodes of 2, tp 2), runs one TP x HSDP step of the course GPT, reads from the flight recorder
+   which ranks each TP collective and each AllGather / ReduceScatter ran over, and compares the result
+   with one process's.
 """
 from __future__ import annotations
 
@@ -22,11 +25,11 @@ from fsdp_mini.course.exercise import CodeExercise, NotYet, Verdict
 from fsdp_mini.course.language import num, tr
 from fsdp_mini.course.models import GPT, GPTConfig, make_batch
 from fsdp_mini.course.train import local_rows
-from fsdp_mini.course.tensor_parallel_plan import parallelize_gpt
+from fsdp_mini.course.tensor_parallel_plan import gpt_tp_plan
 from fsdp_mini.flight_recorder import RECORDER
-from fsdp_mini.fully_shard import full_state_dict
+from fsdp_mini.fully_shard import full_state_dict, fully_shard
 from fsdp_mini.launch import launch
-from fsdp_mini.tensor_parallel import gather_tensor_parallel
+from fsdp_mini.tensor_parallel import gather_tensor_parallel, parallelize_module
 from fsdp_mini.tp_operators import (TP_LABEL, copy_to_tensor_model_parallel_region,
                                     reduce_from_tensor_model_parallel_region)
 
@@ -35,7 +38,7 @@ __all__ = ["ROW_PARALLEL_FORWARD", "DP_TP_LAYOUT", "row_parallel_forward", "dp_t
 
 ROW_WORLDS = (2, 4)
 _B, _T, _IN, _OUT = 3, 4, 8, 6  # input features 8: 4 or 2 per rank
-LAYOUT_CASES = ((8, 4, 2), (8, 4, 4), (16, 8, 2), (16, 8, 8), (64, 8, 4), (6, 3, 3))  # (world, gpus/node, tp)
+LAYOUT_CASES = ((8, 4, 2), (8, 4, 1), (8, 4, 4), (16, 8, 2), (16, 8, 4), (64, 8, 2), (12, 6, 3))  # (world, gpus/node, tp)
 _TIMEOUT_S = 60
 TOL = dict(rtol=1e-5, atol=1e-6)
 
@@ -51,10 +54,12 @@ def row_parallel_forward(x_shard: torch.Tensor, weight_shard: torch.Tensor, bias
     return out + bias  # once, after the sum
 
 
-def dp_tp_layout(world_size: int, gpus_per_node: int, tp: int) -> list[list[int]]:
-    dp = world_size // tp
-    # row i is a TP group: tp consecutive ranks, and ranks are numbered node by node
-    return [[i * tp + j for j in range(tp)] for i in range(dp)]
+def dp_tp_layout(world_size: int, gpus_per_node: int, tp: int) -> torch.Tensor:
+    # ranks are numbered node by node: node i is the block of gpus_per_node consecutive ranks.
+    # One node is one replica (HSDP's shard group x the TP groups): TP innermost, then the shard group;
+    # the replicate dimension, outermost, is the only one that crosses nodes
+    nodes, shard = world_size // gpus_per_node, gpus_per_node // tp
+    return torch.arange(world_size).reshape(nodes, shard, tp)
 
 
 # --- plausible mistakes, which the judges must catch (tests/course/test_exercise.py) --------------------------
@@ -83,19 +88,30 @@ def _all_reduce_both_ways(x_shard, weight_shard, bias, group):
     return copy_to_tensor_model_parallel_region(partial, group) + bias  # and the gradient summed again
 
 
-def _layout_transposed(world_size, gpus_per_node, tp):
+def _layout_shard_across_nodes(world_size, gpus_per_node, tp):
+    nodes, shard = world_size // gpus_per_node, gpus_per_node // tp
+    # the right shape, but the shard group takes one rank from each node and a replica lives in one node
+    return [[[s * gpus_per_node + r * tp + t for t in range(tp)] for s in range(shard)] for r in range(nodes)]
+
+
+def _layout_tp_across_nodes(world_size, gpus_per_node, tp):
+    nodes, shard = world_size // gpus_per_node, gpus_per_node // tp
+    per = world_size // tp  # the TP group strided over the whole cluster: one rank per node
+    return [[[t * per + r * shard + s for t in range(tp)] for s in range(shard)] for r in range(nodes)]
+
+
+def _layout_two_dims(world_size, gpus_per_node, tp):
     dp = world_size // tp
-    return [[i + j * dp for j in range(tp)] for i in range(dp)]  # TP groups strided across nodes
+    return [[i * tp + j for j in range(tp)] for i in range(dp)]  # last lesson's (dp, tp): FSDP over every node
+
+
+def _layout_fsdp_over_all_nodes(world_size, gpus_per_node, tp):
+    return torch.arange(world_size).reshape(1, world_size // tp, tp)  # one replica: the shard group spans nodes
 
 
 def _layout_repeats_a_rank(world_size, gpus_per_node, tp):
-    dp = world_size // tp
-    return [[i + j for j in range(tp)] for i in range(dp)]  # rows overlap: rank 1 twice
-
-
-def _layout_rows_are_nodes(world_size, gpus_per_node, tp):
-    nodes = world_size // gpus_per_node
-    return [[n * gpus_per_node + j for j in range(gpus_per_node)] for n in range(nodes)]  # a node per row
+    nodes, shard = world_size // gpus_per_node, gpus_per_node // tp
+    return [[[r * shard + s + t for t in range(tp)] for s in range(shard)] for r in range(nodes)]  # overlaps
 
 
 # --- exercise 1: row_parallel_forward -------------------------------------------------------------------
@@ -218,27 +234,44 @@ def _judge_row_parallel(fn) -> Verdict:
                             "одним процессом: один AllReduce в прямом проходе и ни одного в обратном."))
 
 
-# --- exercise 2: dp_tp_layout ---------------------------------------------------------------------------
+# --- exercise 2: dp_tp_layout -------------------------------------------------------------------------
 
 TRIAL_CFG = GPTConfig()
 _BATCH = 8
+DIMS = ("replicate", "shard", "tp")
+REAL_CASE = (4, 2, 2)  # 4 real ranks as 2 nodes of 2, tp 2: a replica per node, its shard group of 1
 
 
-def _as_grid(out, world: int, gpus_per_node: int, tp: int) -> tuple[list[list[int]] | None, str]:
-    where = tr(f"world {world}, {gpus_per_node} GPUs per node, tp {tp}: ",
-               f"число рангов {world}, {gpus_per_node} GPU на узел, tp {tp}: ")
-    dp = world // tp
-    if not isinstance(out, (list, tuple)) or not all(
-            isinstance(row, (list, tuple)) and all(isinstance(r, int) and not isinstance(r, bool) for r in row)
-            for row in out):
-        return None, where + tr("return a list of lists of ranks (dp rows of tp ranks)",
-                                "верните список списков рангов (dp строк по tp рангов)")
-    if len(out) != dp or any(len(row) != tp for row in out):
-        return None, where + tr(f"the grid should have {dp} rows (dp) of {tp} ranks (tp); yours has "
-                                f"{len(out)} rows of {sorted({len(row) for row in out})} ranks",
-                                f"в сетке должно быть {dp} строк (dp) по {tp} рангов (tp); в вашей "
-                                f"{len(out)} строк по {sorted({len(row) for row in out})} рангов")
-    ranks = sorted(r for row in out for r in row)
+def _where(world: int, gpus_per_node: int, tp: int) -> str:
+    return tr(f"{world} ranks, {gpus_per_node} GPUs per node, tp {tp}: ",
+              f"{world} рангов, {gpus_per_node} GPU на узел, tp {tp}: ")
+
+
+def _as_mesh(out, world: int, gpus_per_node: int, tp: int) -> tuple[torch.Tensor | None, str]:
+    """The learner's grid as DeviceMesh would take it (a tensor or nested lists of ints, or anything
+    torch.as_tensor turns into an integer tensor), with the shape (replicate, shard, tp) and every rank once."""
+    where = _where(world, gpus_per_node, tp)
+    nodes, shard = world // gpus_per_node, gpus_per_node // tp
+    try:
+        grid = torch.as_tensor(out)
+    except (TypeError, ValueError, RuntimeError):
+        grid = None
+    if grid is None or grid.dtype.is_floating_point or grid.dtype.is_complex or grid.dtype == torch.bool:
+        return None, where + tr(
+            "return the mesh's ranks as DeviceMesh takes them: a tensor or nested lists of ints, "
+            f"got {type(out).__name__}" + (f" of {grid.dtype}" if grid is not None else ""),
+            "верните ранги сетки так, как их принимает DeviceMesh: тензор или вложенные списки целых чисел, "
+            f"получено {type(out).__name__}" + (f" с {grid.dtype}" if grid is not None else ""))
+    want = (nodes, shard, tp)
+    if tuple(grid.shape) != want:
+        return None, where + tr(
+            f"the mesh has three dimensions (replicate, shard, tp) of sizes {want}: {nodes} replicas (as many as "
+            f"nodes), each sharded over {shard} ranks, each of those a TP group of {tp}; yours has shape "
+            f"{tuple(grid.shape)}",
+            f"у сетки три измерения (replicate, shard, tp) размеров {want}: {nodes} реплик (по числу узлов), "
+            f"каждая шардирована на {shard} рангов, и каждый из них — TP-группа из {tp}; у вашей форма "
+            f"{tuple(grid.shape)}")
+    ranks = sorted(grid.flatten().tolist())
     if ranks != list(range(world)):
         twice = sorted({r for r in ranks if ranks.count(r) > 1})
         missing = sorted(set(range(world)) - set(ranks))
@@ -246,42 +279,62 @@ def _as_grid(out, world: int, gpus_per_node: int, tp: int) -> tuple[list[list[in
                                 f"missing: {missing[:6]})",
                                 f"каждый ранг 0..{world - 1} должен встречаться ровно один раз (повторяются: "
                                 f"{twice[:6]}, нет: {missing[:6]})")
-    return [list(row) for row in out], ""
+    return grid.long(), ""
 
 
 def _nodes(ranks, gpus_per_node: int) -> list[int]:
     """The nodes `ranks` run on (ranks numbered node by node)."""
-    return sorted({r // gpus_per_node for r in ranks})
+    return sorted({int(r) // gpus_per_node for r in ranks})
 
 
-def _node_problem(grid, world: int, gpus_per_node: int, tp: int) -> str:
-    for row in grid:
-        nodes = _nodes(row, gpus_per_node)
-        if len(nodes) > 1:
-            return tr(f"world {world}, {gpus_per_node} GPUs per node, tp {tp}: your TP group {row} spans nodes "
-                      f"{nodes}: its two AllReduces per block, forward and backward, would cross the network",
-                      f"число рангов {world}, {gpus_per_node} GPU на узел, tp {tp}: ваша TP-группа {row} "
-                      f"занимает узлы {nodes}: её два AllReduce на блок, в прямом и обратном проходе, шли бы по сети")
+def _groups(grid: torch.Tensor, dim: int) -> list[list[int]]:
+    """The groups along mesh dimension `dim`: the ranks that differ only in that coordinate."""
+    return grid.movedim(dim, -1).reshape(-1, grid.shape[dim]).tolist()
+
+
+def _node_problem(grid: torch.Tensor, world: int, gpus_per_node: int, tp: int) -> str:
+    where = _where(world, gpus_per_node, tp)
+    for group in _groups(grid, 2):
+        if len(_nodes(group, gpus_per_node)) > 1:
+            return where + tr(
+                f"your TP group {group} spans nodes {_nodes(group, gpus_per_node)}: its AllReduces, four per block "
+                f"per step, each a whole activation, would cross the network",
+                f"ваша TP-группа {group} занимает узлы {_nodes(group, gpus_per_node)}: её AllReduce, четыре на блок "
+                f"за шаг, каждый на целую активацию, шли бы по сети")
+    for group in _groups(grid, 1):
+        if len(_nodes(group, gpus_per_node)) > 1:
+            return where + tr(
+                f"your shard group {group} spans nodes {_nodes(group, gpus_per_node)}: FSDP's AllGather and "
+                f"ReduceScatter of every unit, every step, would cross the network; HSDP shards inside a node and "
+                f"sends across only one AllReduce of each gradient shard, over the replicate dimension",
+                f"ваша группа шардирования {group} занимает узлы {_nodes(group, gpus_per_node)}: AllGather и "
+                f"ReduceScatter каждого юнита на каждом шаге шли бы по сети; HSDP шардирует внутри узла, а по "
+                f"сети отправляет только один AllReduce каждого шарда градиента, по измерению replicate")
     return ""
 
 
 def _layout_step(grid):
-    """On each rank: a DeviceMesh from the grid, the course GPT under TP x fully_shard, one SGD step; the loss,
-    the full weights, what CommLog saw, and the groups (global ranks) of the TP AllReduces."""
+    """On each rank: a DeviceMesh ("replicate", "shard", "tp") from the grid, the course GPT under TP over
+    "tp" and fully_shard over ("replicate", "shard") (HSDP), one SGD step on this replica-and-shard's rows; the
+    loss, the full weights, and the groups (global ranks) of the TP AllReduces and of FSDP's collectives."""
     from torch.distributed.device_mesh import DeviceMesh
 
-    mesh = DeviceMesh("cpu", torch.tensor(grid), mesh_dim_names=("dp", "tp"))
-    model = parallelize_gpt(GPT(TRIAL_CFG), mesh)
+    mesh = DeviceMesh("cpu", grid, mesh_dim_names=DIMS)
+    model = GPT(TRIAL_CFG)
+    parallelize_module(model, mesh["tp"], gpt_tp_plan(TRIAL_CFG, mesh["tp"].size()))
+    dp = mesh["replicate", "shard"]
+    for block in model.blocks:
+        fully_shard(block, mesh=dp)
+    fully_shard(model, mesh=dp)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    x, y = (local_rows(t, mesh["dp"].get_local_rank(), mesh["dp"].size()) for t in make_batch(TRIAL_CFG, _BATCH))
-    with CommLog() as log:
-        loss = model(x, y)
-        loss.backward()
+    rows = mesh["replicate"].get_local_rank() * mesh["shard"].size() + mesh["shard"].get_local_rank()
+    x, y = (local_rows(t, rows, dp.size()) for t in make_batch(TRIAL_CFG, _BATCH))
+    loss = model(x, y)
+    loss.backward()
     opt.step()
-    # CommLog has each collective's label and group size; the flight recorder also its group's global ranks
-    tp_groups = sorted({e.group for e in RECORDER.entries() if e.label.startswith(TP_LABEL)})
-    tp_ops = [(rec.op, rec.group_size) for rec in log.records if rec.label.startswith(TP_LABEL)]
-    return loss.item(), gather_tensor_parallel(model, full_state_dict(model)), tp_ops, tp_groups
+    # the flight recorder has each collective's label and the global ranks of its group
+    groups = sorted({(e.op, e.label.startswith(TP_LABEL), tuple(e.group)) for e in RECORDER.entries()})
+    return loss.item(), gather_tensor_parallel(model, full_state_dict(model)), groups
 
 
 def _one_process_step():
@@ -294,29 +347,24 @@ def _one_process_step():
 
 
 def _judge_layout(fn) -> Verdict:
-    world, gpus_per_node, tp = 4, 2, 2
-    grid, problem = _as_grid(fn(world, gpus_per_node, tp), world, gpus_per_node, tp)
-    if problem:
-        return Verdict.wrong(problem)
+    for case in LAYOUT_CASES + (REAL_CASE,):  # on paper first: a wrong layout fails before any process starts
+        grid, problem = _as_mesh(fn(*case), *case)
+        if problem or _node_problem(grid, *case):
+            return Verdict.wrong(problem or _node_problem(grid, *case))
+    world, gpus_per_node, tp = REAL_CASE
+    grid, _ = _as_mesh(fn(*REAL_CASE), *REAL_CASE)
     results = launch(_layout_step, world, args=(grid,), local_world_size=gpus_per_node, timeout=_TIMEOUT_S)
     want_loss, want = _one_process_step()
-    where = tr("4 ranks on 2 nodes, tp 2: ", "4 ранга на 2 узлах, tp 2: ")
+    where = tr("4 real ranks on 2 nodes, tp 2: ", "4 настоящих ранга на 2 узлах, tp 2: ")
     losses = []
-    for rank, (loss, weights, tp_ops, tp_groups) in enumerate(results):
-        blocks = TRIAL_CFG.n_layer
-        if tp_ops != [("all_reduce", tp)] * (4 * blocks):
-            return Verdict.wrong(where + tr(f"rank {rank}: CommLog saw {len(tp_ops)} TP collectives, not "
-                                            f"{4 * blocks} AllReduces over {tp} ranks",
-                                            f"ранг {rank}: CommLog увидел {len(tp_ops)} TP-операций, а не "
-                                            f"{4 * blocks} AllReduce по {tp} рангам"))
-        for group in tp_groups:
+    for rank, (loss, weights, groups) in enumerate(results):
+        for op, is_tp, group in groups:
             nodes = _nodes(group, gpus_per_node)
-            if len(nodes) > 1:
-                return Verdict.wrong(where + tr(
-                    f"rank {rank}'s TP AllReduces ran in the group {list(group)}, which spans nodes {nodes}: "
-                    f"{4 * blocks} AllReduces per step crossed the network",
-                    f"TP-операции AllReduce ранга {rank} шли в группе {list(group)}, а она занимает узлы {nodes}: "
-                    f"{4 * blocks} AllReduce за шаг шли по сети"))
+            if (is_tp or op != "all_reduce") and len(nodes) > 1:
+                return Verdict.wrong(where + tr(f"rank {rank}: a {'TP ' if is_tp else ''}{op} ran in the group "
+                                                f"{list(group)}, which spans nodes {nodes}",
+                                                f"ранг {rank}: {'TP-операция ' if is_tp else ''}{op} шла в группе "
+                                                f"{list(group)}, а она занимает узлы {nodes}"))
         for name, value in want.items():
             if not torch.allclose(weights[name], value, **TOL):
                 return Verdict.wrong(where + tr(f"rank {rank}: after one step {name} differs from one process's",
@@ -326,19 +374,19 @@ def _judge_layout(fn) -> Verdict:
     if abs(sum(losses) / len(losses) - want_loss) > 1e-5 * abs(want_loss):
         return Verdict.wrong(where + tr("the ranks' mean loss differs from one process's",
                                         "средний лосс рангов отличается от лосса одного процесса"))
-    for case in LAYOUT_CASES:
-        grid, problem = _as_grid(fn(*case), *case)
-        if problem or _node_problem(grid, *case):
-            return Verdict.wrong(problem or _node_problem(grid, *case))
     return Verdict.right(tr(
-        f"On 4 real ranks every TP AllReduce stayed inside its node and one step equals one process's; "
-        f"the {len(LAYOUT_CASES)} larger layouts (up to 64 ranks) keep TP inside nodes too.",
-        f"На 4 настоящих рангах каждый TP AllReduce остался внутри своего узла, а шаг совпал с одним процессом; "
-        f"в {len(LAYOUT_CASES)} раскладках побольше (до 64 рангов) TP тоже не выходит за узел."))
+        f"In {len(LAYOUT_CASES) + 1} layouts (up to {max(c[0] for c in LAYOUT_CASES)} ranks) every TP group and "
+        f"every shard group sits inside a node and only the replicate dimension crosses nodes; on 4 real ranks "
+        f"DeviceMesh took your grid, TP ran inside each node and one TP x HSDP step equals one process's.",
+        f"В {len(LAYOUT_CASES) + 1} раскладках (до {max(c[0] for c in LAYOUT_CASES)} рангов) каждая TP-группа и "
+        f"каждая группа шардирования лежат внутри узла, и узлы пересекает только измерение replicate; на 4 "
+        f"настоящих рангах DeviceMesh принял вашу сетку, TP работал внутри каждого узла, а шаг TP x HSDP совпал "
+        f"с одним процессом."))
 
 
 ROW_PARALLEL_FORWARD = CodeExercise("12.row_parallel_forward", _judge_row_parallel, row_parallel_forward,
                                     (_bias_on_every_rank, _no_all_reduce, _all_reduce_in_backward,
                                      _all_reduce_both_ways, _in_place_all_reduce))
 DP_TP_LAYOUT = CodeExercise("12.dp_tp_layout", _judge_layout, dp_tp_layout,
-                            (_layout_transposed, _layout_repeats_a_rank, _layout_rows_are_nodes))
+                            (_layout_shard_across_nodes, _layout_tp_across_nodes, _layout_two_dims,
+                             _layout_fsdp_over_all_nodes, _layout_repeats_a_rank))
