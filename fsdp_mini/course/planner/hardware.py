@@ -11,18 +11,29 @@ most: the card's memory (80 GB cards hold 80 GiB = 81,920 MiB, as nvidia-smi sho
 The latencies are not in any datasheet: they are the course's assumption from lesson 11
 (`fsdp_mini.course.scaling.h100_cluster`: 5 us per ring step inside a node, 20 us across), used for every
 GPU here; at the message sizes of FSDP units (hundreds of MB) they hardly matter.
+
+Attention has its own peak, `attention_flops`: PyTorch's `scaled_dot_product_attention` runs FlashAttention-2
+(its flash backend), whose kernels issue Ampere's `mma.sync` tensor-core instructions and none of Hopper's
+(wgmma, TMA). Its authors measured what that reaches: "50-73% of the theoretical maximum FLOPs/s on A100"
+(Dao, "FlashAttention-2", 2023, abstract) and "only 35% utilization on the H100 GPU" (Shah et al.,
+"FlashAttention-3", 2024, abstract). The planner prices every tensor-core product at the same fitted
+`MATMUL_FRACTION` (about the 73 % on A100), so on Hopper the peak FlashAttention-2 sees is the datasheet's
+x 35 / 73 (`FA2_HOPPER_SHARE`): published measurements of the kernel, not fitted to any row here.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["GPU", "GPUS", "get_gpu", "GiB"]
+__all__ = ["GPU", "GPUS", "get_gpu", "GiB", "FA2_HOPPER_SHARE"]
 
 GiB = 1024 ** 3
 ALPHA_NVLINK = 5e-6
 """Seconds per ring step inside a node (the course's lesson 11 assumption)."""
 ALPHA_NETWORK = 20e-6
 """Seconds per ring step across nodes (the course's lesson 11 assumption)."""
+FA2_HOPPER_SHARE = 0.35 / 0.73
+"""FlashAttention-2's share of a Hopper GPU's peak (35 %, FlashAttention-3 paper) over its share of an A100's
+(73 %, FlashAttention-2 paper): the attention peak of a Hopper preset is its bf16 peak times this."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +49,12 @@ class GPU:
     network_bandwidth: float
     alpha_nvlink: float = ALPHA_NVLINK
     alpha_network: float = ALPHA_NETWORK
+    attention_flops: float | None = None
+    """The peak as FlashAttention-2 sees it (see the module's docstring); None: the bf16 peak."""
+
+    @property
+    def attention_peak(self) -> float:
+        return self.bf16_flops if self.attention_flops is None else self.attention_flops
 
 
 GPUS: dict[str, GPU] = {g.name: g for g in (
@@ -48,14 +65,17 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     GPU("a100-80gb", 312e12, None, 80 * 1024 ** 3, 2.039e12, 300e9, 25e9),
     # NVIDIA H100 Tensor Core GPU datasheet (SXM5): bf16 989 TFLOP/s dense (1,979 with sparsity), fp8
     # 1,979 dense, 80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s; DGX H100: 8 x 400 Gb/s ConnectX-7 = 50 GB/s per GPU.
-    GPU("h100-sxm", 989e12, 1979e12, 80 * 1024 ** 3, 3.35e12, 450e9, 50e9),
+    GPU("h100-sxm", 989e12, 1979e12, 80 * 1024 ** 3, 3.35e12, 450e9, 50e9, attention_flops=989e12 * FA2_HOPPER_SHARE),
     # Meta's Grand Teton H100 (torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md): "96GB HBM2e
-    # with 2.4 TB/sec", NVLink all-to-all in a host of 8, "400 Gb/s per GPU" RDMA, 500 W power limit. Tensor
-    # cores as the SXM part's (the 500 W cap lowers what is reached, not the peak torchtitan's MFU divides by).
-    GPU("h100-96gb", 989e12, 1979e12, 96 * 10 ** 9, 2.4e12, 450e9, 50e9),
+    # with 2.4 TB/sec", NVLink all-to-all in a host of 8, "400 Gb/s per GPU" RDMA, 500 W power limit. Its tensor
+    # cores' peak is unpublished: torchtitan's llama3_h100_202412 benchmark says "the actual peak TFLOPs number is
+    # between SXM and NVL, and we don't know its exact value". The planner takes the H100 NVL's (NVIDIA H100
+    # datasheet, NVL column: bf16 1,671 and fp8 3,341 TFLOP/s with sparsity, so 835 and 1,670 dense), the
+    # conservative bound; the SXM's 989 is the other (up to 18 % faster products). MFU here divides by 835.
+    GPU("h100-96gb", 835e12, 1670e12, 96 * 10 ** 9, 2.4e12, 450e9, 50e9, attention_flops=835e12 * FA2_HOPPER_SHARE),
     # NVIDIA H200 datasheet: bf16 989 TFLOP/s, fp8 1,979 dense, 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s;
     # HGX H200 / DGX H200: 8 x 400 Gb/s per 8 GPUs = 50 GB/s per GPU.
-    GPU("h200", 989e12, 1979e12, 141 * 10 ** 9, 4.8e12, 450e9, 50e9),
+    GPU("h200", 989e12, 1979e12, 141 * 10 ** 9, 4.8e12, 450e9, 50e9, attention_flops=989e12 * FA2_HOPPER_SHARE),
 )}
 
 

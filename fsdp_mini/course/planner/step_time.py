@@ -116,7 +116,7 @@ def step_time(model: ModelSpec, gpu: GPU, layout: Layout, calibration: Calibrati
     c = calibration
     tp, cp, T, L = layout.tp, layout.cp, layout.tokens_per_gpu, model.layers
     mm_peak = (gpu.fp8_flops if layout.float8 else gpu.bf16_flops) * c.matmul_fraction
-    attn_peak = gpu.bf16_flops * c.matmul_fraction
+    attn_peak = gpu.attention_peak * c.matmul_fraction
     hbm = gpu.hbm_bandwidth * c.hbm_fraction
     sp_split = tp if layout.sp else 1
 
