@@ -242,6 +242,7 @@
       var perNode = Math.max(1, floorDiv(gpusPerNode, stride));
       return [gpu.alpha_network, Math.min(gpu.nvlink_bandwidth, perNode * gpu.network_bandwidth * networkFraction)];
     }
+    function gpuAttentionPeak(gpu) { return gpu.attention_flops === null ? gpu.bf16_flops : gpu.attention_flops; }
     function flopsPerToken(model, seq) { return 6 * model.params + 12 * model.layers * model.hidden * seq; }
     function mfu(model, gpu, seq, rate) { return rate * flopsPerToken(model, seq) / gpu.bf16_flops; }
 
@@ -250,7 +251,7 @@
       var c = D.calibration, R = C.ATTENTION_BACKWARD_RATIO;
       var tp = l.tp, cp = l.cp, T = l.tokens_per_gpu, L = model.layers;
       var mmPeak = (l.float8 ? gpu.fp8_flops : gpu.bf16_flops) * c.matmul_fraction;
-      var attnPeak = gpu.bf16_flops * c.matmul_fraction;
+      var attnPeak = gpuAttentionPeak(gpu) * c.matmul_fraction;
       var hbm = gpu.hbm_bandwidth * c.hbm_fraction;
       var spSplit = l.sp ? tp : 1;
 
