@@ -19,12 +19,21 @@ from fsdp_mini.course.planner.memory import ALLOCATOR_OVERHEAD, STATE_BYTES
 from fsdp_mini.course.planner.step_time import (ATTENTION_BACKWARD_RATIO, HOST_BANDWIDTH, LOSS_BYTES_PER_LOGIT,
                                                 OPTIMIZER_BYTES_PER_PARAM, PCIE_BANDWIDTH)
 from fsdp_mini.course.planner.layout import Checkpointing, Layout
+from fsdp_mini.course.planner.validation import CALIBRATION_ROWS
 
 __all__ = ["site_data", "data_script"]
 
 
 def _fields(obj) -> dict:
     return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+
+
+def _start() -> dict:
+    row = CALIBRATION_ROWS[0]
+    layout = row.layout()
+    return {"model": row.model, "gpu": row.gpu, "gpus": layout.gpus, "seq": layout.seq, "local_batch": layout.local_batch,
+            "tp": layout.tp, "sp": layout.sp, "ac": layout.ac.value, "compile": layout.compile, "float8": layout.float8,
+            "published_tokens_per_s": row.tokens_per_s, "published_mfu": row.mfu}
 
 
 def site_data() -> dict:
@@ -38,6 +47,8 @@ def site_data() -> dict:
                             for f in dataclasses.fields(Layout) if f.default is not dataclasses.MISSING},
         "model_defaults": {f.name: f.default for f in dataclasses.fields(next(iter(MODELS.values())))
                            if f.default is not dataclasses.MISSING},
+        # the page opens on the first published run the constants were fitted on, and says what was published
+        "start": _start(),
         "constants": {
             "GiB": GiB,
             "ALPHA_NVLINK": hardware.ALPHA_NVLINK,
