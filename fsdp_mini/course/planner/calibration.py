@@ -36,11 +36,11 @@ class Calibration:
     network_fraction: float
 
 
-MATMUL_FRACTION = 0.729
+MATMUL_FRACTION = 0.758
 """Achieved / peak tensor-core FLOP/s of the matrix products (fitted, see the module's docstring)."""
-HBM_FRACTION = 0.604
+HBM_FRACTION = 0.602
 """Achieved / peak HBM bandwidth of memory-bound kernels (fitted)."""
-NETWORK_FRACTION = 0.246
+NETWORK_FRACTION = 0.268
 """Achieved / nominal network bandwidth of rings that cross nodes (fitted)."""
 
 CALIBRATION = Calibration(MATMUL_FRACTION, HBM_FRACTION, NETWORK_FRACTION)

@@ -37,7 +37,7 @@ from fsdp_mini.course.planner.layout import Checkpointing, Layout
 from fsdp_mini.course.planner.models import ModelSpec
 
 __all__ = ["StepTime", "step_time", "group_link", "elementwise_bytes", "flops_per_token", "mfu",
-           "OPTIMIZER_BYTES_PER_PARAM", "ATTENTION_BACKWARD_RATIO"]
+           "OPTIMIZER_BYTES_PER_PARAM", "ATTENTION_BACKWARD_RATIO", "FSDP_COPY_BYTES_PER_PARAM"]
 
 ATTENTION_BACKWARD_RATIO = 2.5
 """Flash attention's backward FLOPs over its forward's: five matrix products (S = QK^T again, dV, dP, dQ, dK)
@@ -46,6 +46,13 @@ OPTIMIZER_BYTES_PER_PARAM = 40
 """HBM bytes per sharded parameter of one step: AdamW (foreach, fp32) reads parameter, gradient and two
 moments (16) and writes parameter and moments (12); clipping reads the gradients for their norm and scales
 them (12)."""
+FSDP_COPY_BYTES_PER_PARAM = (4, 6)
+"""HBM bytes per parameter of a block that FSDP2's own copies move, per micro-batch: each AllGather's copy-out
+from the flat output buffer into the parameters (`foreach_all_gather_copy_out`: read 2, write 2 in bf16; 1 + 1
+with float8 all-gather), once in forward and once more in backward under `reshard_after_forward`; and the
+ReduceScatter's copy-in (`foreach_reduce`: the bf16 gradients read, written into the fp32 input buffer: 2 + 4).
+The AllGather's copy-in (the fp32 shard cast to bf16) and the reduced shard's accumulation move the shard's
+bytes only (1/group of these)."""
 LOSS_BYTES_PER_LOGIT = 40
 """HBM bytes per logit of the loss, forward and backward: the fp32 upcast (2 + 4), log_softmax (about 8 and 12
 with its reductions), the gradient cast back to bf16 (4 + 2), plus the labels' gather (negligible)."""
@@ -71,14 +78,17 @@ def elementwise_bytes(model: ModelSpec, compile: bool) -> tuple[float, float]:
         repeat_kv (GQA): read k and v, write them repeated = 4 (kv + h)
         SwiGLU: silu 2+2, product 4+2 = 10 f            GELU 2+2 per element = 4 f;  LayerNorm 2+2 = 4 h
 
-    `compile` fuses each norm with the residual add before it (read 2 inputs, write sum and output: 8 h),
-    rotary into one pass (4 (h + kv)) and SwiGLU into one (read 4 f, write 2 f)."""
+    `compile` fuses each norm with the residual add before it (read 2 inputs, write sum and output: 8 h) and
+    SwiGLU into one pass (read 4 f, write 2 f). Rotary stays as eager runs it: torchtitan multiplies complex
+    numbers (`view_as_complex`), and Inductor "does not support code generation for complex operators"
+    (the pinned torch's `_inductor/lowering.py`, `_warn_complex_not_supported`; `view_as_complex` is a
+    `make_fallback`), so the complex product runs as its own kernel between the casts."""
     h, kv, f = model.hidden, model.kv_dim, model.ffn
     rope = model.positions == 0
     repeat = 4 * (kv + h) if kv < h else 0
     if compile:
         stream = 2 * 8 * h
-        inner = (4 * (h + kv) if rope else 0) + repeat + (6 * f if model.mlp == "swiglu" else 4 * f)
+        inner = (20 * (h + kv) if rope else 0) + repeat + (6 * f if model.mlp == "swiglu" else 4 * f)
     else:
         norm = 36 * h if model.norm == "rmsnorm" else 4 * h
         stream = 2 * norm + 2 * 6 * h
@@ -179,12 +189,17 @@ def step_time(model: ModelSpec, gpu: GPU, layout: Layout, calibration: Calibrati
     ar = ring_all_reduce(unit / n * 4, r, rep_alpha, rep_bw) if r > 1 else 0.0
     ar_root = ring_all_reduce(root / n * 4, r, rep_alpha, rep_bw) if r > 1 else 0.0
 
+    # FSDP2's copy-out after each AllGather, copy-in before each ReduceScatter (memory-bound, on the block's path)
+    copy_out, copy_in = FSDP_COPY_BYTES_PER_PARAM
+    copy_out = copy_out * gather_bytes / 2
+    fsdp_copies = (unit * (copy_out * (2 if layout.reshard_after_forward else 1) + copy_in) / hbm) if n > 1 else 0.0
+
     block_backward = backward + recompute * recompute_share
     hides = layout.prefetch > 0
     fwd_exposed = ag_root + ag + (L - 1) * (max(0.0, ag - forward) if hides else ag)
     bwd_comm = (ag if layout.reshard_after_forward else 0.0) + rs + ar
     bwd_exposed = (L - 1) * (max(0.0, bwd_comm - block_backward) if hides else bwd_comm) + rs + ar + rs_root + ar_root
-    compute = L * (forward + block_backward) + 3 * head_f + loss
+    compute = L * (forward + block_backward + fsdp_copies) + 3 * head_f + loss
     micro = compute + fwd_exposed + bwd_exposed
 
     local_params = model.params / (tp * n)
@@ -199,6 +214,7 @@ def step_time(model: ModelSpec, gpu: GPU, layout: Layout, calibration: Calibrati
         "matmuls (blocks and head)": m * (L * 3 * mm_f + 3 * head_f),
         "attention": m * L * (1 + ATTENTION_BACKWARD_RATIO) * attn_f,
         "memory-bound ops (norms, rotary, SwiGLU, loss)": m * (L * 3 * elem_f + loss),
+        "FSDP copy-in / copy-out": m * L * fsdp_copies,
         "recomputation": m * L * recompute * recompute_share,
         "TP collectives (exposed)": m * L * 2 * tp_f,
         "CP ring (exposed)": m * L * (cp_f + cp_b),
