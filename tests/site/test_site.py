@@ -756,8 +756,16 @@ def test_planner_equals_python(browser, server, lang):
     from fsdp_mini.course.planner import Layout
     from fsdp_mini.course.planner.compare import describe
 
+    from fsdp_mini.course.planner import Checkpointing
+
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    assert len(PLANNER_CASES) >= 12
+    full = [planner_inputs(case) for case in PLANNER_CASES]
+    assert len(full) >= 12
+    assert {c["ac"] for c in full} == {mode.value for mode in Checkpointing}
+    for what in (lambda c: int(c["tp"]) > 1 and c["sp"], lambda c: int(c["tp"]) > 1 and not c["sp"],
+                 lambda c: int(c["cp"]) > 1, lambda c: int(c["dp_replicate"]) > 1, lambda c: int(c["micro_batches"]) > 1,
+                 lambda c: c["float8"], lambda c: c["compile"], lambda c: c["model"] == "custom"):
+        assert any(what(c) for c in full)
     tab = Tab(browser, server)
     try:
         tab.open(url(lang, "calculator"))

@@ -229,7 +229,7 @@
       var stream, inner;
       if (compile) {
         stream = 2 * 8 * h;
-        inner = (rope ? 4 * (h + kv) : 0) + repeat + (model.mlp === "swiglu" ? 6 * f : 4 * f);
+        inner = (rope ? 20 * (h + kv) : 0) + repeat + (model.mlp === "swiglu" ? 6 * f : 4 * f);
       } else {
         var norm = model.norm === "rmsnorm" ? 36 * h : 4 * h;
         stream = 2 * norm + 2 * 6 * h;
@@ -314,12 +314,17 @@
       var ar = r > 1 ? ringAllReduce(unit / n * 4, r, rl[0], rl[1]) : 0.0;
       var arRoot = r > 1 ? ringAllReduce(rootP / n * 4, r, rl[0], rl[1]) : 0.0;
 
+      // FSDP2's copy-out after each AllGather, copy-in before each ReduceScatter
+      var copyOut = C.FSDP_COPY_BYTES_PER_PARAM[0], copyIn = C.FSDP_COPY_BYTES_PER_PARAM[1];
+      copyOut = copyOut * gatherBytes / 2;
+      var fsdpCopies = n > 1 ? unit * (copyOut * (l.reshard_after_forward ? 2 : 1) + copyIn) / hbm : 0.0;
+
       var blockBackward = backward + recompute * recomputeShare;
       var hides = l.prefetch > 0;
       var fwdExposed = agRoot + ag + (L - 1) * (hides ? Math.max(0.0, ag - forward) : ag);
       var bwdComm = (l.reshard_after_forward ? ag : 0.0) + rs + ar;
       var bwdExposed = (L - 1) * (hides ? Math.max(0.0, bwdComm - blockBackward) : bwdComm) + rs + ar + rsRoot + arRoot;
-      var compute = L * (forward + blockBackward) + 3 * headF + loss;
+      var compute = L * (forward + blockBackward + fsdpCopies) + 3 * headF + loss;
       var micro = compute + fwdExposed + bwdExposed;
 
       var localParams = model.params / (tp * n);
@@ -335,6 +340,7 @@
         m * (L * 3 * mmF + 3 * headF),
         m * L * (1 + R) * attnF,
         m * (L * 3 * elemF + loss),
+        m * L * fsdpCopies,
         m * L * recompute * recomputeShare,
         m * L * 2 * tpF,
         m * L * (cpF + cpB),
@@ -348,7 +354,7 @@
                          forward: [L * mmF, L * attnF, L * elemF, L * tpF, L * cpF],
                          head: [3 * headF, loss],
                          backward: [L * 2 * mmF, L * R * attnF, L * 2 * elemF, L * tpF, L * cpB,
-                                    L * recompute * recomputeShare],
+                                    L * recompute * recomputeShare, L * fsdpCopies],
                          gathers: agRoot + L * ag, reductions: L * (rs + ar) + rsRoot + arRoot}};
     }
 
@@ -425,7 +431,7 @@
       "gradient buffers (block bf16 + fp32 for ReduceScatter, root bf16)", "checkpointed block rebuilt in backward",
       "logits and loss (bf16 logits, fp32 copy, log_softmax)"]);
     var STEP_PARTS = ["matmuls (blocks and head)", "attention", "memory-bound ops (norms, rotary, SwiGLU, loss)",
-      "recomputation", "TP collectives (exposed)", "CP ring (exposed)", "FSDP AllGather (exposed)",
+      "FSDP copy-in / copy-out", "recomputation", "TP collectives (exposed)", "CP ring (exposed)", "FSDP AllGather (exposed)",
       "FSDP ReduceScatter / HSDP AllReduce (exposed)", "optimizer step"];
     var MOMENTS = {forward: "end of forward (the loss)", backward: "start of backward"};
     function toDict(p) {

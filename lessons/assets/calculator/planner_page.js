@@ -38,7 +38,7 @@
       timeline: "One step, in time", time_table: "Where the step's time goes",
       lane_gpu: "GPU", lane_nccl: "FSDP collectives", step: "step",
       seg: {mm: "matrix products", attn: "attention", elem: "memory-bound ops", tp: "TP collectives", cp: "CP ring",
-            recompute: "recomputation", head: "output head and loss", wait_ag: "waiting for AllGather",
+            recompute: "recomputation", copies: "FSDP's copy-in / copy-out", head: "output head and loss", wait_ag: "waiting for AllGather",
             wait_rs: "waiting for ReduceScatter / AllReduce", optimizer: "optimizer step",
             ag: "AllGathers (hidden behind forward where short enough)", rs: "ReduceScatters / HSDP AllReduces"},
       ranking: "Every layout of these GPUs and this global batch ({n} {sequences}), fastest first",
@@ -95,7 +95,7 @@
       timeline: "Один шаг во времени", time_table: "Из чего складывается время шага",
       lane_gpu: "GPU", lane_nccl: "коллективные операции FSDP", step: "шаг",
       seg: {mm: "матричные умножения", attn: "внимание", elem: "операции, упирающиеся в память", tp: "обмен данными TP",
-            cp: "кольцо CP", recompute: "пересчёт", head: "выходной слой и лосс", wait_ag: "ожидание AllGather",
+            cp: "кольцо CP", recompute: "пересчёт", copies: "копирование FSDP в буферы и из них", head: "выходной слой и лосс", wait_ag: "ожидание AllGather",
             wait_rs: "ожидание ReduceScatter / AllReduce", optimizer: "шаг оптимизатора",
             ag: "AllGather (скрыты за forward, если успевают)", rs: "ReduceScatter и AllReduce HSDP"},
       ranking: "Все раскладки этих GPU при том же глобальном батче ({n} {sequences}), от быстрой к медленной",
@@ -117,6 +117,7 @@
         "matmuls (blocks and head)": "матричные умножения (блоки и выходной слой)",
         "attention": "внимание",
         "memory-bound ops (norms, rotary, SwiGLU, loss)": "операции, упирающиеся в память (нормализации, rotary, SwiGLU, лосс)",
+        "FSDP copy-in / copy-out": "копирование FSDP в буферы и из них",
         "recomputation": "пересчёт",
         "TP collectives (exposed)": "обмен данными TP (не скрыт)",
         "CP ring (exposed)": "кольцо CP (не скрыто)",
@@ -433,7 +434,7 @@
         seg(ncclLane, "ag", tl.gathers, forwardStart);
         seg(gpuLane, "head", tl.head[0] + tl.head[1], at); at += tl.head[0] + tl.head[1];
         var backwardStart = at;
-        tl.backward.forEach(function (s, k) { var kind = k < 5 ? KINDS[k] : "recompute"; seg(gpuLane, kind, s, at); at += s; });
+        tl.backward.forEach(function (s, k) { var kind = k < 5 ? KINDS[k] : k === 5 ? "recompute" : "copies"; seg(gpuLane, kind, s, at); at += s; });
         seg(gpuLane, "wait_rs", tl.bwd_wait, at); at += tl.bwd_wait;
         seg(ncclLane, "rs", tl.reductions, backwardStart);
       }
@@ -451,7 +452,7 @@
       box.appendChild(el("div", {class: "pl-lane pl-axis-lane"}, [el("span", {class: "pl-lane-name"}), axis]));
       out.appendChild(box);
       var legend = el("ul", {class: "pl-legend"});
-      ["mm", "attn", "elem", "tp", "cp", "recompute", "head", "wait_ag", "wait_rs", "optimizer", "ag", "rs"].forEach(function (k) {
+      ["mm", "attn", "elem", "copies", "tp", "cp", "recompute", "head", "wait_ag", "wait_rs", "optimizer", "ag", "rs"].forEach(function (k) {
         if (!used[k]) return;
         legend.appendChild(el("li", {}, [el("span", {class: "pl-swatch pl-t-" + k}), el("span", {text: t.seg[k] + " "}),
           el("b", {text: num(used[k], 3, t) + "\u00a0" + t.s})]));
