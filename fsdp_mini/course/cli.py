@@ -117,7 +117,7 @@ def plan_cmd(args) -> int:
     layout = planner.Layout(gpus=args.gpus, seq=args.seq, local_batch=args.local_batch,
                             gpus_per_node=args.gpus_per_node, dp_replicate=args.dp_replicate, tp=args.tp,
                             sp=args.sp, cp=args.cp, micro_batches=args.micro_batches, ac=args.ac,
-                            float8=args.float8, compile=args.compile)
+                            float8=args.float8, compile=args.compile, compile_loss=args.compile_loss)
     if args.compare:
         ranked = compare(model, gpu, layout)
         if args.json:
@@ -154,8 +154,11 @@ def plan_cmd(args) -> int:
     print(f"\ntokens/s per GPU {t.tokens_per_s_per_gpu:,.0f}, MFU {t.mfu * 100:.1f} % (torchtitan's 6N + 12 L H T "
           f"per token, of the bf16 peak)")
     if layout.compile:
-        print("compile: norms fused with the residual add, rotary and SwiGLU fused (fewer memory-bound passes); "
-              "norms keep their bf16 input, SwiGLU only w1 and w3's outputs (fewer saved intermediates)")
+        print("compile: norms fused with the residual add, SwiGLU fused (fewer memory-bound passes; rotary stays "
+              "op by op: Inductor falls back on complex numbers); norms keep their bf16 input, SwiGLU only w1 and "
+              "w3's outputs (fewer saved intermediates)")
+    if layout.compile_loss:
+        print("compile-loss: the loss reads the bf16 logits and writes their bf16 gradient, no fp32 copies")
     return 0
 
 
@@ -213,6 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--float8", action="store_true", help="float8 linears (compute and FSDP AllGather)")
     p.add_argument("--compile", action="store_true", help="torch.compile each block: fused memory-bound ops, fewer "
                                                           "saved intermediates")
+    p.add_argument("--compile-loss", action="store_true", help="torch.compile the loss too: no fp32 copies of the "
+                                                                "logits (torchtitan's --training.compile since 2025)")
     p.add_argument("--compare", action="store_true", help="rank every layout of these GPUs and this global batch")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(func=plan_cmd)

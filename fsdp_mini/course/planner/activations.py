@@ -136,7 +136,20 @@ def checkpointed_blocks(layers: int, mode: Checkpointing, every: int = 2) -> int
     return layers
 
 
-def loss_bytes_per_token(model: ModelSpec, element_bytes: int = 2) -> int:
-    """The loss's peak per token: the logits in bf16, their fp32 copy and log_softmax's fp32 output
-    (torchtitan: `cross_entropy(pred.float(), labels)`). Split over TP ranks by the vocabulary-parallel loss."""
-    return model.vocab * (element_bytes + 2 * LOSS_FP32)
+def loss_bytes_per_token(model: ModelSpec, element_bytes: int = 2, compile: bool = False,
+                         vocab_parallel: bool = False) -> int:
+    """The loss's peak per token, split over TP ranks by the vocabulary-parallel loss.
+
+    Eager (torchtitan: `cross_entropy(pred.float(), labels)`): in forward the logits in bf16, their fp32 copy
+    and log_softmax's fp32 output (e + 4 + 4 bytes per logit); the train step then drops `pred`, and the
+    loss's backward holds three fp32 tensors at once: log_softmax's saved output, nll_loss's gradient and
+    log_softmax's input gradient (12). The peak is the larger. Under TP torchtitan's loss is vocabulary-parallel
+    (`loss_parallel`), whose backward (the pinned torch's `distributed/tensor/parallel/loss.py`,
+    `_nll_loss_and_log_softmax_backward`) returns `(grad_input + torch.exp(x)) * grad_output`: beside the saved
+    log-probabilities x, a zeros_like(x), their sum with exp(x) and the product: four fp32 tensors (16).
+    Compiled (Inductor fuses the upcast, log_softmax and nll_loss into reductions): the bf16 logits it keeps and
+    their bf16 gradient (2 e)."""
+    if compile:
+        return model.vocab * 2 * element_bytes
+    backward = (4 if vocab_parallel else 3) * LOSS_FP32
+    return model.vocab * max(element_bytes + 2 * LOSS_FP32, backward)

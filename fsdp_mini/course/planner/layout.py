@@ -46,7 +46,9 @@ class Layout:
     """Degrees and switches of one run. `prefetch`: FSDP units gathered ahead of the one computing (1, as
     FSDP2 schedules it); `ac_every`: selective-layer's k; `float8`: float8 linears (compute, and the FSDP
     AllGather of their weights in float8, torchtitan's `enable_fsdp_float8_all_gather`); `compile`:
-    torch.compile of each block; `cpu_offload`: sharded states and the optimizer step on the host."""
+    torch.compile of each block; `compile_loss`: torch.compile of the loss too (torchtitan compiles it with
+    `--training.compile` since 2025; its December 2024 code left it eager, "compiling loss function causes CUDA
+    errors"); `cpu_offload`: sharded states and the optimizer step on the host."""
 
     gpus: int
     seq: int
@@ -61,6 +63,7 @@ class Layout:
     ac_every: int = 2
     float8: bool = False
     compile: bool = False
+    compile_loss: bool = False
     reshard_after_forward: bool = True
     cpu_offload: bool = False
     prefetch: int = 1

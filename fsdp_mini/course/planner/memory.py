@@ -16,7 +16,8 @@ From first principles (nothing here is fitted to a measurement):
 * Activations: `activations.block_saved` per block and mode, times the block count, times the tokens one
   GPU holds per micro-batch (local batch / micro-batches x seq / cp), TP splitting what it splits; the final
   norm's. In backward a checkpointed block rebuilds its whole forward: one block's NONE set more.
-* The loss: bf16 logits, their fp32 copy and log_softmax's output at the end of forward.
+* The loss (`activations.loss_bytes_per_token`): eager, the larger of its forward (bf16 logits, their fp32 copy,
+  log_softmax's output) and its backward (three fp32 tensors of the logits' shape); compiled, two bf16 ones.
 
 The peak is the larger of two moments: the end of forward (all activations, the loss's temporaries, the
 root and the last block gathered) and the start of backward (all activations, the gathered blocks, the
@@ -111,7 +112,7 @@ def memory_breakdown(model: ModelSpec, gpu: GPU, layout: Layout) -> MemoryBreakd
     terms["activations: blocks"] = blocks
     terms["activations: final norm"] = saved_bytes(norm_saved(model, "final norm", e, layout.compile), layout, tokens)
     rebuilt = per_block[Checkpointing.NONE] if n_ckpt else 0.0
-    loss = loss_bytes_per_token(model, e) * tokens / tp
+    loss = loss_bytes_per_token(model, e, layout.compile_loss, vocab_parallel=tp > 1) * tokens / tp
     in_flight = (1 + layout.prefetch) * unit * gathered_bytes
     backward_buffers = unit * 2 + unit * 4 + root  # a block's bf16 grads, their fp32 copy, the root's bf16 grad
     # the last block stays gathered for backward; without reshard_after_forward every block does

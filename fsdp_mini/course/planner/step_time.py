@@ -7,13 +7,15 @@ Per micro-batch, per GPU (T tokens: micro-batch x seq / cp; TP ranks each see al
   (the embedding is a lookup), at `MATMUL_FRACTION` of the bf16 peak (of the fp8 peak with float8).
 * Causal attention: forward 2 x seq x hidden FLOPs per token (q k^T and the product with v, half the
   square), backward 2.5 x forward (flash attention's backward does five products to forward's two: it
-  recomputes the probabilities), also at `MATMUL_FRACTION` of the bf16 peak (tensor-core work alike).
+  recomputes the probabilities), also at `MATMUL_FRACTION`, of the peak FlashAttention-2 reaches on the GPU
+  (`GPU.attention_peak`: on Hopper a share of the datasheet's, see `hardware`).
 * Recomputation: a checkpointed block's forward again in backward (FULL, and every k-th block under
   SELECTIVE_LAYER); under SELECTIVE_OP the products torchtitan's policy does not save
   (`activations.recomputed_matmuls`) and every memory-bound op, not the attention.
 * Memory-bound kernels at `HBM_FRACTION` of HBM bandwidth, bytes counted op by op for the eager block
   (`elementwise_bytes`; backward reads and writes twice what forward does), the loss, and the optimizer step
-  (AdamW on the fp32 shard plus gradient clipping: 40 bytes per parameter). `compile` fuses them.
+  (AdamW on the fp32 shard plus gradient clipping: 40 bytes per parameter), FSDP2's copy-out and copy-in around
+  its collectives (`FSDP_COPY_BYTES_PER_PARAM`). `compile` fuses the block's; `compile_loss` the loss's.
 * Collectives, alpha-beta rings (`fsdp_mini.course.cost`) on the link their group uses (`group_link`):
   FSDP's AllGather (bf16, or float8) and ReduceScatter (fp32) of each block per micro-batch and the root's
   once; HSDP's AllReduce of the gradient shard; TP's two AllReduces per block and direction (with SP a
@@ -54,8 +56,11 @@ ReduceScatter's copy-in (`foreach_reduce`: the bf16 gradients read, written into
 The AllGather's copy-in (the fp32 shard cast to bf16) and the reduced shard's accumulation move the shard's
 bytes only (1/group of these)."""
 LOSS_BYTES_PER_LOGIT = 40
-"""HBM bytes per logit of the loss, forward and backward: the fp32 upcast (2 + 4), log_softmax (about 8 and 12
-with its reductions), the gradient cast back to bf16 (4 + 2), plus the labels' gather (negligible)."""
+"""HBM bytes per logit of the eager loss, forward and backward: the fp32 upcast (2 + 4), log_softmax (about 8 and
+12 with its reductions), the gradient cast back to bf16 (4 + 2), plus the labels' gather (negligible)."""
+COMPILED_LOSS_BYTES_PER_LOGIT = 8
+"""The same, compiled (`Layout.compile_loss`): forward reads the bf16 logits twice (the row's max, then the sum of
+exponentials: a looped reduction over 128k columns), backward reads them once and writes the bf16 gradient."""
 
 
 def flops_per_token(model: ModelSpec, seq: int) -> float:
@@ -135,7 +140,11 @@ def step_time(model: ModelSpec, gpu: GPU, layout: Layout, calibration: Calibrati
     attn_f = 2 * layout.seq * model.hidden * T / tp / attn_peak
     stream, inner = elementwise_bytes(model, layout.compile)
     elem_bytes = stream * T / sp_split + inner * T / tp
-    if layout.float8:  # casts to float8 (read 2, write 1 byte): each linear's input forward, its output's gradient
+    # float8 (torchao, tensorwise): 3 bytes per element of each linear's input and output width here, which the
+    # block's memory-bound bytes count 3 times (forward once, backward twice): 9 + 9, about what the recipe moves,
+    # 10 per input element (forward: amax, read 2, and cast, read 2 write 1; backward the same again for the weight
+    # gradient) and 8 per output element (its gradient's amax and two casts, for dgrad and transposed for wgrad)
+    if layout.float8:
         widths = [(params // width, width) for (_, params), (_, width, _) in zip(model.block_matmuls,
                                                                                  matmul_outputs(model))]
         elem_bytes += 3 * sum(w_in + w_out for w_in, w_out in widths) * T / tp
@@ -172,7 +181,8 @@ def step_time(model: ModelSpec, gpu: GPU, layout: Layout, calibration: Calibrati
 
     # the root: the output head's products, the loss, the final norm
     head_f = 2 * model.vocab * model.hidden / tp * T / mm_peak
-    loss = (LOSS_BYTES_PER_LOGIT * model.vocab / tp * T + 3 * stream / 2 * T / sp_split) / hbm  # + final norm
+    loss_bytes = COMPILED_LOSS_BYTES_PER_LOGIT if layout.compile_loss else LOSS_BYTES_PER_LOGIT
+    loss = (loss_bytes * model.vocab / tp * T + 3 * stream / 2 * T / sp_split) / hbm  # + final norm
 
     # FSDP's collectives of one micro-batch, on the shard group (dp_shard x cp ranks, stride tp)
     n = layout.fsdp_group
