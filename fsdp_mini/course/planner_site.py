@@ -16,8 +16,9 @@ from fsdp_mini.course.planner import CALIBRATION, GPUS, MODELS, GiB
 import fsdp_mini.course.planner.activations as activations
 import fsdp_mini.course.planner.hardware as hardware
 from fsdp_mini.course.planner.memory import ALLOCATOR_OVERHEAD, STATE_BYTES
-from fsdp_mini.course.planner.step_time import (ATTENTION_BACKWARD_RATIO, FSDP_COPY_BYTES_PER_PARAM, HOST_BANDWIDTH,
-                                                LOSS_BYTES_PER_LOGIT, OPTIMIZER_BYTES_PER_PARAM, PCIE_BANDWIDTH)
+from fsdp_mini.course.planner.step_time import (ATTENTION_BACKWARD_RATIO, COMPILED_LOSS_BYTES_PER_LOGIT,
+                                                FSDP_COPY_BYTES_PER_PARAM, HOST_BANDWIDTH, LOSS_BYTES_PER_LOGIT,
+                                                OPTIMIZER_BYTES_PER_PARAM, PCIE_BANDWIDTH)
 from fsdp_mini.course.planner.layout import Checkpointing, Layout
 from fsdp_mini.course.planner.validation import CALIBRATION_ROWS
 
@@ -59,6 +60,7 @@ def site_data() -> dict:
             "ATTENTION_BACKWARD_RATIO": ATTENTION_BACKWARD_RATIO,
             "OPTIMIZER_BYTES_PER_PARAM": OPTIMIZER_BYTES_PER_PARAM,
             "LOSS_BYTES_PER_LOGIT": LOSS_BYTES_PER_LOGIT,
+            "COMPILED_LOSS_BYTES_PER_LOGIT": COMPILED_LOSS_BYTES_PER_LOGIT,
             "HOST_BANDWIDTH": HOST_BANDWIDTH,
             "PCIE_BANDWIDTH": PCIE_BANDWIDTH,
             "FSDP_COPY_BYTES_PER_PARAM": list(FSDP_COPY_BYTES_PER_PARAM),
@@ -67,7 +69,8 @@ def site_data() -> dict:
 
 
 def data_script() -> str:
-    """`site_data()` as a script that sets `window.PLANNER_DATA` (safe inside an HTML <script> element)."""
+    """`site_data()` as JavaScript that sets `window.PLANNER_DATA`; its `</` are escaped, so it can sit inside an HTML
+    script element."""
     text = json.dumps(site_data(), separators=(",", ":")).replace("</", "<\\/")
     return f"window.PLANNER_DATA = {text};"
 

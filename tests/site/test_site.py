@@ -605,7 +605,7 @@ PLANNER_CASES = [
     {"model": "llama3-70b", "gpu": "h100-sxm", "gpus": "256", "tp": "8", "sp": True, "local_batch": "16", "ac": "full",
      "compile": True},  # TP with SP, compiled
     {"model": "llama3-8b", "gpu": "h100-96gb", "tp": "8", "sp": True, "local_batch": "12", "ac": "selective-op",
-     "compile": True, "float8": True},  # float8
+     "compile": True, "float8": True, "compile_loss": True},  # float8, the loss compiled
     {"model": "llama3-70b", "gpu": "h200", "gpus": "128", "seq": "32768", "tp": "8", "sp": True, "cp": "4", "ac": "full"},
     {"model": "llama2-7b", "gpu": "h100-sxm", "seq": "4096", "local_batch": "4", "dp_replicate": "4",
      "micro_batches": "2", "ac": "selective-op"},  # HSDP
@@ -635,6 +635,7 @@ PLANNER_ERRORS = [
 ]
 PLANNER_INTS = ("gpus", "gpus_per_node", "dp_replicate", "tp", "cp", "seq", "local_batch", "micro_batches")
 PLANNER_SHAPES = ("hidden", "layers", "heads", "kv_heads", "ffn", "vocab")
+PLANNER_FLAGS = ("sp", "float8", "compile", "compile_loss")
 
 
 def planner_inputs(case: dict) -> dict:
@@ -643,7 +644,7 @@ def planner_inputs(case: dict) -> dict:
 
     data = site_data()
     start, defaults = data["start"], data["layout_defaults"]
-    out = {k: str(defaults.get(k, "")) for k in PLANNER_INTS} | {k: defaults[k] for k in ("sp", "float8", "compile")}
+    out = {k: str(defaults.get(k, "")) for k in PLANNER_INTS} | {k: defaults[k] for k in PLANNER_FLAGS}
     out |= {"ac": defaults["ac"]} | {k: (v if isinstance(v, bool) else str(v)) for k, v in start.items()
                                      if not k.startswith("published")}
     model = data["models"][start["model"]]
@@ -678,7 +679,7 @@ def _python_planner(frozen: tuple) -> tuple:
     argv = ["--model", "llama3-8b" if v["model"] == "custom" else v["model"], "--gpu", v["gpu"]]
     for k in PLANNER_INTS:  # the order the CLI defines them in, which is the order argparse reads them in
         argv += [f"--{k.replace('_', '-')}", v[k]]
-    argv += ["--ac", v["ac"]] + [f"--{k}" for k in ("sp", "float8", "compile") if v[k]]
+    argv += ["--ac", v["ac"]] + [f"--{k.replace('_', '-')}" for k in PLANNER_FLAGS if v[k]]
     if v["model"] != "custom":
         one, error = _cli(argv + ["--json"])
         if error:
@@ -692,8 +693,7 @@ def _python_planner(frozen: tuple) -> tuple:
     shapes = {k: int(v[k]) if re.fullmatch(r"\s*[+-]?\d+\s*", v[k]) else v[k] for k in PLANNER_SHAPES}
     try:
         model = custom_model("custom", **shapes, **{k: family[k] for k in ("mlp", "norm", "bias", "tied", "positions")})
-        layout = Layout(**{k: int(v[k]) for k in PLANNER_INTS}, ac=v["ac"], sp=v["sp"], float8=v["float8"],
-                        compile=v["compile"])
+        layout = Layout(**{k: int(v[k]) for k in PLANNER_INTS}, ac=v["ac"], **{k: v[k] for k in PLANNER_FLAGS})
         gpu = get_gpu(v["gpu"])
         result = plan(model, gpu, layout).to_dict()
         ranked = [{"rank": c.rank, "layout": describe(c.plan.layout), "why": c.why} | c.plan.to_dict()
@@ -764,7 +764,8 @@ def test_planner_equals_python(browser, server, lang):
     assert {c["ac"] for c in full} == {mode.value for mode in Checkpointing}
     for what in (lambda c: int(c["tp"]) > 1 and c["sp"], lambda c: int(c["tp"]) > 1 and not c["sp"],
                  lambda c: int(c["cp"]) > 1, lambda c: int(c["dp_replicate"]) > 1, lambda c: int(c["micro_batches"]) > 1,
-                 lambda c: c["float8"], lambda c: c["compile"], lambda c: c["model"] == "custom"):
+                 lambda c: c["float8"], lambda c: c["compile"], lambda c: c["compile_loss"],
+                 lambda c: c["model"] == "custom"):
         assert any(what(c) for c in full)
     tab = Tab(browser, server)
     try:

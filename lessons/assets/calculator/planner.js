@@ -169,7 +169,11 @@
       if (mode === SELECTIVE_LAYER) return floorDiv(layers, every);
       return layers;
     }
-    function lossBytesPerToken(model, e) { return model.vocab * (e + 2 * C.LOSS_FP32); }
+    function lossBytesPerToken(model, e, compile, vocabParallel) {
+      if (compile) return model.vocab * 2 * e;
+      var backward = (vocabParallel ? 4 : 3) * C.LOSS_FP32;
+      return model.vocab * Math.max(e + 2 * C.LOSS_FP32, backward);
+    }
 
     // --- memory.py -----------------------------------------------------------------------------------------
     function savedBytes(items, l, tokens) {
@@ -198,7 +202,7 @@
         : model.layers * perBlock[l.ac];
       var finalNorm = savedBytes(normSaved(model, e, l.compile), l, tokens);
       var rebuilt = nCkpt ? perBlock[NONE] : 0.0;
-      var loss = lossBytesPerToken(model, e) * tokens / tp;
+      var loss = lossBytesPerToken(model, e, l.compile_loss, tp > 1) * tokens / tp;
       var inFlight = (1 + l.prefetch) * unit * gatheredBytes;
       var backwardBuffers = unit * 2 + unit * 4 + rootBytes;
       var kept = unit * gatheredBytes * (l.reshard_after_forward ? 1 : model.layers);
@@ -298,7 +302,8 @@
       var recomputeShare = nCkpt / L;
 
       var headF = 2 * model.vocab * model.hidden / tp * T / mmPeak;
-      var loss = (C.LOSS_BYTES_PER_LOGIT * model.vocab / tp * T + 3 * stream / 2 * T / spSplit) / hbm;
+      var lossBytes = l.compile_loss ? C.COMPILED_LOSS_BYTES_PER_LOGIT : C.LOSS_BYTES_PER_LOGIT;
+      var loss = (lossBytes * model.vocab / tp * T + 3 * stream / 2 * T / spSplit) / hbm;
 
       var n = l.fsdp_group;
       var fl = groupLink(n, tp, gpu, l.gpus_per_node, c.network_fraction);
@@ -442,7 +447,7 @@
         model: p.model.name, gpu: p.gpu.name, params: p.model.params,
         layout: {gpus: l.gpus, gpus_per_node: l.gpus_per_node, dp_replicate: l.dp_replicate, dp_shard: l.dp_shard,
                  tp: l.tp, sp: l.sp, cp: l.cp, seq: l.seq, local_batch: l.local_batch, micro_batches: l.micro_batches,
-                 ac: l.ac, float8: l.float8, compile: l.compile},
+                 ac: l.ac, float8: l.float8, compile: l.compile, compile_loss: l.compile_loss},
         memory_gib: m.peak_reserved / C.GiB, memory_allocated_gib: m.peak_allocated / C.GiB,
         memory_capacity_gib: m.capacity / C.GiB, memory: memory, memory_peak_moment: MOMENTS[m.moment],
         fits: m.fits, short_by_gib: m.short_by / C.GiB, step_s: t.step_s, step_parts_s: parts,

@@ -23,6 +23,7 @@
       cp: "Context parallel (--cp)", seq: "Sequence length (--seq)", local_batch: "Sequences per data-parallel rank (--local-batch)",
       micro_batches: "Micro-batches (--micro-batches)", ac: "Activation checkpointing (--ac)",
       float8: "float8 linears (--float8)", compile: "torch.compile (--compile)",
+      compile_loss: "the loss compiled too (--compile-loss)",
       reset: "torchtitan's published run", params: "parameters",
       headline: "{model} ({params} {params_word}) on {gpus} × {gpu}: {layout}, {batch} × {seq} tokens per data-parallel rank, AC {ac}",
       fits: "Fits: {peak} of {capacity} GiB per GPU ({free} GiB free).",
@@ -79,6 +80,7 @@
       seq: "Длина последовательности (--seq)", local_batch: "Последовательностей на ранг параллелизма по данным (--local-batch)",
       micro_batches: "Микробатчи (--micro-batches)", ac: "Чекпоинтинг активаций (--ac)",
       float8: "линейные слои в float8 (--float8)", compile: "torch.compile (--compile)",
+      compile_loss: "лосс тоже через torch.compile (--compile-loss)",
       reset: "опубликованный запуск torchtitan", params: "параметров",
       headline: "{model} ({params} {params_word}) на {gpus} × {gpu}: {layout}, {batch} × {seq} токенов на ранг параллелизма по данным, AC {ac}",
       fits: "Помещается: {peak} из {capacity} ГиБ на GPU (свободно {free} ГиБ).",
@@ -160,7 +162,7 @@
 
   // the CLI's options, in the order `python -m fsdp_mini plan` defines them (argparse reads them in that order)
   var INT_FIELDS = ["gpus", "gpus_per_node", "dp_replicate", "tp", "cp", "seq", "local_batch", "micro_batches"];
-  var FLAGS = ["sp", "float8", "compile"];
+  var FLAGS = ["sp", "float8", "compile", "compile_loss"];
   var SHAPES = ["hidden", "layers", "heads", "kv_heads", "ffn", "vocab"];
   var INT = /^\s*[+-]?\d+(_\d+)*\s*$/;  // what Python's int() reads (ASCII digits)
 
@@ -357,7 +359,7 @@
           mfu: num(d.mfu * 100, 1, t), step: num(d.step_s, 3, t)})})]));
       var s = D.start, l0 = p.layout;
       if (v.model === s.model && v.gpu === s.gpu && l0.gpus === s.gpus && l0.seq === s.seq && l0.local_batch === s.local_batch &&
-          l0.tp === s.tp && l0.cp === 1 && l0.dp_replicate === 1 && l0.ac === s.ac && !l0.float8 && !l0.compile &&
+          l0.tp === s.tp && l0.cp === 1 && l0.dp_replicate === 1 && l0.ac === s.ac && !l0.float8 && !l0.compile && !l0.compile_loss &&
           l0.micro_batches === 1 && l0.gpus_per_node === D.layout_defaults.gpus_per_node) {
         out.appendChild(el("p", {class: "pl-published", text: fill(t.published, {rate: num(s.published_tokens_per_s, 0, t),
           tokens: plural(s.published_tokens_per_s, t.words.tokens, t),
@@ -515,7 +517,7 @@
         if (D.layout_defaults[k] === undefined || value !== D.layout_defaults[k]) opts.push("--" + k.replace(/_/g, "-") + " " + value);
       });
       if (v.ac !== D.layout_defaults.ac) opts.push("--ac " + v.ac);
-      FLAGS.forEach(function (k) { if (v[k]) opts.push("--" + k); });
+      FLAGS.forEach(function (k) { if (v[k]) opts.push("--" + k.replace(/_/g, "-")); });
       if (v.model === "custom") {
         var m = D.models[v.family];
         var shape = SHAPES.map(function (k) { return k + "=" + parseInt(v[k].replace(/_/g, ""), 10); }).join(", ");
