@@ -83,12 +83,12 @@
       compile_loss: "лосс тоже через torch.compile (--compile-loss)",
       reset: "опубликованный запуск torchtitan", params: "параметров",
       headline: "{model} ({params} {params_word}) на {gpus} × {gpu}: {layout}, {batch} × {seq} токенов на ранг параллелизма по данным, AC {ac}",
-      fits: "Помещается: {peak} из {capacity} ГиБ на GPU (свободно {free} ГиБ).",
-      short: "Не помещается: {peak} из {capacity} ГиБ на GPU, не хватает {short} ГиБ.",
-      rate: "{rate} {tokens}/с на GPU, MFU {mfu} %, шаг {step} с.",
-      published: "Опубликовано для этого запуска (torchtitan, docs/performance.md): {rate} {tokens}/с на GPU, MFU {mfu} %.",
+      fits: "Помещается: {peak} из {capacity}\u00a0ГиБ на GPU (свободно {free}\u00a0ГиБ).",
+      short: "Не помещается: {peak} из {capacity}\u00a0ГиБ на GPU, не хватает {short}\u00a0ГиБ.",
+      rate: "{rate} {tokens}/с на GPU, MFU {mfu}\u00a0%, шаг {step}\u00a0с.",
+      published: "Опубликовано для этого запуска (torchtitan, docs/performance.md): {rate} {tokens}/с на GPU, MFU {mfu}\u00a0%.",
       memory: "Память GPU в пике", memory_table: "Все слагаемые", gib: "ГиБ", s: "с",
-      capacity: "память GPU {x} ГиБ", states: "состояния модели (параметры, градиенты и моменты AdamW в fp32)",
+      capacity: "память GPU {x}\u00a0ГиБ", states: "состояния модели (параметры, градиенты и моменты AdamW в fp32)",
       root: "собранный корневой юнит", activations: "активации", loss: "логиты и лосс", gathered: "собранные блоки",
       root_grad: "градиент корневого юнита", block: "блок в backward (пересчитанный forward или буферы градиентов)",
       reserve: "запас аллокатора", peak_allocated: "пик выделенной памяти",
@@ -131,8 +131,8 @@
         "TP collectives (exposed)": "обмен данными TP", "CP ring (exposed)": "кольцо CP",
         "FSDP AllGather (exposed)": "AllGather FSDP", "FSDP ReduceScatter / HSDP AllReduce (exposed)": "ReduceScatter FSDP и AllReduce HSDP",
       },
-      why_text: {fastest: "самая быстрая", short: "не хватает {v} ГиБ", as_fast: "так же быстра, как первая (разница меньше 0,5 %)",
-                 exposed: "не скрытый обмен данными: {name}, +{share} % её шага", part: "{name}: +{share} % её шага"},
+      why_text: {fastest: "самая быстрая", short: "не хватает {v}\u00a0ГиБ", as_fast: "так же быстра, как первая (разница меньше 0,5\u00a0%)",
+                 exposed: "не скрыто за вычислениями: {name}, +{share}\u00a0% её шага", part: "{name}: +{share}\u00a0% её шага"},
       batch: "батч", words: {tokens: ["токен", "токена", "токенов"], params: ["параметр", "параметра", "параметров"],
                             sequences: ["последовательность", "последовательности", "последовательностей"]},
       err: {
@@ -489,9 +489,9 @@
                               title: t.apply}, [
             el("td", {class: "pl-num", text: c.rank === null ? "–" : String(c.rank)}),
             el("td", {class: "pl-layout", text: describe(cl, t)}),
-            el("td", {class: "pl-num", text: num(q.memory.peak_reserved / D.constants.GiB, 1, t)}),
-            el("td", {class: "pl-num", text: num(q.time.tokens_per_s_per_gpu, 0, t)}),
-            el("td", {class: "pl-num", text: num(q.time.mfu * 100, 1, t)}),
+            el("td", {class: "pl-num", "data-label": t.mem, text: num(q.memory.peak_reserved / D.constants.GiB, 1, t)}),
+            el("td", {class: "pl-num", "data-label": t.tok, text: num(q.time.tokens_per_s_per_gpu, 0, t)}),
+            el("td", {class: "pl-num", "data-label": "% " + t.mfu, text: num(q.time.mfu * 100, 1, t)}),
             el("td", {class: "pl-why", text: whyText(c.why, t)})]);
           row.addEventListener("click", function () {
             setValues({dp_replicate: cl.dp_replicate, tp: cl.tp, sp: cl.sp, cp: cl.cp, ac: cl.ac, local_batch: cl.local_batch});
