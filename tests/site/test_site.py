@@ -592,6 +592,272 @@ def test_memory_calculator_equals_estimate_memory(browser, server, lang):
         tab.close()
 
 
+# --- the planner (lessons/*/calculator.md, lessons/assets/calculator/planner.js and planner_page.js) --------
+# Each case: what a reader sets on the page; inputs not named keep the page's start (fsdp_mini.course.
+# planner_site.site_data()["start"]: torchtitan's Llama 3 8B run on 64 A100). Python's numbers come from the CLI,
+# `python -m fsdp_mini plan ... --json` and `--compare --json`, run in this process; a custom model from
+# `custom_model` and `plan` / `compare`, as the page's Python snippet says.
+PLANNER_CASES = [
+    {},
+    {"ac": "selective-op"},
+    {"ac": "full", "local_batch": "2", "micro_batches": "2"},
+    {"model": "llama2-13b", "seq": "4096", "local_batch": "2", "ac": "none"},
+    {"model": "llama3-70b", "gpu": "h100-sxm", "gpus": "256", "tp": "8", "sp": True, "local_batch": "16", "ac": "full",
+     "compile": True},  # TP with SP, compiled
+    {"model": "llama3-8b", "gpu": "h100-96gb", "tp": "8", "sp": True, "local_batch": "12", "ac": "selective-op",
+     "compile": True, "float8": True, "compile_loss": True},  # float8, the loss compiled
+    {"model": "llama3-70b", "gpu": "h200", "gpus": "128", "seq": "32768", "tp": "8", "sp": True, "cp": "4", "ac": "full"},
+    {"model": "llama2-7b", "gpu": "h100-sxm", "seq": "4096", "local_batch": "4", "dp_replicate": "4",
+     "micro_batches": "2", "ac": "selective-op"},  # HSDP
+    {"model": "gpt2-xl", "gpus": "8", "seq": "1024", "local_batch": "16", "micro_batches": "4", "ac": "none", "compile": True},
+    {"model": "gpt2", "gpu": "h100-sxm", "gpus": "2", "gpus_per_node": "2", "seq": "1024", "local_batch": "8", "tp": "2",
+     "sp": True, "ac": "selective-op"},
+    {"model": "llama3-405b", "gpu": "h100-sxm", "gpus": "512", "tp": "8", "sp": True, "cp": "2", "dp_replicate": "2",
+     "ac": "full", "float8": True},  # every degree at once
+    {"model": "llama2-70b", "seq": "4096", "local_batch": "2", "ac": "full"},
+    {"model": "gpt2-medium", "gpu": "h200", "gpus": "16", "gpus_per_node": "4", "seq": "2048", "local_batch": "4",
+     "cp": "2", "ac": "selective-layer"},  # CP across nodes of 4
+    {"gpu": "h100-sxm", "gpus": "16", "local_batch": "3", "cp": "2", "dp_replicate": "2", "ac": "none"},  # HSDP x CP
+    {"model": "llama3-8b", "gpus": "8", "local_batch": "4", "tp": "2", "ac": "none"},  # TP without SP; does not fit
+    {"model": "custom", "family": "gpt2", "hidden": "2048", "layers": "24", "heads": "16", "kv_heads": "16",
+     "ffn": "8192", "vocab": "50257", "gpus": "16", "seq": "2048", "local_batch": "8", "ac": "none"},
+    {"model": "custom", "family": "llama3-8b", "hidden": "3072", "layers": "28", "heads": "24", "kv_heads": "8",
+     "ffn": "8192", "vocab": "128256", "gpus": "32", "tp": "4", "seq": "4096", "local_batch": "2", "ac": "full"},
+]
+# Bad input: the page shows the error Python raises (argparse's for a value that is not an integer)
+PLANNER_ERRORS = [
+    {"gpus": "abc"}, {"seq": "8192.5"}, {"gpus": "0"}, {"micro_batches": "-1"}, {"gpus": "12", "tp": "8"},
+    {"gpus": "12"}, {"sp": True}, {"gpus": "48", "cp": "3"}, {"cp": "2", "seq": "8194"},
+    {"local_batch": "3", "micro_batches": "2"}, {"tp": "8", "sp": True, "seq": "8196"}, {"gpus": "48", "tp": "3"},
+    {"float8": True}, {"tp": "8", "gpus_per_node": "4"},
+    {"model": "custom", "heads": "7"}, {"model": "custom", "kv_heads": "5"}, {"model": "custom", "hidden": "0"},
+    {"model": "custom", "vocab": "lots"}, {"model": "custom", "layers": "2", "tp": "8", "ffn": "1001"},
+]
+PLANNER_INTS = ("gpus", "gpus_per_node", "dp_replicate", "tp", "cp", "seq", "local_batch", "micro_batches")
+PLANNER_SHAPES = ("hidden", "layers", "heads", "kv_heads", "ffn", "vocab")
+PLANNER_FLAGS = ("sp", "float8", "compile", "compile_loss")
+
+
+def planner_inputs(case: dict) -> dict:
+    """Every input of the page for `case`: the page's start, the case's changes, a preset's shapes."""
+    from fsdp_mini.course.planner_site import site_data
+
+    data = site_data()
+    start, defaults = data["start"], data["layout_defaults"]
+    out = {k: str(defaults.get(k, "")) for k in PLANNER_INTS} | {k: defaults[k] for k in PLANNER_FLAGS}
+    out |= {"ac": defaults["ac"]} | {k: (v if isinstance(v, bool) else str(v)) for k, v in start.items()
+                                     if not k.startswith("published")}
+    model = data["models"][start["model"]]
+    out |= {"family": "llama3-8b"} | {k: str(model[k]) for k in PLANNER_SHAPES}
+    return out | case
+
+
+def _cli(argv: list[str]):
+    """`python -m fsdp_mini plan ARGV`, in this process: (parsed JSON, None) or (None, argparse's error message)."""
+    import contextlib
+    import io
+
+    from fsdp_mini.course.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(["plan", *argv])
+        except SystemExit:
+            return None, err.getvalue().strip().splitlines()[-1].split(": error: ", 1)[1]
+    return json.loads(out.getvalue()), None
+
+
+@functools.lru_cache(maxsize=None)
+def _python_planner(frozen: tuple) -> tuple:
+    """(plan's to_dict, the ranking as --compare --json prints it, None), or (None, None, the error message)."""
+    from fsdp_mini.course.planner import Layout, custom_model, get_gpu, plan
+    from fsdp_mini.course.planner.compare import compare, describe
+    from fsdp_mini.course.planner_site import site_data
+
+    v = dict(frozen)
+    argv = ["--model", "llama3-8b" if v["model"] == "custom" else v["model"], "--gpu", v["gpu"]]
+    for k in PLANNER_INTS:  # the order the CLI defines them in, which is the order argparse reads them in
+        argv += [f"--{k.replace('_', '-')}", v[k]]
+    argv += ["--ac", v["ac"]] + [f"--{k.replace('_', '-')}" for k in PLANNER_FLAGS if v[k]]
+    if v["model"] != "custom":
+        one, error = _cli(argv + ["--json"])
+        if error:
+            return None, None, error
+        return one, _cli(argv + ["--compare", "--json"])[0], None
+    # custom_model takes what the page read: an integer, or the text as it was typed
+    _, error = _cli(argv + ["--json"]) if not all(re.fullmatch(r"\s*[+-]?\d+\s*", v[k]) for k in PLANNER_INTS) else (0, None)
+    if error:
+        return None, None, error
+    family = site_data()["models"][v["family"]]
+    shapes = {k: int(v[k]) if re.fullmatch(r"\s*[+-]?\d+\s*", v[k]) else v[k] for k in PLANNER_SHAPES}
+    try:
+        model = custom_model("custom", **shapes, **{k: family[k] for k in ("mlp", "norm", "bias", "tied", "positions")})
+        layout = Layout(**{k: int(v[k]) for k in PLANNER_INTS}, ac=v["ac"], **{k: v[k] for k in PLANNER_FLAGS})
+        gpu = get_gpu(v["gpu"])
+        result = plan(model, gpu, layout).to_dict()
+        ranked = [{"rank": c.rank, "layout": describe(c.plan.layout), "why": c.why} | c.plan.to_dict()
+                  for c in compare(model, gpu, layout)]
+    except ValueError as exc:
+        return None, None, str(exc)
+    return result, ranked, None
+
+
+def python_planner(case: dict) -> tuple:
+    return _python_planner(tuple(sorted(planner_inputs(case).items())))
+
+
+def set_planner(page, case: dict) -> None:
+    page.click("#pl-reset")
+    inputs = dict(case)
+    if "model" in inputs:  # first: a preset fills the custom shapes with its own
+        page.select_option("#pl-model", inputs.pop("model"))
+    for key, value in inputs.items():
+        target = "#pl-" + key.replace("_", "-")
+        if isinstance(value, bool):
+            page.set_checked(target, value)
+        elif key in ("gpu", "ac", "family"):
+            page.select_option(target, value)
+        else:
+            page.fill(target, value)
+
+
+def shown_number(value: float, digits: int, lang: str) -> str:
+    """fsdp_mini.course.language.num in the page's language."""
+    from fsdp_mini.course import language
+
+    before = language.get_language()
+    language.set_language(lang)
+    try:
+        return language.num(value, digits)
+    finally:
+        language.set_language(before)
+
+
+def test_planner_page_carries_site_data(site):
+    """The numbers the page's JavaScript uses are Python's: the built page holds exactly site_data()."""
+    from fsdp_mini.course.planner_site import site_data
+
+    expected = json.loads(json.dumps(site_data()))
+    for lang in LANGS:
+        html = page_path(site[0], lang, "calculator").read_text(encoding="utf-8")
+        found = re.search(r'<script id="planner-data">window\.PLANNER_DATA = (.*?);</script>', html, re.S)
+        assert found, lang
+        assert json.loads(found.group(1).replace("<\\/", "</")) == expected, lang
+    js = (LESSONS / "assets" / "calculator" / "planner.js").read_text(encoding="utf-8")
+    for number in ("0.729", "0.604", "0.246", "312e12", "989e12", "1.02", "2.5", "128256", "14336"):
+        assert number not in js, f"planner.js restates {number}: it belongs in PLANNER_DATA"
+
+
+@pytest.mark.parametrize("lang", LANGS)
+def test_planner_equals_python(browser, server, lang):
+    """Every number of plan --json and of plan --compare --json, bit for bit, on each case; the page's tables
+    print them as the course prints numbers in the page's language."""
+    from fsdp_mini.course.planner import Layout
+    from fsdp_mini.course.planner.compare import describe
+
+    from fsdp_mini.course.planner import Checkpointing
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    full = [planner_inputs(case) for case in PLANNER_CASES]
+    assert len(full) >= 12
+    assert {c["ac"] for c in full} == {mode.value for mode in Checkpointing}
+    for what in (lambda c: int(c["tp"]) > 1 and c["sp"], lambda c: int(c["tp"]) > 1 and not c["sp"],
+                 lambda c: int(c["cp"]) > 1, lambda c: int(c["dp_replicate"]) > 1, lambda c: int(c["micro_batches"]) > 1,
+                 lambda c: c["float8"], lambda c: c["compile"], lambda c: c["compile_loss"],
+                 lambda c: c["model"] == "custom"):
+        assert any(what(c) for c in full)
+    tab = Tab(browser, server)
+    try:
+        tab.open(url(lang, "calculator"))
+        tab.page.locator("#planner").screenshot(path=str(ARTIFACTS / f"planner-{lang}.png"))
+        published = tab.page.text_content("#planner .pl-published")
+        assert shown_number(2904, 0, lang) in published, published
+        for case in PLANNER_CASES:
+            expected, ranked, error = python_planner(case)
+            assert error is None, (case, error)
+            set_planner(tab.page, case)
+            state = tab.page.evaluate("() => window.planner.state()")
+            assert "error" not in state, (case, state.get("error"))
+            assert state["plan"] == expected, case
+            assert state["ranked"] == ranked, case
+            # what the page prints
+            memory = tab.page.evaluate("""() => Object.fromEntries([...document.querySelectorAll('#pl-memory tr')]
+                .map(tr => [tr.dataset.key, [tr.cells[0].textContent, tr.querySelector('.pl-num').textContent]]))""")
+            for key, gib in expected["memory"].items():
+                assert memory[key][1] == shown_number(gib, 2, lang), (case, key)
+            assert memory["peak_reserved"][1] == shown_number(expected["memory_gib"], 2, lang)
+            assert memory["peak_allocated"][1] == shown_number(expected["memory_allocated_gib"], 2, lang)
+            times = tab.page.evaluate("""() => Object.fromEntries([...document.querySelectorAll('#pl-time tr')]
+                .map(tr => [tr.dataset.key, tr.querySelector('.pl-num').textContent]))""")
+            for key, seconds in expected["step_parts_s"].items():
+                assert times[key] == shown_number(seconds, 3, lang), (case, key)
+            assert times["step"] == shown_number(expected["step_s"], 3, lang)
+            rate = tab.page.text_content("#pl-rate")
+            assert shown_number(expected["tokens_per_s_per_gpu"], 0, lang) in rate, rate
+            assert shown_number(expected["mfu"] * 100, 1, lang) in rate, rate
+            verdict = tab.page.text_content("#pl-verdict")
+            assert shown_number(expected["memory_gib"], 1, lang) in verdict
+            if not expected["fits"]:
+                assert shown_number(expected["short_by_gib"], 1, lang) in verdict
+            rows = tab.page.evaluate("""() => [...document.querySelectorAll('#pl-rank tr[data-rank]')]
+                .map(tr => [...tr.cells].map(td => td.textContent))""")
+            assert len(rows) == min(12, len(ranked))
+            for row, want in zip(rows, ranked):
+                assert row[0] == (str(want["rank"]) if want["rank"] else "–")
+                assert row[2:5] == [shown_number(want["memory_gib"], 1, lang),
+                                    shown_number(want["tokens_per_s_per_gpu"], 0, lang),
+                                    shown_number(want["mfu"] * 100, 1, lang)], (case, want["layout"])
+                # the CLI's JSON rows carry to_dict()'s layout (it overrides describe's line): describe it again
+                described = describe(Layout(**{k: v for k, v in want["layout"].items() if k != "dp_shard"}))
+                if lang == "en":
+                    assert row[1] == described and row[5] == want["why"], (case, row)
+                else:
+                    assert row[1] == described.replace(", batch ", ", батч "), row
+                    assert CYRILLIC.search(row[5]), row
+            text = tab.page.text_content("#planner")
+            assert "undefined" not in text and "NaN" not in text, case
+            if lang == "ru":
+                assert "ГиБ" in text and "GiB" not in text
+            if case == PLANNER_CASES[6]:
+                tab.page.locator("#planner").screenshot(path=str(ARTIFACTS / f"planner-cp-{lang}.png"))
+        assert not tab.inspect()["problems"]
+    finally:
+        tab.close()
+
+
+@pytest.mark.parametrize("lang", LANGS)
+def test_planner_refuses_what_python_refuses(browser, server, lang):
+    """Bad input: the English page shows Python's own message; the Russian page the same message in Russian,
+    with every option, number and name of Python's."""
+    tab = Tab(browser, server)
+    try:
+        tab.open(url(lang, "calculator"))
+        seen = set()
+        for case in PLANNER_ERRORS:
+            _, _, error = python_planner(case)
+            assert error, case
+            set_planner(tab.page, case)
+            assert tab.page.locator("#pl-error").count() == 1, case
+            assert tab.page.locator("#pl-rank").count() == 0, case
+            shown = tab.page.text_content("#pl-error")
+            state = tab.page.evaluate("() => window.planner.state()")
+            assert state["error"]["en"] == error, case  # word for word, in either page's language
+            if lang == "en":
+                assert shown == error, case
+            else:
+                assert shown == state["error"]["ru"] and CYRILLIC.search(shown), case
+                for token in re.findall(r"--[a-z0-9-]+|'[^']*'|(?<![\w.])\d+(?![\w.])", error):
+                    assert token in shown, (case, token, shown)
+            seen.add(tab.page.get_attribute("#pl-error", "data-key"))
+        assert len(seen) >= 15, seen  # the cases reach that many of Python's distinct checks
+        tab.page.click("#pl-reset")
+        assert tab.page.locator("#pl-error").count() == 0
+        assert not tab.inspect()["problems"]
+    finally:
+        tab.close()
+
+
 # --- search, one index per language (lessons/_site/search_per_language.py) -------------------------------
 TEX = re.compile(r"\$[^$\s][^$]*\$|\\\(|\\\[|\\(frac|cdot|alpha|beta|Psi|lceil|approx)\b")
 
