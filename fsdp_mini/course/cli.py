@@ -121,7 +121,8 @@ def plan_cmd(args) -> int:
     if args.compare:
         ranked = compare(model, gpu, layout)
         if args.json:
-            print(json.dumps([{"rank": c.rank, "layout": describe(c.plan.layout), "why": c.why} | c.plan.to_dict()
+            # to_dict()'s "layout" is the layout's fields; its one-line reading goes under "summary"
+            print(json.dumps([{"rank": c.rank, "summary": describe(c.plan.layout), "why": c.why} | c.plan.to_dict()
                               for c in ranked], indent=1))
             return 0
         print(f"{model.name} on {args.gpus} x {gpu.name}, {layout.local_batch * layout.dp} sequences of "

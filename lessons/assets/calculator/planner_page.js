@@ -329,7 +329,7 @@
       }
       var p = result.plan, d = P.toDict(p);
       state = {plan: d, ranked: result.ranked.map(function (c) {
-        return Object.assign({rank: c.rank, layout: P.describe(c.plan.layout), why: whyText(c.why, TEXT.en)}, P.toDict(c.plan));
+        return Object.assign({rank: c.rank, summary: P.describe(c.plan.layout), why: whyText(c.why, TEXT.en)}, P.toDict(c.plan));
       })};
       root.setAttribute("data-state", "ok");
       summary(p, d, v);
