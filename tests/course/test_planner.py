@@ -311,3 +311,49 @@ def test_without_reshard_after_forward_every_block_stays_gathered_and_gathers_on
     assert kept.memory.terms["blocks gathered in flight (bf16)"] == 40 * m.block_params * 2
     assert freed.memory.terms["blocks gathered in flight (bf16)"] == 2 * m.block_params * 2
     assert kept.time.step_s <= freed.time.step_s
+
+
+# --- CPU offload: the host and its PCIe link, per preset, and the offload term by hand -------------------------
+
+def test_each_preset_names_its_pcie_generation_and_its_share_of_host_memory():
+    """Datasheet numbers, halved to one direction: A100 "PCIe Gen4: 64 GB/s", H100/H200 "PCIe Gen5: 128 GB/s";
+    host memory per GPU: one socket's channels x transfer rate x 8 bytes over the 4 GPUs it feeds."""
+    assert get_gpu("a100-80gb").pcie_bandwidth == 64e9 / 2  # Gen4 x16
+    assert all(get_gpu(name).pcie_bandwidth == 128e9 / 2 for name in ("h100-sxm", "h100-96gb", "h200"))  # Gen5
+    assert get_gpu("a100-80gb").host_memory_bandwidth == pytest.approx(8 * 3200e6 * 8 / 4)  # EPYC 7742, DDR4-3200
+    assert all(get_gpu(name).host_memory_bandwidth == pytest.approx(8 * 4400e6 * 8 / 4)  # Xeon 8480C, DDR5-4400
+               for name in ("h100-sxm", "h100-96gb", "h200"))
+
+
+def test_the_cpu_adamw_bytes_are_what_pytorchs_cpu_adamw_reads_and_writes():
+    """Counted op by op on PyTorch's own step: the default (on CPU tensors, the single-tensor loop) and foreach
+    move 80 bytes per parameter, fused 32."""
+    import torch
+
+    from fsdp_mini.course.activations import step_traffic
+    from fsdp_mini.course.planner.step_time import CPU_ADAMW_BYTES_PER_PARAM, CPU_FUSED_ADAMW_BYTES_PER_PARAM
+
+    options = dict(lr=1e-3, weight_decay=0.1)
+    assert step_traffic(torch.optim.AdamW, **options) == CPU_ADAMW_BYTES_PER_PARAM == 80
+    assert step_traffic(torch.optim.AdamW, foreach=True, **options) == CPU_ADAMW_BYTES_PER_PARAM
+    assert step_traffic(torch.optim.AdamW, fused=True, **options) == CPU_FUSED_ADAMW_BYTES_PER_PARAM == 32
+
+
+@pytest.mark.parametrize("reshard, micro_batches", [(True, 1), (False, 1), (True, 2)])
+def test_cpu_offload_time_by_hand(reshard, micro_batches):
+    """Llama-2-7B on 8 H100s: per GPU a shard of N / 8 parameters. The host step: 80 bytes (AdamW) + 12
+    (clipping) per parameter at half of 70.4 GB/s; PCIe: 8 bytes per parameter to the GPU (4 without
+    reshard after forward) against 4 back, the longer direction, per micro-batch, at 80 % of 64 GB/s."""
+    model, gpu = get_model("llama2-7b"), get_gpu("h100-sxm")
+    base = dict(gpus=8, seq=4096, local_batch=2, micro_batches=micro_batches, ac="full",
+                reshard_after_forward=reshard)
+    on = plan(model, gpu, Layout(cpu_offload=True, **base)).time
+    off = plan(model, gpu, Layout(**base)).time
+    shard = model.params / 8
+    host = shard * (80 + 12) / (0.5 * 8 * 4400e6 * 8 / 4)
+    pcie = micro_batches * shard * (8 if reshard else 4) / (0.8 * 64e9)
+    assert on.parts["optimizer step"] == pytest.approx(host)
+    assert on.parts["PCIe copies (CPU offload)"] == pytest.approx(pcie)
+    assert "PCIe copies (CPU offload)" not in off.parts
+    # everything else is the run without offload: its step less its GPU optimizer step, plus these two
+    assert on.step_s == pytest.approx(off.step_s - off.parts["optimizer step"] + host + pcie)

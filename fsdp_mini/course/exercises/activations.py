@@ -13,7 +13,7 @@ recomputations in backward: within budget, and no more recomputations than neede
 unit's forward (2 FLOPs per parameter per token) last as long as the next unit's AllGather over the
 cluster's slowest ring link. The judge prices each case's AllGather with `fsdp_mini.course.cost`
 (the alpha-beta ring) and checks that the answer hides it and one token fewer would not (the smallest
-whole number that hides it).
+whole number that hides it, also where the exact answer is whole and floating point lands a hair above it).
 """
 from __future__ import annotations
 
@@ -57,7 +57,9 @@ def tokens_to_hide(
     alpha, bandwidth = cluster.link(cluster.nodes > 1)  # FULL_SHARD's ring spans every node
     gather = (n - 1) * alpha + (n - 1) / n * unit_params * param_bytes / bandwidth  # seconds
     # forward: 2 FLOPs per parameter per token
-    return math.ceil(gather * flops_per_s / (2 * unit_params))
+    tokens = gather * flops_per_s / (2 * unit_params)
+    # a whole answer can come out a hair above itself (2250.0000000000005): round up only beyond that
+    return math.ceil(tokens * (1 - 1e-9))
 
 
 # --- plausible mistakes, which the judges must catch (tests/course/test_exercise.py) ----------------------------
@@ -121,6 +123,13 @@ def _two_percent_high(unit_params, param_bytes, cluster, flops_per_s):
     alpha, bandwidth = cluster.link(cluster.nodes > 1)
     gather = (n - 1) * alpha + (n - 1) / n * unit_params * param_bytes / bandwidth
     return math.ceil(1.02 * gather * flops_per_s / (2 * unit_params))  # a safety margin: not the smallest
+
+
+def _ceil_without_tolerance(unit_params, param_bytes, cluster, flops_per_s):
+    n = cluster.world_size
+    alpha, bandwidth = cluster.link(cluster.nodes > 1)
+    gather = (n - 1) * alpha + (n - 1) / n * unit_params * param_bytes / bandwidth
+    return math.ceil(gather * flops_per_s / (2 * unit_params))  # 2250.0000000000005 -> 2251, one too many
 
 
 def _always_nvlink(unit_params, param_bytes, cluster, flops_per_s):
@@ -282,6 +291,8 @@ CLUSTER_CASES = [
     ("8 x 8 H100, IB 400 Gb/s", 200e6, 2, Cluster(8, 8, 450e9, 50e9, 5e-6, 20e-6), _H100),
     ("8 x 8 H100, IB, 5M-parameter units", 5e6, 2, Cluster(8, 8, 450e9, 50e9, 5e-6, 20e-6), _H100),
     ("2 x 8 A100, IB 200 Gb/s, fp32 parameters", 50e6, 4, Cluster(2, 8, 300e9, 25e9, 5e-6, 20e-6), 312e12 * 0.4),
+    # the exact answer is whole (2,250 tokens), and floating point computes 2250.0000000000005
+    ("1 x 4, 200 GB/s links, 2M-parameter units", 2e6, 2, Cluster(1, 4, 200e9, 25e9, 5e-6, 20e-6), 300e12),
 ]
 
 
@@ -294,6 +305,12 @@ def _why_tokens(tokens, case) -> str:
     """What a wrong answer probably did, when it is what a known mistake gives (never the answer)."""
     _, params, pbytes, cluster, flops = case
     hints = (
+        (_ceil_without_tolerance, tr(" Here the exact answer is a whole number, and floating-point arithmetic "
+                                     "puts it a hair above (like 0.1 + 0.2 > 0.3): rounding up then adds one "
+                                     "token. Round up only beyond a small tolerance.",
+                                     " Здесь точный ответ целый, а вычисления с плавающей точкой дают чуть "
+                                     "больше (в Python и 0.1 + 0.2 > 0.3), и округление вверх добавляет лишний токен. "
+                                     "Округляйте вверх, только если превышение больше малого допуска.")),
         (_no_alpha, tr(" Your AllGather leaves out the latency: a ring of n ranks takes n - 1 steps, each "
                        "paying alpha.",
                        " В вашем AllGather нет задержки: кольцо из n рангов делает n - 1 шагов, и каждый "
@@ -348,4 +365,5 @@ def _judge_tokens(fn) -> Verdict:
 CHOOSE_CHECKPOINTED = CodeExercise("11.choose_checkpointed", _judge_checkpointed, choose_checkpointed,
                                    (_in_order, _forgets_kept, _sorts_by_saved, _every_block))
 TOKENS_TO_HIDE = CodeExercise("11.tokens_to_hide", _judge_tokens, tokens_to_hide,
-                              (_no_alpha, _whole_unit_per_rank, _six_flops, _always_nvlink, _two_percent_high))
+                              (_no_alpha, _whole_unit_per_rank, _six_flops, _always_nvlink, _two_percent_high,
+                               _ceil_without_tolerance))

@@ -16,6 +16,8 @@ Per micro-batch, per GPU (T tokens: micro-batch x seq / cp; TP ranks each see al
   (`elementwise_bytes`; backward reads and writes twice what forward does), the loss, and the optimizer step
   (AdamW on the fp32 shard plus gradient clipping: 40 bytes per parameter), FSDP2's copy-out and copy-in around
   its collectives (`FSDP_COPY_BYTES_PER_PARAM`). `compile` fuses the block's; `compile_loss` the loss's.
+* CPU offload (`Layout.cpu_offload`): the step in host memory and the shards over PCIe (`cpu_offload_time`),
+  priced on the preset's host (`GPU.pcie_bandwidth`, `GPU.host_memory_bandwidth`).
 * Collectives, alpha-beta rings (`fsdp_mini.course.cost`) on the link their group uses (`group_link`):
   FSDP's AllGather (bf16, or float8) and ReduceScatter (fp32) of each block per micro-batch and the root's
   once; HSDP's AllReduce of the gradient shard; TP's two AllReduces per block and direction (with SP a
@@ -38,16 +40,38 @@ from fsdp_mini.course.planner.hardware import GPU
 from fsdp_mini.course.planner.layout import Checkpointing, Layout
 from fsdp_mini.course.planner.models import ModelSpec
 
-__all__ = ["StepTime", "step_time", "group_link", "elementwise_bytes", "flops_per_token", "mfu",
-           "OPTIMIZER_BYTES_PER_PARAM", "ATTENTION_BACKWARD_RATIO", "FSDP_COPY_BYTES_PER_PARAM"]
+__all__ = ["StepTime", "step_time", "group_link", "elementwise_bytes", "flops_per_token", "mfu", "cpu_offload_time",
+           "OPTIMIZER_BYTES_PER_PARAM", "ATTENTION_BACKWARD_RATIO", "FSDP_COPY_BYTES_PER_PARAM",
+           "CPU_ADAMW_BYTES_PER_PARAM", "CPU_FUSED_ADAMW_BYTES_PER_PARAM", "CLIP_BYTES_PER_PARAM",
+           "PCIE_ACHIEVED", "HOST_MEMORY_ACHIEVED"]
 
 ATTENTION_BACKWARD_RATIO = 2.5
 """Flash attention's backward FLOPs over its forward's: five matrix products (S = QK^T again, dV, dP, dQ, dK)
 to the forward's two (Dao, "FlashAttention-2", 2023, algorithm 2)."""
-OPTIMIZER_BYTES_PER_PARAM = 40
+CLIP_BYTES_PER_PARAM = 12
+"""Bytes per parameter of gradient clipping (fp32): the gradients read for their norm (4), then read and
+written scaled (8)."""
+OPTIMIZER_BYTES_PER_PARAM = 28 + CLIP_BYTES_PER_PARAM
 """HBM bytes per sharded parameter of one step: AdamW (foreach, fp32) reads parameter, gradient and two
-moments (16) and writes parameter and moments (12); clipping reads the gradients for their norm and scales
-them (12)."""
+moments (16) and writes parameter and moments (12); clipping (`CLIP_BYTES_PER_PARAM`)."""
+CPU_ADAMW_BYTES_PER_PARAM = 80
+"""Host-memory bytes per parameter of PyTorch's default `AdamW` step on CPU tensors (fp32, weight decay),
+counted op by op (`fsdp_mini.course.activations.step_traffic`; lesson 11 and the tests count it again). On CPU
+tensors the default is the single-tensor loop (`_default_to_fused_or_foreach` in `torch/optim/optimizer.py`
+picks foreach only for the devices of `_get_foreach_kernels_supported_devices`: cuda, xpu, mtia, privateuse1);
+`foreach=True` counts the same 80. Each of its ops reads and writes whole tensors, temporaries included:
+about three times the 28 a single pass needs."""
+CPU_FUSED_ADAMW_BYTES_PER_PARAM = 32
+"""The same for `AdamW(fused=True)` on CPU tensors (counted the same way): one pass, near the 28 floor. The
+planner prices the default (`cpu_offload_time`)."""
+PCIE_ACHIEVED = 0.8
+"""Share of a PCIe link's nominal one-way bandwidth (`GPU.pcie_bandwidth`) that FSDP's copies reach: an
+assumption (the 128b/130b line code leaves 98 %, packet headers and DMA descriptors take more; about 50 GB/s of
+Gen5's 64, lesson 11's figure). Not fitted: no published run in `validation` offloads."""
+HOST_MEMORY_ACHIEVED = 0.5
+"""Share of the host memory's nominal bandwidth (`GPU.host_memory_bandwidth`) that PyTorch's CPU optimizer step
+streams at: an assumption (lesson 11: about 300 GB/s of a two-socket Sapphire Rapids host's 563-614 GB/s; its
+op-by-op kernels run one after another, each a short pass that does not saturate every channel). Not fitted."""
 FSDP_COPY_BYTES_PER_PARAM = (4, 6)
 """HBM bytes per parameter of a block that FSDP2's own copies move, per micro-batch: each AllGather's copy-out
 from the flat output buffer into the parameters (`foreach_all_gather_copy_out`: read 2, write 2 in bf16; 1 + 1
@@ -213,11 +237,12 @@ def step_time(model: ModelSpec, gpu: GPU, layout: Layout, calibration: Calibrati
     micro = compute + fwd_exposed + bwd_exposed
 
     local_params = model.params / (tp * n)
-    optimizer = local_params * OPTIMIZER_BYTES_PER_PARAM / hbm
-    if layout.cpu_offload:  # the step on the host, and the shard's parameters and gradients over PCIe each step
-        optimizer = local_params * OPTIMIZER_BYTES_PER_PARAM / HOST_BANDWIDTH + local_params * 8 / PCIE_BANDWIDTH
     m = layout.micro_batches
-    step = m * micro + optimizer
+    optimizer = local_params * OPTIMIZER_BYTES_PER_PARAM / hbm
+    pcie = 0.0
+    if layout.cpu_offload:  # the step on the host, the shard's parameters and gradients over PCIe
+        optimizer, pcie = cpu_offload_time(local_params, gpu, layout)
+    step = m * micro + optimizer + pcie
     tokens_per_gpu = layout.tokens_per_step / layout.gpus
     rate = tokens_per_gpu / step
     parts = {
@@ -232,6 +257,8 @@ def step_time(model: ModelSpec, gpu: GPU, layout: Layout, calibration: Calibrati
         "FSDP ReduceScatter / HSDP AllReduce (exposed)": m * bwd_exposed,
         "optimizer step": optimizer,
     }
+    if layout.cpu_offload:
+        parts["PCIe copies (CPU offload)"] = pcie
     collectives = {"fsdp_all_gather_per_block_s": ag, "fsdp_reduce_scatter_per_block_s": rs,
                    "hsdp_all_reduce_per_block_s": ar, "tp_per_block_forward_s": tp_f, "cp_ring_forward_s": cp_ring_f,
                    "block_forward_s": forward, "block_backward_s": block_backward}
@@ -239,7 +266,26 @@ def step_time(model: ModelSpec, gpu: GPU, layout: Layout, calibration: Calibrati
                     parts=parts, collectives=collectives)
 
 
-HOST_BANDWIDTH = 100e9
-"""Bytes/s a host's CPU optimizer streams (two sockets of DDR5; an assumption for CPU offload only)."""
-PCIE_BANDWIDTH = 25e9
-"""Bytes/s per GPU over PCIe Gen4 x16 (32 GB/s raw); an assumption for CPU offload only."""
+def cpu_offload_time(local_params: float, gpu: GPU, layout: Layout) -> tuple[float, float]:
+    """(seconds of the optimizer step on the host, seconds of PCIe copies) per optimizer step of one GPU whose
+    shard holds `local_params` parameters, under FSDP's CPU offload (lesson 11 reads what crosses PCIe from
+    PyTorch's code).
+
+    * The step: PyTorch's default AdamW on the fp32 shard in host memory, plus gradient clipping there
+      (`CPU_ADAMW_BYTES_PER_PARAM` + `CLIP_BYTES_PER_PARAM`), at this GPU's share of its socket's memory
+      (`GPU.host_memory_bandwidth`, every GPU's process steps at once) x `HOST_MEMORY_ACHIEVED`. It runs after
+      backward: nothing hides it.
+    * PCIe, per micro-batch: the fp32 parameter shard to the GPU before each AllGather (twice with reshard after
+      forward: 8 bytes per parameter, else 4), the fp32 gradient shard back after each ReduceScatter (4).
+      The link carries both directions at once, so the longer one counts, at `GPU.pcie_bandwidth` x
+      `PCIE_ACHIEVED`. Counted as not hidden: FSDP issues the copies on its collective streams, where they can
+      overlap compute, so this term is an upper bound.
+    """
+    if gpu.pcie_bandwidth is None or gpu.host_memory_bandwidth is None:
+        raise ValueError(f"GPU {gpu.name!r} names no PCIe or host memory bandwidth: CPU offload cannot be priced")
+    host = local_params * (CPU_ADAMW_BYTES_PER_PARAM + CLIP_BYTES_PER_PARAM) / (
+        gpu.host_memory_bandwidth * HOST_MEMORY_ACHIEVED)
+    to_gpu = (2 if layout.reshard_after_forward else 1) * 4 * local_params
+    to_host = 4 * local_params
+    pcie = layout.micro_batches * max(to_gpu, to_host) / (gpu.pcie_bandwidth * PCIE_ACHIEVED)
+    return host, pcie
