@@ -302,8 +302,81 @@ def ruled_out_in_outputs(nb: dict) -> list[str]:
             continue
         error = _ERROR.search(line)
         text = line[:error.start()] if error else line
+        text = _UNIT_NAME.sub(" ", text)
         hits += [f"cell {i} output: {h}" for h in ruled_out(" ".join(text.split()))]
     return hits
+
+
+# "root" printed as the root unit's name (`unit.name or "root"`, beside "blocks.0"): a name, not prose
+_UNIT_NAME = re.compile(r"(?<![\w.])root(?![\w])")
+
+
+# ----------------------------------------------------------------------------------- output rules
+
+_SEPARATED = r"(?:\d{1,3}(?:[\u00a0\u202f]\d{3})+)"
+# code in a printed line: key=value, slices [a, b), calls, paths, names with digits or underscores
+_OUTPUT_CODE = re.compile(r"\S*[_/\\]\S*|\S+=\S*|\[[^\]\n]*\)|\b[A-Za-z]+\d+\w*|\w+\([^)]*\)")
+OUTPUT_RULES = {
+    # a multiplication in printed dimensions: 8 × 16, TP8 × FSDP (a ratio "1,16x" stays)
+    "times": re.compile(r"(?<=\w)[ \t]+[xх][ \t]+(?=\w)|(?<=\d)[xх](?=\d)"),
+    # thousands grouped by an ordinary space, or a number from 1 000 with no separator (n = 1024 is a formula)
+    "thousands": re.compile(r"(?<![\d,.])\d{1,3}(?: \d{3})+(?![\d,])|(?<![\w.,:/#=\u00a0\u202f-])(?<!= )\d{4,}(?![\w.,])"),
+    # a boolean answering a Russian phrase ("…совпадает: True"): да / нет
+    "bool": re.compile(r"(?<=:)[ \t]*\b(?:True|False)\b(?![=\w(])"),
+}
+
+
+def output_violations(line: str, rules=None) -> list[str]:
+    """What the output rules of STYLE.md find in one printed line (library exception text and code left out)."""
+    error = _ERROR.search(line)
+    text = line[:error.start()] if error else line
+    if line.lstrip().startswith(("Traceback", "File ")):
+        return []
+    found = []
+    for rule in rules or OUTPUT_RULES:
+        probe = _OUTPUT_CODE.sub(lambda m: " " * len(m.group()), text) if rule != "times" else text
+        if rule == "bool" and not CYRILLIC.search(text):
+            continue  # a boolean in an English or code line is Python's
+        found += [f"{rule}: «{m.group().strip()}» в …{text[max(0, m.start() - 30):m.end() + 20].strip()}…"
+                  for m in OUTPUT_RULES[rule].finditer(probe)]
+    return found
+
+
+def read_output_rules(text: str) -> list[tuple[str, list[tuple[str, str]]]]:
+    rows = []
+    for row in style_tables(text)["правило вывода"]:
+        rule = re.fullmatch(r"`([\w-]+)`", row["правило вывода"]).group(1)
+        bad, good = [x.strip() for x in row["нарушение"].split(";")], [x.strip() for x in row["как надо"].split(";")]
+        rows.append((rule, list(zip(bad, good))))
+    return rows
+
+
+OUTPUT_TABLE = read_output_rules(STYLE_TEXT)
+
+
+def test_the_output_rules_are_the_style_sheets():
+    assert [rule for rule, _ in OUTPUT_TABLE] == list(OUTPUT_RULES)
+
+
+@pytest.mark.parametrize("rule, bad, good", [(r, b, g) for r, pairs in OUTPUT_TABLE for b, g in pairs])
+def test_each_output_rule_catches_its_example(rule, bad, good):
+    assert output_violations(bad, [rule]), f"{rule} misses «{bad}»"
+    assert not output_violations(good), f"«{good}»: {output_violations(good)}"
+
+
+def test_output_rules_leave_code_and_names_alone():
+    for fine in ["numel=11190, n=4", "[    0,  1756) из 3\u202f600", "n = 1024: bus_factor = 1,9980", "H100, порт 29500",
+                 "ratio 1,16x", "use_orig_params=False", "tensor([True, False])", "ранг 0: да", "pytorch#190489",
+                 "RuntimeError: Timed out after 3000 ms"]:
+        assert not output_violations(fine), (fine, output_violations(fine))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_russian_outputs_follow_the_output_rules(name):
+    found = [f"cell {i}: {v}" for i, kind, line in output_lines(load("ru", name)) if kind != "error"
+             for v in output_violations(line)]
+    assert not found, f"ru/{name}: {len(found)} output lines break lessons/ru/STYLE.md's output rules:\n" + \
+        "\n".join(found)
 
 
 def markdown_of(nb: dict) -> list[tuple[int, str]]:
@@ -530,6 +603,11 @@ TYPOGRAPHY: dict[str, list[Check]] = {
                    _unit)],
     "dash": [Check(re.compile(r"(?<=\S)(?P<sp>[ \t\u00a0]+)(?:--|-|–)[ \t]+(?=\S)"), _dash),
              Check(re.compile(r"(?<=[^\W\d_])—(?=[^\W\d_])"), lambda m, text: " — ")],
+    # a one-letter variable minus a number or another variable, outside formulas: n − 1 (GPT-2, ZeRO-1, 1-D stay)
+    "minus": [Check(re.compile(r"(?<![\w-])(?P<a>[A-Za-z])[ \t]?-[ \t]?(?P<b>\d+|[A-Za-z])(?![\w-])"),
+                    _sub("\\g<a> \u2212 \\g<b>"))],
+    # an empty cell of a table is an em dash, as in the Russian tables' prose, not a hyphen
+    "empty-cell": [Check(re.compile(r"(?<=\|)(?P<a>[ \t]+)-(?P<b>[ \t]+)(?=\|)"), _sub("\\g<a>—\\g<b>"))],
 }
 
 
