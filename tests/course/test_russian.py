@@ -237,10 +237,25 @@ def test_the_style_sheet_is_read():
     for concept in ("chunk", "link", "communication", "latency", "loss", "parity", "node", "mesh (DeviceMesh)",
                     "collective", "padding", "world size", "activation checkpointing", "flight recorder",
                     "warm-up", "data parallelism", "placements (DTensor)", "million, billion", "timeline",
-                    "notebook", "laptop", "GPU (род)", "GPT (род)"):
+                    "notebook", "laptop", "GPU (род)", "GPT (род)", "root (корень иерархии FSDP)", "unsharded",
+                    "forward, backward", "hook (хуки FSDP)", "core (ядро процессора)", "stream (CUDA)", "layout",
+                    "TP group", "AllReduce, AllGather, ReduceScatter", "род латинских названий",
+                    "cost (калька «стоит»)", "шаблон вступления"):
         assert concept in concepts, f"STYLE.md has no row for {concept}"
     assert [rule for rule, _ in TYPOGRAPHY_TABLE] == list(TYPOGRAPHY), \
         "STYLE.md's typography table and this file's rules: the same ids in the same order"
+
+
+def test_the_style_sheet_has_a_guide_for_editors_and_then_the_tables_the_test_reads():
+    """Part 1 is prose for a human editor (terms decided, the gender rule, calques, fixed phrases, code
+    comments); part 2 holds every table this file reads, and nothing of part 1 is a machine table."""
+    guide, _, tables = STYLE_TEXT.partition("\n# Часть 2.")
+    assert "\n# Часть 1." in guide and tables
+    for heading in ("## Термины", "## Род и склонение латинских названий", "## Кальки", "## Устойчивые фразы",
+                    "## Комментарии в коде"):
+        assert f"\n{heading}" in guide, heading
+    assert not {"понятие", "правило", "правило вывода"} & set(style_tables(guide))
+    assert {"понятие", "правило", "правило вывода"} <= set(style_tables(tables))
 
 
 @pytest.mark.parametrize("term", TERMS, ids=lambda t: f"{t.concept}/{t.form[:24]}")
@@ -319,8 +334,9 @@ _OUTPUT_CODE = re.compile(r"\S*[_/\\]\S*|\S+=\S*|\[[^\]\n]*\)|\b[A-Za-z]+\d+\w*|
 OUTPUT_RULES = {
     # a multiplication in printed dimensions: 8 × 16, TP8 × FSDP (a ratio "1,16x" stays)
     "times": re.compile(r"(?<=\w)[ \t]+[xх][ \t]+(?=\w)|(?<=\d)[xх](?=\d)"),
-    # thousands grouped by an ordinary space, or a number from 1 000 with no separator (n = 1024 is a formula)
-    "thousands": re.compile(r"(?<![\d,.])\d{1,3}(?: \d{3})+(?![\d,])|(?<![\w.,:/#=\u00a0\u202f-])(?<!= )\d{4,}(?![\w.,])"),
+    # thousands grouped by an ordinary space, or a number from 1 000 with no separator (n = 1024 is a formula,
+    # [2798] a list, порт 29500 a name)
+    "thousands": re.compile(r"(?<![\d,.])\d{1,3}(?: \d{3})+(?![\d,])|(?<![\w.,:/#=\[\u00a0\u202f-])(?<!= )(?<!порт )\d{4,}(?![\w.,\]])"),
     # a boolean answering a Russian phrase ("…совпадает: True"): да / нет
     "bool": re.compile(r"(?<=:)[ \t]*\b(?:True|False)\b(?![=\w(])"),
 }
@@ -675,6 +691,8 @@ def test_each_typography_rule_fixes_its_example(rule, bad, good):
     ("percent", "28,6\u00a0%, 5\u202f%"),
     ("unit", "ранг 0 с предвыборкой, FSDP2 с ним, на 4 с другой стратегией, 120\u00a0ГБ, bf16 с"),
     ("dash", "- пункт списка\n| - | 1 |\nn - 1, GPT-2, по-русски, а — б"),
+    ("minus", "GPT-2, ZeRO-1, 1-D, 2-D, x-axis, по-русски, k-й, n \u2212 1, Llama-3-8B, A-B-тест"),
+    ("empty-cell", "|---|---|\n| — | 1 |\n| a - b |"),
 ])
 def test_typography_rules_leave_exceptions_alone(rule, fine):
     assert not typography(fine, [rule]), typography(fine, [rule])
@@ -684,6 +702,7 @@ def test_typography_rules_leave_exceptions_alone(rule, fine):
     ("quotes", 'без пары " кавычка'), ("yo", "Еще"), ("decimal", "1.5x"), ("latin-unit", "5 ms"),
     ("times", "8 x 1024"), ("range", "10 – 20"), ("thousands", "по умолчанию 2000, и 1024"),
     ("percent", "5%"), ("unit", "таймаут 3 с, после"), ("dash", "шард -- доля"),
+    ("minus", "r-1 и r+1, 2(n - 1)"), ("empty-cell", "| 1 | - |"),
 ])
 def test_typography_rules_catch_more_than_their_style_sheet_example(rule, bad):
     assert typography(bad, [rule])
