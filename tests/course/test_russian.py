@@ -820,15 +820,17 @@ def test_library_messages_are_followed_by_a_russian_reading(name):
 
 
 def test_sizes_and_numbers_in_both_languages():
-    from fsdp_mini.course.language import get_language, num, set_language, size
+    from fsdp_mini.course.language import get_language, num, set_language, size, yes
     before = get_language()
     try:
         set_language("en")
         assert [size(512), size(4000), size(1e8), size(31.4e9), num(49152), num(1.5, 1)] == [
             "512 B", "4.0 kB", "100.0 MB", "31.4 GB", "49,152", "1.5"]
+        assert [yes(True), yes(False)] == ["True", "False"]
         set_language("ru")
         assert [size(512), size(4000), size(1e8), size(31.4e9), num(49152), num(1.5, 1)] == [
             "512 Б", "4,0 кБ", "100,0 МБ", "31,4 ГБ", "49\u202f152", "1,5"]
+        assert [yes(True), yes(0), yes(1e-6 < 1e-5)] == ["да", "нет", "да"]  # a verdict (STYLE.md, output rule bool)
     finally:
         set_language(before)
 
