@@ -31,6 +31,12 @@ def tr(en: str, ru: str) -> str:
     return ru if _current == "ru" else en
 
 
+def yes(flag) -> str:
+    """A check's verdict as the lesson's language prints it: True / False in English (Python's own words), да /
+    нет in Russian (lessons/ru/STYLE.md: a Russian phrase is not answered in Python)."""
+    return tr(str(bool(flag)), "да" if flag else "нет")
+
+
 def num(value: float, digits: int | None = None) -> str:
     """A number as the lesson's language writes it: 49,152 and 1.5 in English, 49 152 and 1,5 in Russian
     (a thin no-break space between thousands, a decimal comma). `digits`: places after the point (floats

@@ -255,9 +255,10 @@ def by_unit(seq) -> list[tuple[str, list[str]]]:
 
 def event_name(what: str) -> str:
     """A `sequence` event as a lesson prints it: collectives by their op name, compute and "free" in the
-    lesson's language ("forward" is "прямой проход" in Russian, as in the timeline plots' legend)."""
+    lesson's language ("forward" and "backward" stay Latin in Russian too, as in the Russian lessons' prose and the
+    timeline plots' legend: lessons/ru/STYLE.md)."""
     from fsdp_mini.course.language import tr
 
-    names = {"forward": tr("forward", "прямой проход"), "backward": tr("backward", "обратный проход"),
+    names = {"forward": "forward", "backward": "backward",
              "free": tr("free", "освобождение")}
     return names.get(what, what)

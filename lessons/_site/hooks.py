@@ -318,33 +318,40 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
 
 # 9. the lesson map of the home pages ---------------------------------------------------------------
 LESSON_MAP = "<!-- lesson map -->"
-# How long a learner takes, calibrated on lessons 09-11 worked through as a learner would (75-100 minutes
-# each): technical prose with formulas reads slower than plain prose, code is read line by line, and a code
-# exercise is a cycle of writing, running its check on real ranks, reading the verdict and fixing.
-WORDS_PER_MINUTE = 120     # technical prose, formulas and tables included (folded solutions too)
-CODE_LINES_PER_MINUTE = 12  # the lesson's own code cells, read to be understood before running them
-LISTING_LINES_PER_MINUTE = 20  # the library's source shown by show_source: read, but already explained
+# How long a learner takes. One calibration for every lesson: lessons 09-11, worked through as a learner
+# works (reading, running, writing the exercises), take 120-150 minutes each, and these rates put each of them
+# at 135. Technical prose with formulas reads slower than plain prose, code is read line by line, library
+# code is read too (the listings a lesson shows, and a library file its prose sends the reader to without
+# showing it), and a code exercise is a cycle of writing, running its check on real ranks, reading the verdict
+# and fixing.
+CALIBRATION = ("09-11", 120, 150)  # the lessons timed, and the range a learner needs for each of them
+WORDS_PER_MINUTE = 100     # technical prose, formulas and tables included (folded solutions too)
+CODE_LINES_PER_MINUTE = 10  # the lesson's own code cells, read to be understood before running them
+LISTING_LINES_PER_MINUTE = 20  # library source: shown by show_source (already explained), or a file named in prose
 RUN_MINUTES = 2            # running every cell once (the longest lesson runs about two minutes here)
-EXERCISE_MINUTES = 12      # one code exercise: write the body, run the check, read the verdict, fix
+EXERCISE_MINUTES = 15      # one code exercise: write the body, run the check, read the verdict, fix
 _CODE_EXERCISE = re.compile(r"^[A-Z][A-Z0-9_]*\.check\(", re.M)  # a CodeExercise's check cell
 TIME_MODEL = "<!-- time model -->"
 
 
 def time_model(lang: str) -> str:
     """The home pages' sentence on how the lesson times are estimated, from the constants above."""
+    (first, last), low, high = CALIBRATION[0].split("-"), CALIBRATION[1], CALIBRATION[2]
     if lang == "ru":
         return (f"Время — оценка, а не замер. Текст английского блокнота читается со скоростью "
                 f"{WORDS_PER_MINUTE} слов в минуту, его код — {CODE_LINES_PER_MINUTE} строк в минуту, показанный "
                 f"исходный код библиотеки — {LISTING_LINES_PER_MINUTE} строк в минуту; ещё {RUN_MINUTES} мин "
                 f"уходит на выполнение блокнота и {EXERCISE_MINUTES} мин — на каждое упражнение с кодом "
-                f"(написать, запустить проверку, прочитать вердикт, исправить). Оценка откалибрована на уроках "
-                f"09–11, пройденных так, как их проходит ученик. Свою оценку каждый блокнот называет в начале.")
+                f"(написать, запустить проверку, прочитать вердикт, исправить). Исходный файл библиотеки, на который "
+                f"урок ссылается, но не показывает, читается с той же скоростью, что и показанный код. Оценка "
+                f"откалибрована на уроках {first}–{last}: ученик проходит каждый из них за {low}–{high} минут.")
     return (f"Times are estimates, not measurements: each English notebook's prose read at {WORDS_PER_MINUTE} "
             f"words a minute, its code at {CODE_LINES_PER_MINUTE} lines a minute, the library source it shows at "
             f"{LISTING_LINES_PER_MINUTE} lines a minute, {RUN_MINUTES} minutes for running it and "
-            f"{EXERCISE_MINUTES} minutes per code exercise (write, run the check, read the verdict, fix). The "
-            f"figures are calibrated on lessons 09-11 worked through as a learner would. Each notebook states "
-            f"its own estimate at the top.")
+            f"{EXERCISE_MINUTES} minutes per code exercise (write, run the check, read the verdict, fix); a library "
+            f"file a lesson sends the reader to without showing it is read at the listing rate. The figures are "
+            f"calibrated on lessons {first}-{last}, which a learner works through in {low}-{high} minutes each. "
+            f"Each notebook states its own estimate at the top.")
 _MAP_TEXT = {
     "en": {"head": "| | lesson | you will learn | time |", "min": "min", "h": "h", "total": "the whole course"},
     "ru": {"head": "| | урок | что вы узнаете | время |", "min": "мин", "h": "ч", "total": "весь курс"},
@@ -362,11 +369,37 @@ def _source(cell: dict) -> str:
     return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
 
 
+_LIBRARY_FILE = re.compile(r"`(fsdp_mini/[\w/]+\.py)`")
+
+
+def _listings(cells: list[dict]) -> list[str]:
+    """The library source a notebook shows: the code of each show_source output."""
+    return ["".join(o.get("data", {}).get("text/markdown", "")).removeprefix("```python\n").removesuffix("```")
+            for c in cells if c["cell_type"] == "code" and "show_source(" in _source(c) for o in c.get("outputs", [])]
+
+
+def library_read(cells: list[dict]) -> int:
+    """Lines of library code a notebook relies on without showing them: each `fsdp_mini/....py` file its prose
+    names, none of whose source the notebook shows, is read whole (non-blank lines). A file the lesson shows
+    from is read through its listings, counted apart."""
+    shown = [x.strip() for listing in _listings(cells) for x in listing.splitlines()[:1]]
+    total = 0
+    for name in sorted({m for c in cells if c["cell_type"] == "markdown" for m in _LIBRARY_FILE.findall(_source(c))}):
+        path = ROOT / name
+        if not path.is_file():
+            continue
+        text = path.read_text(encoding="utf-8")
+        if not any(first and first in text for first in shown):
+            total += len([x for x in text.splitlines() if x.strip()])
+    return total
+
+
 def lesson_minutes(path: Path) -> int:
     """Time to work through one notebook, rounded up to 5 minutes: its prose at WORDS_PER_MINUTE, its code
-    at CODE_LINES_PER_MINUTE (non-blank lines), the library listings it shows at LISTING_LINES_PER_MINUTE,
-    RUN_MINUTES for running it and EXERCISE_MINUTES per code exercise. Each lesson states this figure in
-    its introduction (tests/course/test_lessons.py checks it)."""
+    at CODE_LINES_PER_MINUTE (non-blank lines), the library listings it shows and the library files it names
+    without showing (`library_read`) at LISTING_LINES_PER_MINUTE, RUN_MINUTES for running it and
+    EXERCISE_MINUTES per code exercise. Each lesson states this figure in its introduction
+    (tests/course/test_lessons.py checks it)."""
     cells = _cells(path)
     words = sum(len(re.findall(r"\w+", _source(c))) for c in cells if c["cell_type"] == "markdown")
     code = [c for c in cells if c["cell_type"] == "code"]
@@ -374,8 +407,9 @@ def lesson_minutes(path: Path) -> int:
     listing = sum(len("".join(o.get("data", {}).get("text/markdown", "")).splitlines())
                   for c in code if "show_source(" in _source(c) for o in c.get("outputs", []))
     exercises = sum(len(_CODE_EXERCISE.findall(_source(c))) for c in code)
-    minutes = (words / WORDS_PER_MINUTE + lines / CODE_LINES_PER_MINUTE + listing / LISTING_LINES_PER_MINUTE
-               + RUN_MINUTES + exercises * EXERCISE_MINUTES)
+    minutes = (words / WORDS_PER_MINUTE + lines / CODE_LINES_PER_MINUTE
+               + (listing + library_read(cells)) / LISTING_LINES_PER_MINUTE + RUN_MINUTES
+               + exercises * EXERCISE_MINUTES)
     return 5 * -(-int(minutes + 0.999) // 5)
 
 

@@ -132,3 +132,34 @@ def test_the_home_page_explains_the_time_model_from_its_constants(lang):
                   hooks.RUN_MINUTES, hooks.EXERCISE_MINUTES):
         assert f" {value} " in text
     assert (CYRILLIC.search(text) is not None) == (lang == "ru")
+
+
+def test_the_calibration_lessons_take_the_time_the_calibration_states():
+    """hooks.py states one calibration (the lessons timed and the minutes a learner needs for each): its
+    rates must put those lessons inside that range, and the home pages' sentence names the same figures."""
+    hooks = _site_hooks()
+    (first, last), low, high = hooks.CALIBRATION[0].split("-"), hooks.CALIBRATION[1], hooks.CALIBRATION[2]
+    timed = [n for n in NAMES if int(first) <= int(n[:2]) <= int(last)]
+    assert timed
+    for name in timed:
+        assert low <= hooks.lesson_minutes(LESSONS / "en" / name) <= high, name
+    for lang, dash in (("en", "-"), ("ru", "–")):
+        assert f"{first}{dash}{last}" in hooks.time_model(lang) and f"{low}{dash}{high}" in hooks.time_model(lang)
+
+
+def test_library_code_a_lesson_names_without_showing_it_is_read_too():
+    """A lesson whose prose sends the reader to a library file it never shows pays for reading that file;
+    a file the lesson shows listings from is counted through those listings only."""
+    hooks = _site_hooks()
+    def md(text):
+        return {"cell_type": "markdown", "source": text}
+    def shown(listing):
+        return {"cell_type": "code", "source": "show_source(f)",
+                "outputs": [{"data": {"text/markdown": f"```python\n{listing}\n```"}}]}
+    scaling = LESSONS.parent / "fsdp_mini" / "course" / "scaling.py"
+    lines = len([x for x in scaling.read_text(encoding="utf-8").splitlines() if x.strip()])
+    named = md("the model's limits (`fsdp_mini/course/scaling.py` lists all of it)")
+    assert hooks.library_read([named]) == lines
+    first = next(x for x in scaling.read_text(encoding="utf-8").splitlines() if x.startswith("def "))
+    assert hooks.library_read([named, shown(first)]) == 0
+    assert hooks.library_read([md("`fsdp_mini/not_there.py`")]) == 0

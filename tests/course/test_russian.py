@@ -237,10 +237,25 @@ def test_the_style_sheet_is_read():
     for concept in ("chunk", "link", "communication", "latency", "loss", "parity", "node", "mesh (DeviceMesh)",
                     "collective", "padding", "world size", "activation checkpointing", "flight recorder",
                     "warm-up", "data parallelism", "placements (DTensor)", "million, billion", "timeline",
-                    "notebook", "laptop", "GPU (род)", "GPT (род)"):
+                    "notebook", "laptop", "GPU (род)", "GPT (род)", "root (корень иерархии FSDP)", "unsharded",
+                    "forward, backward", "hook (хуки FSDP)", "core (ядро процессора)", "stream (CUDA)", "layout",
+                    "TP group", "AllReduce, AllGather, ReduceScatter", "род латинских названий",
+                    "cost (калька «стоит»)", "шаблон вступления"):
         assert concept in concepts, f"STYLE.md has no row for {concept}"
     assert [rule for rule, _ in TYPOGRAPHY_TABLE] == list(TYPOGRAPHY), \
         "STYLE.md's typography table and this file's rules: the same ids in the same order"
+
+
+def test_the_style_sheet_has_a_guide_for_editors_and_then_the_tables_the_test_reads():
+    """Part 1 is prose for a human editor (terms decided, the gender rule, calques, fixed phrases, code
+    comments); part 2 holds every table this file reads, and nothing of part 1 is a machine table."""
+    guide, _, tables = STYLE_TEXT.partition("\n# Часть 2.")
+    assert "\n# Часть 1." in guide and tables
+    for heading in ("## Термины", "## Род и склонение латинских названий", "## Кальки", "## Устойчивые фразы",
+                    "## Комментарии в коде"):
+        assert f"\n{heading}" in guide, heading
+    assert not {"понятие", "правило", "правило вывода"} & set(style_tables(guide))
+    assert {"понятие", "правило", "правило вывода"} <= set(style_tables(tables))
 
 
 @pytest.mark.parametrize("term", TERMS, ids=lambda t: f"{t.concept}/{t.form[:24]}")
@@ -302,8 +317,82 @@ def ruled_out_in_outputs(nb: dict) -> list[str]:
             continue
         error = _ERROR.search(line)
         text = line[:error.start()] if error else line
+        text = _UNIT_NAME.sub(" ", text)
         hits += [f"cell {i} output: {h}" for h in ruled_out(" ".join(text.split()))]
     return hits
+
+
+# "root" printed as the root unit's name (`unit.name or "root"`, beside "blocks.0"): a name, not prose
+_UNIT_NAME = re.compile(r"(?<![\w.])root(?![\w])")
+
+
+# ----------------------------------------------------------------------------------- output rules
+
+_SEPARATED = r"(?:\d{1,3}(?:[\u00a0\u202f]\d{3})+)"
+# code in a printed line: key=value, slices [a, b), calls, paths, names with digits or underscores
+_OUTPUT_CODE = re.compile(r"\S*[_/\\]\S*|\S+=\S*|\[[^\]\n]*\)|\b[A-Za-z]+\d+\w*|\w+\([^)]*\)")
+OUTPUT_RULES = {
+    # a multiplication in printed dimensions: 8 × 16, TP8 × FSDP (a ratio "1,16x" stays)
+    "times": re.compile(r"(?<=\w)[ \t]+[xх][ \t]+(?=\w)|(?<=\d)[xх](?=\d)"),
+    # thousands grouped by an ordinary space, or a number from 1 000 with no separator (n = 1024 is a formula,
+    # [2798] a list, порт 29500 a name)
+    "thousands": re.compile(r"(?<![\d,.])\d{1,3}(?: \d{3})+(?![\d,])|(?<![\w.,:/#=\[\u00a0\u202f-])(?<!= )(?<!порт )\d{4,}(?![\w.,\]])"),
+    # a boolean answering a Russian phrase ("…совпадает: True"): да / нет
+    "bool": re.compile(r"(?<=:)[ \t]*\b(?:True|False)\b(?![=\w(])"),
+}
+
+
+def output_violations(line: str, rules=None) -> list[str]:
+    """What the output rules of STYLE.md find in one printed line (library exception text and code left out)."""
+    error = _ERROR.search(line)
+    text = line[:error.start()] if error else line
+    if line.lstrip().startswith(("Traceback", "File ")):
+        return []
+    found = []
+    for rule in rules or OUTPUT_RULES:
+        probe = _OUTPUT_CODE.sub(lambda m: " " * len(m.group()), text) if rule != "times" else text
+        if rule == "bool" and not CYRILLIC.search(text):
+            continue  # a boolean in an English or code line is Python's
+        found += [f"{rule}: «{m.group().strip()}» в …{text[max(0, m.start() - 30):m.end() + 20].strip()}…"
+                  for m in OUTPUT_RULES[rule].finditer(probe)]
+    return found
+
+
+def read_output_rules(text: str) -> list[tuple[str, list[tuple[str, str]]]]:
+    rows = []
+    for row in style_tables(text)["правило вывода"]:
+        rule = re.fullmatch(r"`([\w-]+)`", row["правило вывода"]).group(1)
+        bad, good = [x.strip() for x in row["нарушение"].split(";")], [x.strip() for x in row["как надо"].split(";")]
+        rows.append((rule, list(zip(bad, good))))
+    return rows
+
+
+OUTPUT_TABLE = read_output_rules(STYLE_TEXT)
+
+
+def test_the_output_rules_are_the_style_sheets():
+    assert [rule for rule, _ in OUTPUT_TABLE] == list(OUTPUT_RULES)
+
+
+@pytest.mark.parametrize("rule, bad, good", [(r, b, g) for r, pairs in OUTPUT_TABLE for b, g in pairs])
+def test_each_output_rule_catches_its_example(rule, bad, good):
+    assert output_violations(bad, [rule]), f"{rule} misses «{bad}»"
+    assert not output_violations(good), f"«{good}»: {output_violations(good)}"
+
+
+def test_output_rules_leave_code_and_names_alone():
+    for fine in ["numel=11190, n=4", "[    0,  1756) из 3\u202f600", "n = 1024: bus_factor = 1,9980", "H100, порт 29500",
+                 "ratio 1,16x", "use_orig_params=False", "tensor([True, False])", "ранг 0: да", "pytorch#190489",
+                 "RuntimeError: Timed out after 3000 ms"]:
+        assert not output_violations(fine), (fine, output_violations(fine))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_russian_outputs_follow_the_output_rules(name):
+    found = [f"cell {i}: {v}" for i, kind, line in output_lines(load("ru", name)) if kind != "error"
+             for v in output_violations(line)]
+    assert not found, f"ru/{name}: {len(found)} output lines break lessons/ru/STYLE.md's output rules:\n" + \
+        "\n".join(found)
 
 
 def markdown_of(nb: dict) -> list[tuple[int, str]]:
@@ -530,6 +619,11 @@ TYPOGRAPHY: dict[str, list[Check]] = {
                    _unit)],
     "dash": [Check(re.compile(r"(?<=\S)(?P<sp>[ \t\u00a0]+)(?:--|-|–)[ \t]+(?=\S)"), _dash),
              Check(re.compile(r"(?<=[^\W\d_])—(?=[^\W\d_])"), lambda m, text: " — ")],
+    # a one-letter variable minus a number or another variable, outside formulas: n − 1 (GPT-2, ZeRO-1, 1-D stay)
+    "minus": [Check(re.compile(r"(?<![\w-])(?P<a>[A-Za-z])[ \t]?-[ \t]?(?P<b>\d+|[A-Za-z])(?![\w-])"),
+                    _sub("\\g<a> \u2212 \\g<b>"))],
+    # an empty cell of a table is an em dash, as in the Russian tables' prose, not a hyphen
+    "empty-cell": [Check(re.compile(r"(?<=\|)(?P<a>[ \t]+)-(?P<b>[ \t]+)(?=\|)"), _sub("\\g<a>—\\g<b>"))],
 }
 
 
@@ -597,6 +691,8 @@ def test_each_typography_rule_fixes_its_example(rule, bad, good):
     ("percent", "28,6\u00a0%, 5\u202f%"),
     ("unit", "ранг 0 с предвыборкой, FSDP2 с ним, на 4 с другой стратегией, 120\u00a0ГБ, bf16 с"),
     ("dash", "- пункт списка\n| - | 1 |\nn - 1, GPT-2, по-русски, а — б"),
+    ("minus", "GPT-2, ZeRO-1, 1-D, 2-D, x-axis, по-русски, k-й, n \u2212 1, Llama-3-8B, A-B-тест"),
+    ("empty-cell", "|---|---|\n| — | 1 |\n| a - b |"),
 ])
 def test_typography_rules_leave_exceptions_alone(rule, fine):
     assert not typography(fine, [rule]), typography(fine, [rule])
@@ -606,6 +702,7 @@ def test_typography_rules_leave_exceptions_alone(rule, fine):
     ("quotes", 'без пары " кавычка'), ("yo", "Еще"), ("decimal", "1.5x"), ("latin-unit", "5 ms"),
     ("times", "8 x 1024"), ("range", "10 – 20"), ("thousands", "по умолчанию 2000, и 1024"),
     ("percent", "5%"), ("unit", "таймаут 3 с, после"), ("dash", "шард -- доля"),
+    ("minus", "r-1 и r+1, 2(n - 1)"), ("empty-cell", "| 1 | - |"),
 ])
 def test_typography_rules_catch_more_than_their_style_sheet_example(rule, bad):
     assert typography(bad, [rule])
@@ -638,7 +735,7 @@ def test_russian_pages_follow_the_typography(page):
 
 # Latin words that are names, not English text, when printed in a Russian lesson (small and explicit).
 ALLOWED_WORDS = {"naive", "ring", "builtin", "tree", "flat", "root", "blocks", "bucket", "grad", "params",
-                 "grads", "optimizer"}
+                 "grads", "optimizer", "forward", "backward"}  # forward/backward: Latin in Russian too (STYLE.md)
 _ERROR = re.compile(r"\b[A-Z]\w*(?:Error|Exception|Warning|Timeout)\b:?")
 _NOT_WORDS = re.compile(
     r"'[^']*'|\"[^\"]*\""            # quoted: dict keys, string reprs
@@ -723,15 +820,17 @@ def test_library_messages_are_followed_by_a_russian_reading(name):
 
 
 def test_sizes_and_numbers_in_both_languages():
-    from fsdp_mini.course.language import get_language, num, set_language, size
+    from fsdp_mini.course.language import get_language, num, set_language, size, yes
     before = get_language()
     try:
         set_language("en")
         assert [size(512), size(4000), size(1e8), size(31.4e9), num(49152), num(1.5, 1)] == [
             "512 B", "4.0 kB", "100.0 MB", "31.4 GB", "49,152", "1.5"]
+        assert [yes(True), yes(False)] == ["True", "False"]
         set_language("ru")
         assert [size(512), size(4000), size(1e8), size(31.4e9), num(49152), num(1.5, 1)] == [
             "512 Б", "4,0 кБ", "100,0 МБ", "31,4 ГБ", "49\u202f152", "1,5"]
+        assert [yes(True), yes(0), yes(1e-6 < 1e-5)] == ["да", "нет", "да"]  # a verdict (STYLE.md, output rule bool)
     finally:
         set_language(before)
 

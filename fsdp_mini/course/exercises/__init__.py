@@ -12,7 +12,8 @@
              AllGather
   flat_param      lesson 05: a flat parameter's unshard (one AllGather, views of one buffer) and its
              gradient's ReduceScatter, against FSDP's own handle
-  prefetch        lesson 06: the order backward reaches the units, replayed by FSDP's prefetch
+  prefetch        lesson 06: the order backward reaches the units, replayed by FSDP's prefetch; which units backward gathers
+             again under each strategy
   mixed_precision lesson 06: the cast policy (compute dtype for floating parameters only, reduce dtype)
   hybrid          lesson 07: the grid's shard and replica groups, HYBRID_SHARD's gradient sync
   port_to_fsdp2   lesson 08: fully_shard bottom-up on a 1-D or 2-D mesh, a full state dict on every rank
@@ -47,7 +48,7 @@ def all_exercises() -> list[CodeExercise]:
             p2p_collectives.REDUCE_SCATTER, p2p_collectives.ALL_GATHER,
             ddp_buckets.BUCKET_HOOK, ddp_buckets.FINISH_BACKWARD, ddp_buckets.ACCUMULATE,
             zero1.ZERO1_SHARD, zero1.ZERO1_STEP,
-            flat_param.UNSHARD_FLAT, flat_param.REDUCE_GRADIENT, prefetch.BACKWARD_ORDER,
+            flat_param.UNSHARD_FLAT, flat_param.REDUCE_GRADIENT, prefetch.BACKWARD_ORDER, prefetch.REGATHERED,
             mixed_precision.CAST_POLICY,
             hybrid.GROUPS_FOR, hybrid.HYBRID_REDUCE, port_to_fsdp2.WRAP_FSDP2, port_to_fsdp2.GATHER_FULL_STATE,
             per_parameter.DIM0_SHARD, per_parameter.UNSHARD, per_parameter.REDUCE_GRADS,

@@ -24,7 +24,7 @@ from fsdp_mini.course.exercise import CodeExercise, Verdict
 from fsdp_mini.course.language import num, tr
 from fsdp_mini.launch import launch
 
-__all__ = ["BACKWARD_ORDER", "backward_prefetch_order", "Shuffled", "MODELS"]
+__all__ = ["BACKWARD_ORDER", "backward_prefetch_order", "REGATHERED", "regathered_in_backward", "Shuffled", "MODELS"]
 
 _TIMEOUT_S = 90
 _WORLD = 2
@@ -178,3 +178,85 @@ def _judge(fn) -> Verdict:
 
 BACKWARD_ORDER = CodeExercise("06.backward_prefetch_order", _judge, backward_prefetch_order,
                               (_order_reversed_whole, _order_as_forward, _order_by_name))
+
+
+# --- exercise 3: which units backward gathers again ----------------------------------------------------------
+#
+# The lesson's table counts AllGathers for one model; this exercise asks for the rule behind the count, per
+# unit and per strategy, and the judge runs the strategies on `Shuffled`, a model the lesson never counted.
+
+_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD")
+
+
+def regathered_in_backward(strategy, forward_order: list[str]) -> list[str]:
+    from fsdp_mini.strategy import ShardingStrategy
+    if strategy is not ShardingStrategy.FULL_SHARD:
+        return []  # SHARD_GRAD_OP keeps every unit gathered until backward; NO_SHARD never gathers at all
+    root, *units = forward_order
+    return units  # each freed after its forward; the root's backward begins as its forward ends: kept
+
+
+def _regathered_all(strategy, forward_order):
+    from fsdp_mini.strategy import ShardingStrategy
+    # the root is freed after forward like the others
+    return list(forward_order) if strategy is ShardingStrategy.FULL_SHARD else []
+
+
+def _regathered_unless_no_shard(strategy, forward_order):
+    from fsdp_mini.strategy import ShardingStrategy
+    root, *units = forward_order
+    return units if strategy is not ShardingStrategy.NO_SHARD else []  # SHARD_GRAD_OP frees too
+
+
+def _regathered_never(strategy, forward_order):
+    return []  # prefetch already gathered them
+
+
+def _gathered_in_backward(strategy_name: str) -> dict:
+    """One recorded step, one logged step of `Shuffled` under `strategy_name`: the forward order and the
+    units gathered a second time in the step (for backward: prefetch may issue that AllGather just before
+    backward's first span begins, so the count tells, not the time)."""
+    from fsdp_mini.fsdp import FSDP
+    from fsdp_mini.strategy import ShardingStrategy
+    module, wrap = _shuffled()
+    model = FSDP(module, ShardingStrategy[strategy_name], wrap=wrap, prefetch=True)
+    _step("Shuffled", model, 0)
+    dist.barrier()
+    with CommLog() as log:
+        _step("Shuffled", model, 1)
+    gathers = [r.label for r in log.records if r.op == "all_gather"]
+    return dict(forward=[u.name or "root" for u in model.forward_order.units],
+                regathered=sorted({label for label in gathers if gathers.count(label) > 1}))
+
+
+@functools.cache
+def _library_regathered(strategy_name: str) -> dict:
+    return launch(_gathered_in_backward, _WORLD, args=(strategy_name,), timeout=_TIMEOUT_S)[0]
+
+
+def _judge_regathered(fn) -> Verdict:
+    from fsdp_mini.strategy import ShardingStrategy
+    for name in _STRATEGIES:
+        truth = _library_regathered(name)
+        forward = truth["forward"]
+        answer = fn(ShardingStrategy[name], list(forward))
+        if not isinstance(answer, (list, tuple)) or not set(map(str, answer)) <= set(forward) \
+                or len(set(map(str, answer))) != len(answer):
+            return Verdict.wrong(tr(
+                f"{name}: return some of the unit names you were given ({forward}), each at most once; got {answer!r}",
+                f"{name}: верните часть данных вам имён юнитов ({forward}), каждое не больше одного раза; "
+                f"получено {answer!r}"))
+        said, saw = set(map(str, answer)), set(truth["regathered"])
+        if said != saw:
+            missing, extra = sorted(saw - said), sorted(said - saw)
+            parts = ([tr(f"backward did gather {missing} again", f"backward снова собрал {missing}")] if missing else []) \
+                + ([tr(f"{extra} were still gathered when backward reached them",
+                       f"{extra} ещё были собраны, когда до них дошёл backward")] if extra else [])
+            return Verdict.wrong(tr(f"{name}, model Shuffled (forward order {forward}): ",
+                                    f"{name}, модель Shuffled (порядок forward {forward}): ") + "; ".join(parts))
+    return Verdict.right(tr("Under all three strategies, backward gathered again exactly the units you named.",
+                            "При всех трёх стратегиях backward снова собрал ровно те юниты, что вы назвали."))
+
+
+REGATHERED = CodeExercise("06.regathered_in_backward", _judge_regathered, regathered_in_backward,
+                          (_regathered_all, _regathered_unless_no_shard, _regathered_never))

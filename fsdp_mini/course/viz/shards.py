@@ -31,12 +31,13 @@ def describe_pieces(layout: FlatLayout, rank: int) -> list[str]:
     lo, hi = layout.shard_range(rank)
     lines = []
     for p in layout.pieces(rank):
-        whole = "" if p.numel == p.param.numel else tr(f" of {p.param.numel}", f" из {p.param.numel}")
+        # the interval is Python's slice notation, left as code; the counts are numbers of the lesson's language
+        whole = "" if p.numel == p.param.numel else tr(f" of {_num(p.param.numel)}", f" из {_num(p.param.numel)}")
         lines.append(f"{p.param.names[0]:<26} [{p.start:>5}, {p.end:>5}){whole:<9} -> "
-                     + tr("shard offset", "смещение в шарде") + f" {p.shard_offset}")
+                     + tr("shard offset", "смещение в шарде") + f" {_num(p.shard_offset)}")
     used = sum(p.numel for p in layout.pieces(rank))
     if used < hi - lo:
-        lines.append(tr(f"{'padding':<26} {hi - lo - used} elements", f"{'паддинг':<26} элементов: {hi - lo - used}"))
+        lines.append(tr(f"{'padding':<26} {_num(hi - lo - used)} elements", f"{'паддинг':<26} элементов: {_num(hi - lo - used)}"))
     return lines
 
 

@@ -30,7 +30,7 @@ def _op_name(op: str) -> str:
 
 
 def _kind_name(kind: str) -> str:
-    return {"forward": tr("forward", "прямой проход"), "backward": tr("backward", "обратный проход")}.get(kind, kind)
+    return kind  # forward and backward: Latin in both languages (lessons/ru/STYLE.md)
 
 
 def _g(x: float, digits: int = 6) -> str:
