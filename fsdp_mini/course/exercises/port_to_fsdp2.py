@@ -160,7 +160,7 @@ def _judge_wrap(fn) -> Verdict:
         r = reports[0]
         if "raised" in r:
             hint = tr(" (the root was sharded before its blocks)",
-                      " (корень шардирован раньше своих блоков)") \
+                      " (корневой модуль шардирован раньше своих блоков)") \
                 if r["root_sharded_first"] else ""
             return Verdict.wrong(where + tr(f"rank 0 raised {r['raised']}{hint}",
                                             f"ранг 0 выбросил {r['raised']}{hint}"))
@@ -174,7 +174,7 @@ def _judge_wrap(fn) -> Verdict:
                 f" (each block should be its own unit, and the root one more)",
                 f"FSDP2 построил юнитов: {len(r['units'])} ({', '.join(r['units']) or 'ни одного'}); при {blocks} "
                 f"блоках {'это значит, что вся модель собирается сразу' if len(r['units']) < 1 + blocks else 'это много'}"
-                f" (каждый блок должен быть своим юнитом, и корень ещё одним)"))
+                f" (каждый блок должен быть своим юнитом, и корневой модуль — ещё одним)"))
         if r["bad_params"]:
             name, kind, placements, shape = r["bad_params"][0]
             return Verdict.wrong(where + tr(

@@ -225,9 +225,9 @@ def _judge(fn) -> Verdict:
                                                 f"ранг {rank}: выход верен, но ") + tr(*NOT_AN_AUTOGRAD_FUNCTION))
             if res["backward_error"]:
                 return Verdict.wrong(where + tr(f"rank {rank}: backward failed: ",
-                                                f"ранг {rank}: обратный проход упал: ") + res["backward_error"])
+                                                f"ранг {rank}: backward упал: ") + res["backward_error"])
             seen = tr(f"CommLog saw in forward: {_seen(res['fwd'])}; in backward: {_seen(res['bwd'])}",
-                      f"CommLog увидел в прямом проходе: {_seen(res['fwd'])}; в обратном: {_seen(res['bwd'])}")
+                      f"CommLog увидел в forward: {_seen(res['fwd'])}; в backward: {_seen(res['bwd'])}")
             for name, got, full in (("the input slice", res["grads"][0], gx.chunk(world, dim=-1)[rank]),
                                     ("the weight slice", res["grads"][1], gw.chunk(world, dim=1)[rank])):
                 if not torch.allclose(got, full, **TOL):
@@ -243,13 +243,13 @@ def _judge(fn) -> Verdict:
                 return Verdict.wrong(where + tr(
                     f"rank {rank}: the pair is one ReduceScatter forward and one AllGather backward, each of the whole "
                     f"activation ({num(activation)} B), the two halves of TP's AllReduce; {seen}",
-                    f"ранг {rank}: пара — это один ReduceScatter в прямом проходе и один AllGather в обратном, каждый "
+                    f"ранг {rank}: пара — это один ReduceScatter в forward и один AllGather в backward, каждый "
                     f"на всю активацию ({num(activation)} Б), две половины AllReduce из TP; {seen}"))
     return Verdict.right(tr(
         "At 2 and 4 ranks each rank's positions of the output and the gradients of the input and weight slices equal "
         "one process's, with one ReduceScatter in forward and one AllGather in backward: the bytes of one AllReduce.",
         "На 2 и 4 рангах позиции выхода каждого ранга и градиенты срезов входа и весов совпадают с одним процессом: "
-        "один ReduceScatter в прямом проходе и один AllGather в обратном, столько же байтов, сколько у одного "
+        "один ReduceScatter в forward и один AllGather в backward, столько же байтов, сколько у одного "
         "AllReduce."))
 
 

@@ -139,9 +139,9 @@ NOT_AN_AUTOGRAD_FUNCTION = (
     "deprecated c10d fallthrough, which warns of silently wrong gradients; write the pair as an autograd "
     "Function, forward and backward",
     "autograd не видит коллективную операцию: вызванная на тензоре, которому нужен градиент, вне "
-    "torch.autograd.Function, она не оставляет узла в графе, и обратный проход проходит сквозь неё только через "
+    "torch.autograd.Function, она не оставляет узла в графе, и backward проходит сквозь неё только через "
     "устаревший сквозной путь c10d, который предупреждает о незаметно неверных градиентах; запишите пару как "
-    "autograd Function, прямой и обратный проход")
+    "autograd Function с forward и backward")
 
 def _full_trial():
     g = torch.Generator().manual_seed(12)
@@ -198,12 +198,12 @@ def _judge_row_parallel(fn) -> Verdict:
                     f"ранг {rank}: верните весь выход слоя, форма {(_B, _T, _OUT)}; получено {res[1]}"))
             out, (got_x, got_w, got_b), fwd, bwd, as_function = res
             seen = tr(f"CommLog saw {_ar(fwd)} AllReduce(s) in forward and {_ar(bwd)} in backward",
-                      f"CommLog увидел AllReduce: {_ar(fwd)} в прямом проходе и {_ar(bwd)} в обратном")
+                      f"CommLog увидел AllReduce: {_ar(fwd)} в forward и {_ar(bwd)} в backward")
             if not torch.allclose(out, want_out, **TOL):
                 diff = out - want_out
                 bias_extra = torch.allclose(diff, (world - 1) * _full_trial()[2].expand_as(diff), **TOL)
                 why = tr(f" (it differs by exactly {world - 1} x the bias: the bias was counted {world} times)",
-                         f" (разница ровно {world - 1} x bias: смещение учтено {world} раз)") if bias_extra else \
+                         f" (разница ровно {world - 1} × bias: смещение учтено {world} раз)") if bias_extra else \
                     tr(" (it holds only this rank's input features' share of the sum)",
                        " (в нём только доля суммы от входных признаков этого ранга)") if not any(
                         op == "all_reduce" for op in fwd) else ""
@@ -231,7 +231,7 @@ def _judge_row_parallel(fn) -> Verdict:
     return Verdict.right(tr("At 2 and 4 ranks the output and the gradients of the input slice, the weight slice and "
                             "the bias equal one process's, with one AllReduce in forward and none in backward.",
                             "На 2 и 4 рангах выход и градиенты среза входа, среза весов и смещения совпадают с "
-                            "одним процессом: один AllReduce в прямом проходе и ни одного в обратном."))
+                            "одним процессом: один AllReduce в forward и ни одного в backward."))
 
 
 # --- exercise 2: dp_tp_layout -------------------------------------------------------------------------
@@ -269,7 +269,7 @@ def _as_mesh(out, world: int, gpus_per_node: int, tp: int) -> tuple[torch.Tensor
             f"nodes), each sharded over {shard} ranks, each of those a TP group of {tp}; yours has shape "
             f"{tuple(grid.shape)}",
             f"у сетки три измерения (replicate, shard, tp) размеров {want}: {nodes} реплик (по числу узлов), "
-            f"каждая шардирована на {shard} рангов, и каждый из них — TP-группа из {tp}; у вашей форма "
+            f"каждая шардирована на {shard} рангов, и каждый из них — группа TP из {tp}; у вашей форма "
             f"{tuple(grid.shape)}")
     ranks = sorted(grid.flatten().tolist())
     if ranks != list(range(world)):
@@ -299,7 +299,7 @@ def _node_problem(grid: torch.Tensor, world: int, gpus_per_node: int, tp: int) -
             return where + tr(
                 f"your TP group {group} spans nodes {_nodes(group, gpus_per_node)}: its AllReduces, four per block "
                 f"per step, each a whole activation, would cross the network",
-                f"ваша TP-группа {group} занимает узлы {_nodes(group, gpus_per_node)}: её AllReduce, четыре на блок "
+                f"ваша группа TP {group} занимает узлы {_nodes(group, gpus_per_node)}: её AllReduce, четыре на блок "
                 f"за шаг, каждый на целую активацию, шли бы по сети")
     for group in _groups(grid, 1):
         if len(_nodes(group, gpus_per_node)) > 1:
@@ -378,9 +378,9 @@ def _judge_layout(fn) -> Verdict:
         f"In {len(LAYOUT_CASES) + 1} layouts (up to {max(c[0] for c in LAYOUT_CASES)} ranks) every TP group and "
         f"every shard group sits inside a node and only the replicate dimension crosses nodes; on 4 real ranks "
         f"DeviceMesh took your grid, TP ran inside each node and one TP x HSDP step equals one process's.",
-        f"В {len(LAYOUT_CASES) + 1} раскладках (до {max(c[0] for c in LAYOUT_CASES)} рангов) каждая TP-группа и "
+        f"В {len(LAYOUT_CASES) + 1} раскладках (до {max(c[0] for c in LAYOUT_CASES)} рангов) каждая группа TP и "
         f"каждая группа шардирования лежат внутри узла, и узлы пересекает только измерение replicate; на 4 "
-        f"настоящих рангах DeviceMesh принял вашу сетку, TP работал внутри каждого узла, а шаг TP x HSDP совпал "
+        f"настоящих рангах DeviceMesh принял вашу сетку, TP работал внутри каждого узла, а шаг TP × HSDP совпал "
         f"с одним процессом."))
 
 

@@ -77,7 +77,7 @@ _RU_NAMES = {
     "activations: final norm": "активации: финальная нормализация",
     "blocks gathered in flight (bf16)": "собранные блоки в работе (bf16)",
     "gradient buffers (block bf16 + fp32 for ReduceScatter, root bf16)":
-        "буферы градиентов (блок bf16 + fp32 для ReduceScatter, корень bf16)",
+        "буферы градиентов (блок bf16 + fp32 для ReduceScatter, корневой юнит bf16)",
     "checkpointed block rebuilt in backward": "блок, пересчитанный в backward",
     "logits and loss (bf16 logits, fp32 copy, log_softmax)": "логиты и лосс (логиты bf16, копия fp32, log_softmax)",
     "matmuls (blocks and head)": "матричные произведения (блоки и голова)",

@@ -111,7 +111,7 @@
         "activations: blocks": "активации: блоки",
         "activations: final norm": "активации: последняя нормализация",
         "blocks gathered in flight (bf16)": "блоки, собранные заранее (bf16)",
-        "gradient buffers (block bf16 + fp32 for ReduceScatter, root bf16)": "буферы градиентов (блок в bf16 и fp32 для ReduceScatter, корень в bf16)",
+        "gradient buffers (block bf16 + fp32 for ReduceScatter, root bf16)": "буферы градиентов (блок в bf16 и fp32 для ReduceScatter, корневой юнит в bf16)",
         "checkpointed block rebuilt in backward": "блок под чекпоинтингом, пересчитанный в backward",
         "logits and loss (bf16 logits, fp32 copy, log_softmax)": "логиты и лосс (логиты в bf16, копия в fp32, log_softmax)",
       },
