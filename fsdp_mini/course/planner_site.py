@@ -17,8 +17,8 @@ import fsdp_mini.course.planner.activations as activations
 import fsdp_mini.course.planner.hardware as hardware
 from fsdp_mini.course.planner.memory import ALLOCATOR_OVERHEAD, STATE_BYTES
 from fsdp_mini.course.planner.step_time import (ATTENTION_BACKWARD_RATIO, COMPILED_LOSS_BYTES_PER_LOGIT,
-                                                FSDP_COPY_BYTES_PER_PARAM, HOST_BANDWIDTH, LOSS_BYTES_PER_LOGIT,
-                                                OPTIMIZER_BYTES_PER_PARAM, PCIE_BANDWIDTH)
+                                                FSDP_COPY_BYTES_PER_PARAM, LOSS_BYTES_PER_LOGIT,
+                                                OPTIMIZER_BYTES_PER_PARAM)
 from fsdp_mini.course.planner.layout import Checkpointing, Layout
 from fsdp_mini.course.planner.validation import CALIBRATION_ROWS
 
@@ -61,8 +61,6 @@ def site_data() -> dict:
             "OPTIMIZER_BYTES_PER_PARAM": OPTIMIZER_BYTES_PER_PARAM,
             "LOSS_BYTES_PER_LOGIT": LOSS_BYTES_PER_LOGIT,
             "COMPILED_LOSS_BYTES_PER_LOGIT": COMPILED_LOSS_BYTES_PER_LOGIT,
-            "HOST_BANDWIDTH": HOST_BANDWIDTH,
-            "PCIE_BANDWIDTH": PCIE_BANDWIDTH,
             "FSDP_COPY_BYTES_PER_PARAM": list(FSDP_COPY_BYTES_PER_PARAM),
         },
     }

@@ -334,9 +334,8 @@
 
       var localParams = model.params / (tp * n);
       var optimizer = localParams * C.OPTIMIZER_BYTES_PER_PARAM / hbm;
-      if (l.cpu_offload) {
-        optimizer = localParams * C.OPTIMIZER_BYTES_PER_PARAM / C.HOST_BANDWIDTH + localParams * 8 / C.PCIE_BANDWIDTH;
-      }
+      // CPU offload has no input on the page (nor a CLI flag): the Python planner prices it (cpu_offload_time)
+      if (l.cpu_offload) throw new Error("CPU offload is priced by fsdp_mini.course.planner only");
       var m = l.micro_batches;
       var step = m * micro + optimizer;
       var tokensPerGpu = l.tokens_per_step / l.gpus;
