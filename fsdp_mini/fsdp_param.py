@@ -110,6 +110,7 @@ class FSDPParam:
         if self.unsharded is not None and self.unsharded.dtype != compute:
             self.unsharded, self.grad_hooked = None, False  # recreated in the new dtype at the next gather
         self.compute_dtype = compute
+        self.reduce_dtype = self.mp_policy.gradient_reduce_dtype(self.dtype)  # the one rule, `_Precision`'s
         # what each step's gradient DTensor is built from: the parameter's own spec (mesh, placements, global
         # shape), so a new gradient costs one constructor call instead of `DTensor.from_local`'s checks and
         # autograd function (~20x slower on CPU, paid per parameter per step). FSDP2 does the same.
