@@ -69,7 +69,7 @@ from fsdp_mini.replaced_params import mark_replaced, mark_wrapped
 from fsdp_mini.runtime import get_device, require_distributed
 from fsdp_mini.states import TrainingState
 from fsdp_mini.strategy import ShardingStrategy, as_strategy, is_hybrid, reshard_after_forward, shard_group_size
-from fsdp_mini.torch_internals import queue_after_backward
+from fsdp_mini.torch_internals import queue_after_backward, set_registered_buffer, unregister_parameter
 
 __all__ = ["FSDP", "FSDPUnit", "ExecutionOrder"]
 
@@ -227,9 +227,9 @@ class FSDP(GradientSync, nn.Module):
                     raise ValueError(f"buffer {name} is on the meta device: pass param_init_fn to materialise it")
                 real = torch.empty_like(buf, device=self.device)
                 init_fn(name, real)
-                mod._buffers[attr] = real
+                set_registered_buffer(mod, attr, real)
             else:
-                mod._buffers[attr] = buf.to(self.device)
+                set_registered_buffer(mod, attr, buf.to(self.device))
         return units
 
     def _handle(self, fp: FlatParamPlan, init_fn, initial_values: list) -> FlatParamHandle:
@@ -244,7 +244,7 @@ class FSDP(GradientSync, nn.Module):
             initial_values += [(p.names[0], fingerprint(v)) for p, v in zip(fp.params, views)]
         for p in fp.params:
             for module, name in p.owners:
-                del module._parameters[name]
+                unregister_parameter(module, name)
         compute = self.mixed_precision.compute_dtype(fp.dtype)  # floating-point parameters only
         reduce = self.mixed_precision.gradient_reduce_dtype(fp.dtype)
         return FlatParamHandle(layout, [p.owners for p in fp.params], full, self.groups, fp.requires_grad,

@@ -33,7 +33,7 @@ from fsdp_mini import collectives as C
 from fsdp_mini.comm_log import scope
 from fsdp_mini.gathered_storage import free_storage, refill_storage, restore_version, version_of
 from fsdp_mini.mixed_precision import MixedPrecisionPolicy
-from fsdp_mini.torch_internals import dtensor_spec
+from fsdp_mini.torch_internals import dtensor_spec, new_dtensor, registered_parameter, set_registered_parameter
 
 __all__ = ["FSDPParam"]
 
@@ -131,7 +131,7 @@ class FSDPParam:
         the optimizer built afterwards and the next AllGather all see the same tensor (FSDP2's
         `reset_sharded_param`)."""
         module, attr = self.owners[0]
-        new = module._parameters[attr]
+        new = registered_parameter(module, attr)
         if not isinstance(new, DTensor) or tuple(new.shape) != tuple(self.shape) \
                 or tuple(new.placements) != self.placements:
             raise ValueError(f"parameter {self.name} of a fully_shard module was replaced by a "
@@ -155,7 +155,7 @@ class FSDPParam:
 
     def _set_on_owners(self, tensor: torch.Tensor) -> None:
         for module, attr in self.owners:
-            module._parameters[attr] = tensor  # no nn.Module.__setattr__ checks: a plain swap, as FSDP2 does
+            set_registered_parameter(module, attr, tensor)  # no nn.Module.__setattr__ checks, as FSDP2 does
 
     def to_sharded(self) -> None:
         """The module's attribute is the sharded DTensor parameter (between steps, after reshard)."""
@@ -273,7 +273,7 @@ class FSDPParam:
         if local.dtype != self.dtype:
             local = local.to(self.dtype)
         if self.sharded.grad is None:
-            self.sharded.grad = DTensor(local, self.grad_spec, requires_grad=False)
+            self.sharded.grad = new_dtensor(local, self.grad_spec)
         else:
             self.sharded.grad.to_local().add_(local)
 
