@@ -135,6 +135,14 @@ class FSDPParamGroup:
 
     # --- the unit's life in a step (FSDP2's names) -----------------------------------------------------
 
+    def lazy_init(self, label: str, is_root: bool, in_flight: ReductionQueue) -> None:
+        """At the root's first forward: the unit's label (its path from the root), whether it is the root's
+        own, and the root's queue of reductions in flight. The root keeps its parameters after forward
+        unless `reshard_after_forward` was given (FSDP2's default for the root)."""
+        self.label, self.is_root, self.in_flight = label, is_root, in_flight
+        if is_root and self.auto_reshard_after_forward:
+            self.reshard_after_forward = False
+
     def pre_forward(self, prefetch: list["FSDPParamGroup"]) -> None:
         """Gather the unit for its forward (waiting for it if prefetched), issuing the AllGathers of
         `prefetch` (the units that run next) right after its own."""

@@ -324,10 +324,8 @@ class FSDPState:
         for path, m in self.module.named_modules():
             state = _state_or_none(m)
             if state is not None and state.group is not None and id(state) not in labelled:
-                state.group.label = path or "root"  # a unit over several modules: the first one's path
-                state.group.is_root, state.group.in_flight = state is self, self.reductions
-                if state is self and state.group.auto_reshard_after_forward:
-                    state.group.reshard_after_forward = False  # FSDP2's default for the root
+                # a unit over several modules is labelled by the first one's path
+                state.group.lazy_init(path or "root", state is self, self.reductions)
                 labelled.add(id(state))
             if state is not None and state is not self:
                 if state.is_root:
