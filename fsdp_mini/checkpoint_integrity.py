@@ -71,6 +71,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
+from fsdp_mini.torch_internals import DCP_METADATA_GLOBALS, storage_location
+
 __all__ = ["CheckpointError", "CorruptCheckpointError", "IncompleteCheckpointError", "UnsafeCheckpointError",
            "SaveStep", "ChecksummingWriter", "OpenedCheckpoint", "WeightsOnlyLoadPlanner", "save_atomically",
            "open_checkpoint", "verify_pieces",
@@ -220,7 +222,7 @@ class ChecksummingWriter(dcp.FileSystemWriter):
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-crc32")
         self._checksums = pool.submit(self._checksum, written)
         pool.shutdown(wait=False)  # the thread ends when its one task does
-        for name in sorted({info.relative_path for _, info in written}):
+        for name in sorted({storage_location(info)[0] for _, info in written}):
             _fsync_file(Path(self.path) / name)
         return future
 
@@ -231,7 +233,8 @@ class ChecksummingWriter(dcp.FileSystemWriter):
     def _checksum(self, written) -> tuple[dict[str, int], list[dict[str, Any]]]:
         by_file: dict[str, list] = {}
         for index, info in written:
-            by_file.setdefault(info.relative_path, []).append((index, info.offset, info.length))
+            name, offset, length = storage_location(info)
+            by_file.setdefault(name, []).append((index, offset, length))
         sizes, pieces = {}, []
         for name, items in by_file.items():
             file = Path(self.path) / name
@@ -469,21 +472,6 @@ def _is_tensor_attribute(module: str, name: str) -> bool:
     return module == "torch" and isinstance(vars(torch).get(name), (torch.dtype, torch.layout, torch.memory_format))
 
 
-# Every global that DCP's `.metadata` pickles: its dataclasses (`metadata.py`), the file reader's
-# _StorageInfo (where each item lies), and what their fields hold: torch.Size, a layout (pickled through
-# torch.serialization._get_layout, a lookup by name), the checkpoint_id path. Each is harmless to call
-# with any arguments: a constructor of plain data or a lookup.
-_METADATA_GLOBALS = frozenset(
-    {("torch.distributed.checkpoint.metadata", cls.__name__) for cls in (
-        dcp_metadata.Metadata, dcp_metadata.MetadataIndex, dcp_metadata.StorageMeta, dcp_metadata.TensorProperties,
-        dcp_metadata.TensorStorageMetadata, dcp_metadata.BytesStorageMetadata, dcp_metadata.ChunkStorageMetadata)}
-    | {("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING"),
-       ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-       ("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict")}
-    | {("pathlib", cls) for cls in ("Path", "PosixPath", "WindowsPath", "PurePath", "PurePosixPath",
-                                    "PureWindowsPath")})
-
-
 class _MetadataUnpickler(pickle.Unpickler):
     """pickle's Unpickler restricted to DCP's metadata ("Restricting Globals" in Python's pickle docs): a
     pickle can call only the globals it resolves, so refusing every other one refuses any code."""
@@ -493,7 +481,7 @@ class _MetadataUnpickler(pickle.Unpickler):
         self.path = path
 
     def find_class(self, module: str, name: str):
-        if (module, name) in _METADATA_GLOBALS or _is_tensor_attribute(module, name):
+        if (module, name) in DCP_METADATA_GLOBALS or _is_tensor_attribute(module, name):
             return super().find_class(module, name)
         raise UnsafeCheckpointError(
             f"checkpoint {self.path}: its {METADATA} asks for the global {module}.{name}, which is not one of DCP's "
@@ -592,7 +580,8 @@ def verify_pieces(opened: OpenedCheckpoint, wanted: Callable[[str], bool]) -> No
     by_file: dict[str, list] = {}
     for index, info in opened.metadata.storage_data.items():
         if wanted(index.fqn):
-            by_file.setdefault(info.relative_path, []).append((index, info.offset, info.length))
+            name, offset, length = storage_location(info)
+            by_file.setdefault(name, []).append((index, offset, length))
     rank, world = dist.get_rank(), dist.get_world_size()
     problems: list[str] = []
     for name in sorted(by_file)[rank::world]:

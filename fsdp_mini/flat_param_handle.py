@@ -36,6 +36,7 @@ from fsdp_mini.grad_reduction import GradReduction
 from fsdp_mini.groups import Groups
 from fsdp_mini.memory import MemoryTracker
 from fsdp_mini.states import ReduceStage, ShardedState
+from fsdp_mini.torch_internals import unregister_parameter
 
 __all__ = ["FlatParamHandle", "PendingGather"]
 
@@ -133,7 +134,7 @@ class FlatParamHandle:
     def unregister_original_params(self, placed) -> None:
         """Put the plain views back (what forward and backward use)."""
         for module, name, leaf in placed:
-            del module._parameters[name]
+            unregister_parameter(module, name)
             setattr(module, name, leaf)
 
     # --- gradients -----------------------------------------------------------------------------------

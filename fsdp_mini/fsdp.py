@@ -59,8 +59,9 @@ from fsdp_mini.flight_recorder import RECORDER
 from fsdp_mini.flat_param_handle import FlatParamHandle
 from fsdp_mini.full_state import check_full_state_dict
 from fsdp_mini.grad_buckets import GradBuckets, check_bucket_cap_mb
+from fsdp_mini.grad_reduction import ReductionQueue
 from fsdp_mini.groups import make_groups
-from fsdp_mini.memory import MemoryTracker, optimizer_state_bytes, tensor_bytes
+from fsdp_mini.memory import MemoryTracker, step_memory_stats
 from fsdp_mini.mixed_precision import MixedPrecision
 from fsdp_mini.nested import tensors_in
 from fsdp_mini.plan import FlatParamPlan, Plan, plan_units
@@ -68,7 +69,7 @@ from fsdp_mini.replaced_params import mark_replaced, mark_wrapped
 from fsdp_mini.runtime import get_device, require_distributed
 from fsdp_mini.states import TrainingState
 from fsdp_mini.strategy import ShardingStrategy, as_strategy, is_hybrid, reshard_after_forward, shard_group_size
-from fsdp_mini.torch_internals import queue_after_backward
+from fsdp_mini.torch_internals import queue_after_backward, set_registered_buffer, unregister_parameter
 
 __all__ = ["FSDP", "FSDPUnit", "ExecutionOrder"]
 
@@ -182,7 +183,7 @@ class FSDP(GradientSync, nn.Module):
         self.state_dict_keys: tuple[str, ...] = plan.state_dict_keys
         self.forward_order, self.backward_order = ExecutionOrder(), ExecutionOrder()
         self._backward_queued = False
-        self._pending: list[FlatParamHandle] = []  # handles whose reduction is in flight, in issue order
+        self._reductions = ReductionQueue()  # handles whose reduction is in flight, in issue order
         # Reductions start in one fixed order on every rank (reverse build order: the order backward
         # usually completes units), as DDP starts its buckets in index order: see `_on_grad`.
         self._reduce_order = [h for h in reversed(self.handles) if h.requires_grad]
@@ -226,9 +227,9 @@ class FSDP(GradientSync, nn.Module):
                     raise ValueError(f"buffer {name} is on the meta device: pass param_init_fn to materialise it")
                 real = torch.empty_like(buf, device=self.device)
                 init_fn(name, real)
-                mod._buffers[attr] = real
+                set_registered_buffer(mod, attr, real)
             else:
-                mod._buffers[attr] = buf.to(self.device)
+                set_registered_buffer(mod, attr, buf.to(self.device))
         return units
 
     def _handle(self, fp: FlatParamPlan, init_fn, initial_values: list) -> FlatParamHandle:
@@ -243,7 +244,7 @@ class FSDP(GradientSync, nn.Module):
             initial_values += [(p.names[0], fingerprint(v)) for p, v in zip(fp.params, views)]
         for p in fp.params:
             for module, name in p.owners:
-                del module._parameters[name]
+                unregister_parameter(module, name)
         compute = self.mixed_precision.compute_dtype(fp.dtype)  # floating-point parameters only
         reduce = self.mixed_precision.gradient_reduce_dtype(fp.dtype)
         return FlatParamHandle(layout, [p.owners for p in fp.params], full, self.groups, fp.requires_grad,
@@ -372,9 +373,7 @@ class FSDP(GradientSync, nn.Module):
             self.grad_buckets.add(handle, handle.take_unsharded_grad())
         else:
             handle.reduce_grads()
-            if self._pending:
-                self._pending[-1].start_replica_reduce()
-        self._pending.append(handle)
+        self._reductions.add(handle)
 
     def _finish_backward(self) -> None:
         """End of backward: reduce what post-backward did not (unused parameters, accumulated no_sync
@@ -382,14 +381,13 @@ class FSDP(GradientSync, nn.Module):
         if self.requires_gradient_sync:
             self._start_reductions(end_of_backward=True)
         self.grad_buckets.wait()
-        for h in self._pending:
-            h.wait_for_grads()
+        self._reductions.wait_all()
         for unit in self.units:
             unit.reshard()
             unit.training_state = TrainingState.IDLE
             for h in unit.handles:
                 h.grads_ready = 0
-        self._pending, self._backward_queued = [], False
+        self._backward_queued = False
         self._next_reduce, self._complete = 0, set()
         self.backward_order.end_recording()
 
@@ -445,10 +443,7 @@ class FSDP(GradientSync, nn.Module):
 
     def memory_stats(self, optimizer=None) -> dict[str, int]:
         """This rank's bytes: sharded params, sharded grads, optimizer state, unsharded params now/peak."""
-        shards = [h.shard for h in self.handles]
-        return {"params": tensor_bytes(shards), "grads": tensor_bytes(s.grad for s in shards),
-                "optimizer": optimizer_state_bytes(optimizer) if optimizer is not None else 0,
-                "unsharded_now": self.memory.current, "unsharded_peak": self.memory.peak}
+        return step_memory_stats([h.shard for h in self.handles], optimizer, self.memory)
 
     def reshard(self) -> None:
         """Free every gathered unit (what loading new values into the shards needs first)."""

@@ -33,7 +33,7 @@ from fsdp_mini import collectives as C
 from fsdp_mini.comm_log import scope
 from fsdp_mini.gathered_storage import free_storage, refill_storage, restore_version, version_of
 from fsdp_mini.mixed_precision import MixedPrecisionPolicy
-from fsdp_mini.torch_internals import dtensor_spec
+from fsdp_mini.torch_internals import dtensor_spec, new_dtensor, registered_parameter, set_registered_parameter
 
 __all__ = ["FSDPParam"]
 
@@ -110,6 +110,7 @@ class FSDPParam:
         if self.unsharded is not None and self.unsharded.dtype != compute:
             self.unsharded, self.grad_hooked = None, False  # recreated in the new dtype at the next gather
         self.compute_dtype = compute
+        self.reduce_dtype = self.mp_policy.gradient_reduce_dtype(self.dtype)  # the one rule, `_Precision`'s
         # what each step's gradient DTensor is built from: the parameter's own spec (mesh, placements, global
         # shape), so a new gradient costs one constructor call instead of `DTensor.from_local`'s checks and
         # autograd function (~20x slower on CPU, paid per parameter per step). FSDP2 does the same.
@@ -130,7 +131,7 @@ class FSDPParam:
         the optimizer built afterwards and the next AllGather all see the same tensor (FSDP2's
         `reset_sharded_param`)."""
         module, attr = self.owners[0]
-        new = module._parameters[attr]
+        new = registered_parameter(module, attr)
         if not isinstance(new, DTensor) or tuple(new.shape) != tuple(self.shape) \
                 or tuple(new.placements) != self.placements:
             raise ValueError(f"parameter {self.name} of a fully_shard module was replaced by a "
@@ -154,7 +155,7 @@ class FSDPParam:
 
     def _set_on_owners(self, tensor: torch.Tensor) -> None:
         for module, attr in self.owners:
-            module._parameters[attr] = tensor  # no nn.Module.__setattr__ checks: a plain swap, as FSDP2 does
+            set_registered_parameter(module, attr, tensor)  # no nn.Module.__setattr__ checks, as FSDP2 does
 
     def to_sharded(self) -> None:
         """The module's attribute is the sharded DTensor parameter (between steps, after reshard)."""
@@ -272,7 +273,7 @@ class FSDPParam:
         if local.dtype != self.dtype:
             local = local.to(self.dtype)
         if self.sharded.grad is None:
-            self.sharded.grad = DTensor(local, self.grad_spec, requires_grad=False)
+            self.sharded.grad = new_dtensor(local, self.grad_spec)
         else:
             self.sharded.grad.to_local().add_(local)
 

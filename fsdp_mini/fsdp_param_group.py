@@ -20,6 +20,7 @@ ones only.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -28,12 +29,12 @@ import torch.distributed as dist
 from fsdp_mini import collectives as C
 from fsdp_mini.comm_log import scope
 from fsdp_mini.fsdp_param import FSDPParam
-from fsdp_mini.grad_reduction import GradReduction
+from fsdp_mini.grad_reduction import GradReduction, ReductionQueue
 from fsdp_mini.memory import MemoryTracker
 from fsdp_mini.states import ReduceStage, ShardedState, TrainingState
 from fsdp_mini.torch_internals import chunk_cat_into
 
-__all__ = ["MeshInfo", "FSDPParamGroup", "ReductionQueue"]
+__all__ = ["MeshInfo", "FSDPParamGroup"]
 
 
 @dataclass(frozen=True)
@@ -68,28 +69,12 @@ class PostForwardShards:
     kept_bytes: int = 0
 
 
-@dataclass
-class ReductionQueue:
-    """The units whose gradient reduction is in flight, in the order backward started them; one per root,
-    shared by every unit under it (FSDP2's `FSDPCommContext` plays this part). When a unit's ReduceScatter
-    is issued, the previous one's is done by now: its replica AllReduce starts, and its input is freed."""
-
-    groups: list = field(default_factory=list)
-
-    def add(self, group: "FSDPParamGroup") -> None:
-        if self.groups:
-            self.groups[-1].start_replica_reduce()
-        self.groups.append(group)
-
-    def wait_all(self) -> None:
-        for group in self.groups:
-            group.wait_for_grads()
-        self.groups = []
-
-
 class FSDPParamGroup:
     """The parameters that one `fully_shard(module)` call manages, their collectives, and their life in a
-    step: the group decides when backward is done with it (`maybe_post_backward`), as in FSDP2.
+    step, as in FSDP2's `_fsdp_param_group.py`: `pre_forward`, `post_forward`, `pre_backward`,
+    `post_backward` and `finalize_backward` make every state transition, gather, prefetch, wait and
+    choose how to reshard; the module's `FSDPState` only calls them from its hooks. The group decides
+    when backward is done with it (`maybe_post_backward`).
 
     When is a unit's backward over? When every trainable parameter has its gradient *and* the gradients
     with respect to the unit's inputs have been computed (frozen parameters are still needed until then,
@@ -98,14 +83,12 @@ class FSDPParamGroup:
     `inputs_grad_ready`); a unit whose inputs need no gradient (the first one) ends on its parameters alone,
     and the end of backward mops up."""
 
-    def __init__(self, params: list[FSDPParam], label: str, mesh_info: MeshInfo, reduce_dtype: torch.dtype | None,
-                 impl: str, tracker: MemoryTracker, reshard_after_forward: bool, post_forward: PostForwardShards | None):
+    def __init__(self, params: list[FSDPParam], label: str, mesh_info: MeshInfo, impl: str, tracker: MemoryTracker, reshard_after_forward: bool, post_forward: PostForwardShards | None):
         self.params, self.label, self.mesh_info, self.impl, self.tracker = params, label, mesh_info, impl, tracker
-        self.reduce_dtype = reduce_dtype
         # after forward: free the gathered parameters (True), keep them (False), or keep a 1/k share
-        # (`post_forward`, with `reshard_after_forward` False)
+        # (`post_forward_shards`, with `reshard_after_forward` False)
         self.reshard_after_forward = reshard_after_forward
-        self.post_forward = post_forward
+        self.post_forward_shards = post_forward
         self.auto_reshard_after_forward = False  # `fully_shard(reshard_after_forward=None)`: the root keeps
         self.reshard_after_backward = True
         self.requires_gradient_sync = True
@@ -143,11 +126,72 @@ class FSDPParamGroup:
         return sum(p.nbytes for p in self.params)
 
     def reset_sharded_params(self) -> None:
-        """The module's parameters were replaced (`load_state_dict(assign=True)`) or converted (`.to`):
-        adopt them (`FSDPParam.reset_sharded_param`). Only between steps, when the unit is sharded."""
-        self.reshard()
+        """The module's parameters were converted (`module.to(dtype)`, `.to_empty()`: `FSDPModule._apply`):
+        adopt them (`FSDPParam.reset_sharded_param`). Only when the unit is sharded: the caller reshards
+        first, since after the conversion the module's attributes hold the new parameters."""
+        assert self.sharded_state is ShardedState.SHARDED, "reshard() before converting the parameters"
         for p in self.params:
             p.reset_sharded_param()
+
+    # --- the unit's life in a step (FSDP2's names) -----------------------------------------------------
+
+    def lazy_init(self, label: str, is_root: bool, in_flight: ReductionQueue) -> None:
+        """At the root's first forward: the unit's label (its path from the root), whether it is the root's
+        own, and the root's queue of reductions in flight. The root keeps its parameters after forward
+        unless `reshard_after_forward` was given (FSDP2's default for the root)."""
+        self.label, self.is_root, self.in_flight = label, is_root, in_flight
+        if is_root and self.auto_reshard_after_forward:
+            self.reshard_after_forward = False
+
+    def pre_forward(self, prefetch: list["FSDPParamGroup"]) -> None:
+        """Gather the unit for its forward (waiting for it if prefetched), issuing the AllGathers of
+        `prefetch` (the units that run next) right after its own."""
+        self.training_state = TrainingState.FORWARD
+        self.unshard(async_op=True)
+        for other in prefetch:
+            other.unshard(async_op=True)
+        self.wait_for_unshard()
+
+    def post_forward(self, post_forward_order: list["FSDPParamGroup"] | None) -> None:
+        """The unit's forward is over: free its parameters, keep them, or keep a 1/k share, as
+        `reshard_after_forward` says; record it in the root's `post_forward_order` (None: not recorded).
+
+        As in FSDP2, what reshard_after_forward says, with or without grad: a unit that keeps its
+        parameters (the root, by default) keeps them after a no-grad forward or `generate()` too, until a
+        backward's end or `reshard()`. One exception, FSDP2's too: a call that wraps another (a registered
+        `generate` that calls forward) finds the unit out of FORWARD when it ends (the inner call ended it)
+        and frees it (FSDPParamGroup.reshard, _fsdp_param_group.py)."""
+        ends_forward = self.training_state is TrainingState.FORWARD
+        self.training_state = TrainingState.IDLE
+        if self.reshard_after_forward or not ends_forward:
+            self.reshard()
+        elif self.post_forward_shards is not None:
+            self.reshard_post_forward()
+        if post_forward_order is not None:
+            self.post_forward_indices.append(len(post_forward_order))
+            post_forward_order.append(self)
+
+    def pre_backward(self, post_forward_order: list["FSDPParamGroup"],
+                     prefetch: list["FSDPParamGroup"] | None) -> None:
+        """Backward has reached the unit's outputs: gather it again (if freed), prefetch the unit that
+        backward reaches next (`prefetch` set by hand, or FSDP2's default: see `_backward_prefetch`), wait."""
+        if self.training_state is TrainingState.PRE_BACKWARD:
+            return
+        self.training_state = TrainingState.PRE_BACKWARD
+        self.unshard(async_op=True)
+        for other in (prefetch if prefetch is not None else self._backward_prefetch(post_forward_order)):
+            other.prefetch_in_backward()
+        self.wait_for_unshard()
+
+    def _backward_prefetch(self, post_forward_order: list["FSDPParamGroup"]) -> list["FSDPParamGroup"]:
+        """FSDP2's default: the unit whose post-forward came just before this unit's latest one in this
+        step; each backward reaching the unit takes one of its post-forwards off (`post_forward_indices`).
+        A unit run standalone after the others' backward (a chunked loss head, called again once the
+        previous chunk's backward ended) finds no earlier post-forward: nothing."""
+        if not self.post_forward_indices:
+            return []
+        i = self.post_forward_indices.pop()
+        return [post_forward_order[i - 1]] if i > 0 else []
 
     # --- parameters ----------------------------------------------------------------------------------
 
@@ -159,7 +203,7 @@ class FSDPParamGroup:
             return  # its backward needs no parameter values (an embedding's): its gradient comes without them
         from_post_forward = self.sharded_state is ShardedState.SHARDED_POST_FORWARD
         if from_post_forward:
-            inputs, group, n = self.post_forward.shards, self.post_forward.group, self.post_forward.size
+            inputs, group, n = self.post_forward_shards.shards, self.post_forward_shards.group, self.post_forward_shards.size
         else:
             inputs = [p.copy_in(self.as_bytes) for p in self.params]
             group, n = self.mesh_info.shard_group, self.mesh_info.shard_size
@@ -178,8 +222,8 @@ class FSDPParamGroup:
         self._gather = (work, output, lengths)
         self.sharded_state = ShardedState.UNSHARDING
         if from_post_forward:  # the 1/k shares are the AllGather's input now (`row`), no longer kept
-            self.tracker.free(self.post_forward.kept_bytes, self.label)
-            self.post_forward.shards, self.post_forward.kept_bytes = [], 0
+            self.tracker.free(self.post_forward_shards.kept_bytes, self.label)
+            self.post_forward_shards.shards, self.post_forward_shards.kept_bytes = [], 0
         if not async_op:
             self.wait_for_unshard()
 
@@ -208,7 +252,7 @@ class FSDPParamGroup:
             offset += length
             p.to_unsharded()
             if p.requires_grad and not p.grad_hooked:
-                p.unsharded.register_post_accumulate_grad_hook(lambda _, p=p: self._on_grad(p))
+                p.unsharded.register_post_accumulate_grad_hook(_grad_hook(self, p))
                 p.grad_hooked = True
         self.sharded_state = ShardedState.UNSHARDED
 
@@ -220,8 +264,8 @@ class FSDPParamGroup:
                 p.free_unsharded()
             self.tracker.free(self.nbytes, self.label)
         if self.sharded_state is ShardedState.SHARDED_POST_FORWARD:
-            self.tracker.free(self.post_forward.kept_bytes, self.label)
-            self.post_forward.shards, self.post_forward.kept_bytes = [], 0
+            self.tracker.free(self.post_forward_shards.kept_bytes, self.label)
+            self.post_forward_shards.shards, self.post_forward_shards.kept_bytes = [], 0
         for p in self.params:
             p.to_sharded()
         self.sharded_state = ShardedState.SHARDED
@@ -230,7 +274,7 @@ class FSDPParamGroup:
         """After forward with `reshard_after_forward=k`: keep a 1/k share of each gathered parameter, so
         backward gathers from k ranks (a node, typically) instead of the whole shard group."""
         self.wait_for_unshard()
-        pf = self.post_forward
+        pf = self.post_forward_shards
         pf.shards = [p.post_forward_chunk(pf.size, pf.rank, self.as_bytes) for p in self.params]
         pf.kept_bytes = sum(t.numel() * t.element_size() for t in pf.shards)
         for p in self.params:
@@ -256,7 +300,7 @@ class FSDPParamGroup:
     def maybe_post_backward(self) -> None:
         """The one place that decides backward is done with this unit: every trainable parameter has its
         gradient and every hooked forward call its input gradients."""
-        if self.training_state is TrainingState.IDLE:
+        if self.training_state in (TrainingState.IDLE, TrainingState.POST_BACKWARD):
             return
         if self.expected_grads is None:  # read once per backward: the parameters that require grad now
             self.expected_grads = len(self.trainable)
@@ -266,7 +310,7 @@ class FSDPParamGroup:
     def post_backward(self) -> None:
         """Backward is done with this unit: start its reduction (or keep its gradients unreduced, without
         gradient sync), and free its parameters (the root's stay until the end of backward)."""
-        self.training_state = TrainingState.IDLE
+        self.training_state = TrainingState.POST_BACKWARD
         if self.requires_gradient_sync:
             self.reduce_grads()
             self.in_flight.add(self)
@@ -284,7 +328,7 @@ class FSDPParamGroup:
         for p in self.params:
             grad = p.take_unsharded_grad()
             if grad is not None:
-                by_dtype.setdefault(self.reduce_dtype or p.compute_dtype, []).append((p, grad))
+                by_dtype.setdefault(p.reduce_dtype, []).append((p, grad))
         n, group = self.mesh_info.shard_size, self.mesh_info.shard_group
         for dtype, pairs in by_dtype.items():
             params, grads = [p for p, _ in pairs], [g for _, g in pairs]
@@ -351,11 +395,30 @@ class FSDPParamGroup:
             return float(self.mesh_info.shard_size * self.mesh_info.replicas)
         return None
 
+    def finalize_backward(self, wait: bool) -> None:
+        """End of backward, for each unit the root's forward ran, after `reduce_at_end`: free the gathered
+        parameters (unless `reshard_after_backward` is False), forget this backward's counts; `wait` (the
+        last backward of the step) also forgets the step's post-forwards."""
+        if self.reshard_after_backward:
+            self.reshard()
+        self.reset_backward()
+        if wait:
+            self.post_forward_indices.clear()
+
+    def reduce_at_end(self) -> None:
+        """End of backward: reduce what `post_backward` did not (unused parameters, gradients accumulated
+        without sync), or keep accumulating without gradient sync."""
+        if self.requires_gradient_sync and self not in self.in_flight and self.has_unsharded_grads():
+            self.reduce_grads()
+            self.in_flight.add_at_end(self)
+        elif not self.requires_gradient_sync:
+            self.accumulate_unsynced()
+
     def accumulate_unsynced(self) -> None:
         """A backward without gradient sync is done with this unit: keep its gradients for the next
         reduction, in the reduce dtype (`FSDPParam.accumulate_unsynced`)."""
         for p in self.params:
-            p.accumulate_unsynced(self.reduce_dtype)
+            p.accumulate_unsynced(p.reduce_dtype)
 
     def has_unsharded_grads(self) -> bool:
         return any(p.has_unsharded_grad() for p in self.params)
@@ -383,6 +446,19 @@ class FSDPParamGroup:
 
     def __repr__(self) -> str:
         return f"FSDPParamGroup({self.label}, {len(self.params)} params, {self.sharded_state.name})"
+
+
+def _grad_hook(group: FSDPParamGroup, param: FSDPParam):
+    """The gathered parameter's post-accumulate-grad hook, holding the group and the parameter weakly: the
+    hook lives in C++ with the tensor, which views of it (copy-out's) keep alive from C++ too, a cycle that
+    Python's garbage collector cannot see; strong references here would keep a dropped model alive."""
+    group_ref, param_ref = weakref.ref(group), weakref.ref(param)
+
+    def hook(_tensor) -> None:
+        group, param = group_ref(), param_ref()
+        if group is not None and param is not None:
+            group._on_grad(param)
+    return hook
 
 
 def _key(params: list[FSDPParam]) -> tuple[int, ...]:

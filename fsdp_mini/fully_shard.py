@@ -49,9 +49,10 @@ from fsdp_mini import collectives as C
 from fsdp_mini.data_parallel import GradientSync, broadcast_from_rank0, check_same_everywhere, check_same_values
 from fsdp_mini.flight_recorder import RECORDER
 from fsdp_mini.fsdp_param import FSDPParam
-from fsdp_mini.fsdp_param_group import FSDPParamGroup, MeshInfo, ReductionQueue, post_forward_shards
+from fsdp_mini.fsdp_param_group import FSDPParamGroup, MeshInfo, post_forward_shards
+from fsdp_mini.grad_reduction import ReductionQueue
 from fsdp_mini.full_state import check_full_state_dict
-from fsdp_mini.memory import MemoryTracker, optimizer_state_bytes, tensor_bytes
+from fsdp_mini.memory import MemoryTracker, step_memory_stats
 from fsdp_mini.mixed_precision import MixedPrecisionPolicy
 from fsdp_mini.nested import map_tensors, tensors_in
 from fsdp_mini.replaced_params import mark_replaced, wrapper_of
@@ -62,24 +63,25 @@ from fsdp_mini.torch_internals import in_backward, queue_after_backward
 __all__ = ["fully_shard", "FSDPModule", "FSDPState", "UnshardHandle", "register_fsdp_forward_method", "state_of",
            "default_mesh", "gathered_memory", "memory_stats", "full_state_dict", "load_full_state_dict"]
 
-_STATES: "weakref.WeakKeyDictionary[nn.Module, FSDPState]" = weakref.WeakKeyDictionary()
+_STATE_ATTR = "_fsdp_state"  # where a module keeps its FSDPState: in its own __dict__, so it lives and dies with it
+# id(sharded parameter) -> weak reference to the state whose unit holds it (to name the holder in an error):
+# weak, so that no table keeps a model alive, and keyed by id, since a weak reference to the parameter
+# itself would stop `module.to()` from swapping it; an entry goes when its state does
+_HOLDERS: dict[int, weakref.ref] = {}
 _MANAGED: dict[int, tuple[weakref.ref, str]] = {}  # id(original parameter) -> (the parameter, its unit's label)
 _DEFAULT_MESH: dict[int, object] = {}
-_TRACKERS: dict[tuple, MemoryTracker] = {}  # one per mesh (`_mesh_key`): the gathered bytes of its units
-
-
-def _mesh_key(mesh) -> tuple:
-    """A mesh by its ranks and layout, not by object: `mesh["dp"]` of a 2-D mesh makes a new DeviceMesh at
-    every call, and an id() can be reused once a mesh is gone; units on the same ranks share one tracker."""
-    return mesh.device_type, tuple(mesh.mesh.shape), tuple(mesh.mesh.flatten().tolist())
 
 
 def state_of(module: nn.Module) -> "FSDPState":
     """The FSDP state of a module that `fully_shard` was applied to."""
-    state = _STATES.get(module)
+    state = _state_or_none(module)
     if state is None:
         raise ValueError(f"{type(module).__name__} is not managed by fully_shard")
     return state
+
+
+def _state_or_none(module: nn.Module) -> "FSDPState | None":
+    return module.__dict__.get(_STATE_ATTR)
 
 
 def gathered_memory(module: nn.Module) -> MemoryTracker:
@@ -94,11 +96,7 @@ def gathered_memory(module: nn.Module) -> MemoryTracker:
 def memory_stats(module: nn.Module, optimizer=None) -> dict[str, int]:
     """This rank's bytes, as `FSDP.memory_stats` reports them: sharded parameters and gradients (local
     chunks), optimizer state (local chunks), gathered parameters now and at their peak."""
-    params = list(module.parameters())
-    tracker = gathered_memory(module)
-    return {"params": tensor_bytes(params), "grads": tensor_bytes(p.grad for p in params),
-            "optimizer": optimizer_state_bytes(optimizer) if optimizer is not None else 0,
-            "unsharded_now": tracker.current, "unsharded_peak": tracker.peak}
+    return step_memory_stats(list(module.parameters()), optimizer, gathered_memory(module))
 
 
 def default_mesh():
@@ -157,20 +155,19 @@ class FSDPModule:
                 raise ValueError("set_reshard_after_forward takes True or False")
             if state.group is not None:
                 state.group.reshard_after_forward = reshard_after_forward
-                state.group.post_forward = None
+                state.group.post_forward_shards = None
                 state.group.auto_reshard_after_forward = False
 
     def _apply(self, *args, **kwargs):
         """`module.to(dtype)`, `.double()`, `.to_empty(device=...)`: reshard first, convert, then adopt the
         converted shards as the unit's parameters (FSDP2 overrides `nn.Module._apply` the same way)."""
-        state = state_of(self)
-        if state.group is not None:
-            state.group.reshard()
+        group = state_of(self).group
+        if group is not None:
+            group.reshard()
         out = super()._apply(*args, **kwargs)
-        if state.group is not None:
+        if group is not None:
             with torch.no_grad():
-                for p in state.group.params:
-                    p.reset_sharded_param()
+                group.reset_sharded_params()
         return out
 
     def set_requires_all_reduce(self, requires_all_reduce: bool, *, recurse: bool = True) -> None:
@@ -273,7 +270,7 @@ def _checked_state(module) -> "FSDPState":
 
 def _states_below(module, recurse: bool) -> list["FSDPState"]:
     mods = module.modules() if recurse else [module]
-    return [_STATES[m] for m in mods if m in _STATES]
+    return [s for s in map(_state_or_none, mods) if s is not None]
 
 
 class _InputsGradReady(torch.autograd.Function):
@@ -325,12 +322,10 @@ class FSDPState:
         self.is_root, self.root = True, self
         labelled = set()
         for path, m in self.module.named_modules():
-            state = _STATES.get(m)
+            state = _state_or_none(m)
             if state is not None and state.group is not None and id(state) not in labelled:
-                state.group.label = path or "root"  # a unit over several modules: the first one's path
-                state.group.is_root, state.group.in_flight = state is self, self.reductions
-                if state is self and state.group.auto_reshard_after_forward:
-                    state.group.reshard_after_forward = False  # FSDP2's default for the root
+                # a unit over several modules is labelled by the first one's path
+                state.group.lazy_init(path or "root", state is self, self.reductions)
                 labelled.add(id(state))
             if state is not None and state is not self:
                 if state.is_root:
@@ -342,12 +337,12 @@ class FSDPState:
         """`FSDPModule.reset_iter_state`: the root, every unit below it, back to IDLE and sharded."""
         if self.is_root is False:
             raise RuntimeError("reset_iter_state must be called on the root FSDP module")
-        states = {id(s): s for s in (_STATES.get(m) for m in self.module.modules()) if s is not None}
+        states = {id(s): s for s in map(_state_or_none, self.module.modules()) if s is not None}
         for state in states.values():
             state.to_run_forward.clear()
             if state.group is not None:
                 state.group.reset_iter_state()
-        self.reductions.groups = []
+        self.reductions.clear()
         self.post_forward_order.clear()
         self.backward_queued = False
         RECORDER.in_forward(False)
@@ -373,12 +368,7 @@ class FSDPState:
                     args, kwargs = self._hook_inputs(args, kwargs)
                 return args, kwargs  # gathered by the unit's first module already
         if self.group is not None:
-            self.group.training_state = TrainingState.FORWARD
-            self.group.unshard(async_op=True)
-            for other in self._forward_prefetch_targets():
-                if other.group is not None:
-                    other.group.unshard(async_op=True)
-            self.group.wait_for_unshard()
+            self.group.pre_forward([s.group for s in self._forward_prefetch_targets() if s.group is not None])
             # a recomputation during backward (a checkpointed span of several units) builds a graph that
             # autograd discards: hooking its inputs would leave a call that backward never finishes
             if torch.is_grad_enabled() and not root.backward_queued:
@@ -421,24 +411,11 @@ class FSDPState:
                 return out  # the unit's other modules still run forward with these parameters
         if self.is_root:
             RECORDER.in_forward(False)
-        group = self.group
-        if group is not None:
-            # as in FSDP2, what reshard_after_forward says, with or without grad: a unit that keeps its
-            # parameters (the root, by default) keeps them after a no-grad forward or `generate()` too,
-            # until a backward's end or `reshard()`. One exception, FSDP2's too: a call that wraps another
-            # (a registered `generate` that calls forward) finds the unit out of FORWARD when it ends (the
-            # inner call ended it) and frees it (FSDPParamGroup.reshard, _fsdp_param_group.py). A
-            # recomputation inside backward is no post-forward: it is not recorded; nor is a no-grad forward
-            # (FSDP2 records it too, and an evaluation loop without backward then grows its list forever)
-            ends_forward = group.training_state is TrainingState.FORWARD
-            group.training_state = TrainingState.IDLE
-            if group.reshard_after_forward or not ends_forward:
-                group.reshard()
-            elif group.post_forward is not None:
-                group.reshard_post_forward()
-            if torch.is_grad_enabled() and not in_backward():
-                group.post_forward_indices.append(len(root.post_forward_order))
-                root.post_forward_order.append(group)
+        if self.group is not None:
+            # A recomputation inside backward is no post-forward: it is not recorded; nor is a no-grad
+            # forward (FSDP2 records it too, and an evaluation loop without backward then grows its list forever)
+            record = torch.is_grad_enabled() and not in_backward()
+            self.group.post_forward(root.post_forward_order if record else None)
         return self.mp.cast_output(out)
 
     # --- backward ----------------------------------------------------------------------------------
@@ -448,49 +425,22 @@ class FSDPState:
         if not root.backward_queued:
             root.backward_queued = True
             queue_after_backward(root._finish_backward)
-        group = self.group
-        if group is None or group.training_state is TrainingState.PRE_BACKWARD:
-            return
-        group.training_state = TrainingState.PRE_BACKWARD
-        group.unshard(async_op=True)
-        for other in self._backward_prefetch_targets():
-            other.prefetch_in_backward()
-        group.wait_for_unshard()
-
-    def _backward_prefetch_targets(self) -> list[FSDPParamGroup]:
-        """The units set by hand, or (FSDP2's default) the one whose post-forward came just before this
-        unit's latest one in this step: each backward reaching the unit takes one of its post-forwards off
-        (`post_forward_indices`). A unit run standalone after the others' backward (a chunked loss head,
-        called again once the previous chunk's backward ended) finds no earlier post-forward: nothing."""
-        if self.backward_prefetch is not None:
-            return [s.group for s in self.backward_prefetch if s.group is not None]
-        if not self.group.post_forward_indices:
-            return []
-        i = self.group.post_forward_indices.pop()
-        return [self.root.post_forward_order[i - 1]] if i > 0 else []
+        if self.group is not None:
+            explicit = self.backward_prefetch
+            prefetch = None if explicit is None else [s.group for s in explicit if s.group is not None]
+            self.group.pre_backward(root.post_forward_order, prefetch)
 
     def _finish_backward(self) -> None:
         """End of backward: reduce what post-backward did not (unused parameters, accumulated gradients),
         wait for every reduction, free every gathered unit."""
-        for state in self.forward_order:
-            group = state.group
-            if group is None:
-                continue
-            if group.requires_gradient_sync and group not in self.reductions.groups and group.has_unsharded_grads():
-                group.reduce_grads()
-                self.reductions.groups.append(group)
-            elif not group.requires_gradient_sync:
-                group.accumulate_unsynced()
+        groups = [state.group for state in self.forward_order if state.group is not None]
+        for group in groups:
+            group.reduce_at_end()
         if self.is_last_backward:
             self.reductions.wait_all()
             self.post_forward_order.clear()  # FSDP2 forgets the step's order after its last backward only
-        for state in self.forward_order:
-            if state.group is not None:
-                if state.group.reshard_after_backward:
-                    state.group.reshard()
-                state.group.reset_backward()
-                if self.is_last_backward:
-                    state.group.post_forward_indices.clear()
+        for group in groups:
+            group.finalize_backward(wait=self.is_last_backward)
         self.backward_queued = False
 
 
@@ -587,22 +537,37 @@ def fully_shard(module: nn.Module | list[nn.Module], *, mesh=None, reshard_after
                                          mp, device, shard_dim))
             _MANAGED[id(p)] = (weakref.ref(p), label)
         mark_replaced([p for _, _, p in params])  # an optimizer built before this fails at its first step
-        reduce_dtype = mp.reduce_dtype or mp.param_dtype
         pf = post_forward_shards(mesh_info, post_forward) if post_forward else None
-        tracker = _TRACKERS.setdefault(_mesh_key(mesh), MemoryTracker())
-        group = FSDPParamGroup(fsdp_params, label, mesh_info, reduce_dtype, impl, tracker,
+        group = FSDPParamGroup(fsdp_params, label, mesh_info, impl, MemoryTracker(),
                                reshard in (None, True), pf)
         group.auto_reshard_after_forward = reshard_after_forward is None
     state = FSDPState(modules[0], group, mp, modules)
     if group is not None:
         _register_state_dict_hooks(state)
+    if group is not None:
+        keys = [id(p.sharded) for p in group.params]
+        ref = weakref.ref(state, lambda r, keys=keys: [_HOLDERS.pop(k) for k in keys if _HOLDERS.get(k) is r])
+        _HOLDERS.update(dict.fromkeys(keys, ref))
+    _share_tracker(state)
     for m in modules:
-        _STATES[m] = state
+        m.__dict__[_STATE_ATTR] = state
         m.register_forward_pre_hook(lambda m, a, k: state.pre_forward(m, a, k), prepend=True, with_kwargs=True)
         m.register_forward_hook(lambda m, a, out: state.post_forward(m, a, out))
         cls = type(m)
         m.__class__ = type(f"FSDP{cls.__name__}", (FSDPModule, cls), {})
     return module
+
+
+def _share_tracker(state: "FSDPState") -> None:
+    """Bottom-up, the module sharded last is the outermost: its units and every unit below it share one
+    tracker of gathered bytes (the root's, once it runs), so `gathered_memory(model)` sees the whole
+    model's peak, and two models never share one."""
+    below = {id(s): s for m in state.modules for s in map(_state_or_none, m.modules()) if s is not None}
+    groups = [s.group for s in [state, *below.values()] if s.group is not None]
+    if groups:
+        tracker = state.group.tracker if state.group is not None else MemoryTracker()
+        for g in groups:
+            g.tracker = tracker
 
 
 def _register_state_dict_hooks(state: "FSDPState") -> None:
@@ -801,8 +766,10 @@ def _collect_params(module: nn.Module, ignored: set[int], out: dict) -> None:
         if id(p) in ignored:
             continue
         if isinstance(p, DTensor):
-            holder = next((st for st in list(_STATES.values()) if st.group is not None
-                           and any(fp.sharded is p for fp in st.group.params)), None)
+            ref = _HOLDERS.get(id(p))
+            holder = ref() if ref is not None else None
+            if holder is not None and not any(fp.sharded is p for fp in holder.group.params):
+                holder = None  # the id of a parameter gone (or replaced by `assign=True` loading)
             if holder is None or any(sub is module for m in holder.modules for sub in m.modules()):
                 raise ValueError(f"parameter {fqn} is already sharded: apply fully_shard bottom-up (submodules "
                                  f"first, then their parents), not to a module inside an already sharded one")

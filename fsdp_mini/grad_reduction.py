@@ -4,7 +4,8 @@ After a unit's backward its unsharded gradient is reduce-scattered into this ran
 (async). Once that is done the unsharded gradient is freed and, with replicas (hybrid sharding), the shard
 is averaged across them, again async; the engine waits for it at the end of backward. Splitting the two
 steps lets the engines free each unsharded gradient as soon as the next unit's gradients are ready, so at
-most two units' unsharded gradients are alive at a time.
+most two units' unsharded gradients are alive at a time. `ReductionQueue` holds the units (flat handles
+or per-parameter groups) whose reduction is in flight, in the order backward started them.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from fsdp_mini import collectives as C
 from fsdp_mini.comm_log import scope
 from fsdp_mini.states import ReduceStage
 
-__all__ = ["GradReduction"]
+__all__ = ["GradReduction", "ReductionQueue"]
 
 
 @dataclass
@@ -52,3 +53,37 @@ class GradReduction:
             self.work.wait()
             self.work = None
         return self.output
+
+
+@dataclass
+class ReductionQueue:
+    """The units whose gradient reduction is in flight, in the order backward started them; one per
+    engine (the flat `FSDP`) or per root (`fully_shard`, shared by every unit under it: FSDP2's
+    `FSDPCommContext` plays this part). A unit is anything with `start_replica_reduce()` and
+    `wait_for_grads()`: a `FlatParamHandle` or an `FSDPParamGroup`.
+
+    When a unit's ReduceScatter is issued, the previous one's is done by now: `add` starts its replica
+    AllReduce (and frees its input). At the end of backward nothing is left to overlap with: `add_at_end`
+    queues a unit without that, and `wait_all` starts and waits for each in order."""
+
+    units: list = field(default_factory=list)
+
+    def __contains__(self, unit) -> bool:
+        return any(u is unit for u in self.units)
+
+    def add(self, unit) -> None:
+        if self.units:
+            self.units[-1].start_replica_reduce()
+        self.units.append(unit)
+
+    def add_at_end(self, unit) -> None:
+        self.units.append(unit)
+
+    def wait_all(self) -> None:
+        for unit in self.units:
+            unit.wait_for_grads()
+        self.units = []
+
+    def clear(self) -> None:
+        """Forget the units (after `reset_iter_state`, which finished their work itself)."""
+        self.units = []

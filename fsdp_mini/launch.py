@@ -46,6 +46,7 @@ import torch.distributed as dist
 from fsdp_mini.flight_recorder import (RECORDER, find_divergence, load_run, new_run_id, raised_in_a_collective,
                                        record_path)
 from fsdp_mini.runtime import check_backend, die_with_parent, mark_launched
+from fsdp_mini.torch_internals import warm_dynamo
 
 __all__ = ["launch", "LaunchError", "LaunchTimeout"]
 _LOG_TAIL_LINES = 40
@@ -159,7 +160,7 @@ def _warm_lazy_imports() -> None:
     again by every forked rank of every launch. Imported once here, the ranks inherit it for free.
     """
     try:
-        import torch._dynamo  # noqa: F401
+        warm_dynamo()
     except Exception:  # an optional speed-up: never a reason to fail a launch
         pass
 

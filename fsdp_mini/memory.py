@@ -27,7 +27,7 @@ from torch.distributed.tensor import DTensor
 from fsdp_mini.strategy import StrategyLike, is_hybrid, shard_group_size, sharded_states
 
 __all__ = ["MemoryEstimate", "estimate_memory", "format_bytes", "decimal_scale", "MemoryTracker", "MemoryChange",
-           "ListenerHandle", "tensor_bytes", "optimizer_state_bytes", "SavedActivations"]
+           "ListenerHandle", "tensor_bytes", "optimizer_state_bytes", "step_memory_stats", "SavedActivations"]
 
 _UNITS = ("B", "kB", "MB", "GB", "TB", "PB")
 
@@ -234,6 +234,16 @@ def optimizer_state_bytes(optimizer) -> int:
     """Bytes of every tensor in a torch optimizer's state (Adam: exp_avg, exp_avg_sq, step)."""
     return tensor_bytes(v for state in optimizer.state.values() for v in state.values()
                         if hasattr(v, "element_size"))
+
+
+def step_memory_stats(params, optimizer, tracker: MemoryTracker) -> dict[str, int]:
+    """This rank's bytes, as both designs report them (`FSDP.memory_stats`, `fully_shard.memory_stats`):
+    sharded parameters and their gradients (local shards), optimizer state, and the gathered parameters
+    now and at their peak (`tracker`)."""
+    params = list(params)
+    return {"params": tensor_bytes(params), "grads": tensor_bytes(p.grad for p in params),
+            "optimizer": optimizer_state_bytes(optimizer) if optimizer is not None else 0,
+            "unsharded_now": tracker.current, "unsharded_peak": tracker.peak}
 
 
 class SavedActivations:

@@ -14,7 +14,8 @@ import dataclasses
 from typing import Any, Callable, Iterator
 
 import torch
-from torch.utils import _pytree as pytree  # private module, public in practice: FSDP2 and HF rely on it
+
+from fsdp_mini.torch_internals import pytree  # private in torch, public in practice (the reason: there)
 
 __all__ = ["tensors_in", "map_tensors"]
 

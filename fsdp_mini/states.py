@@ -19,6 +19,9 @@ class TrainingState(enum.Enum):
     """Inside the unit's forward (per-parameter design; the flat one needs no state for it)."""
     PRE_BACKWARD = enum.auto()
     """Backward has reached the unit's outputs: its parameters are gathered (again) for backward."""
+    POST_BACKWARD = enum.auto()
+    """Backward is done with the unit (per-parameter design): its reduction started, until the end of
+    backward returns it to IDLE."""
 
 
 class ShardedState(enum.Enum):

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import torch
 from torch.distributed.tensor import DTensor
+# pytree flattens and rebuilds nested inputs and outputs (tuples, dicts, namedtuples): a private module, public
+# in practice (FSDP2 and HuggingFace rely on it); fsdp_mini.nested is its one user.
+from torch.utils import _pytree as pytree
 
 # `torch.distributed.checkpoint` saves an arbitrary set of boxes per rank only through the deprecated
 # ShardedTensor (a DTensor's shards must be the even pieces of a device mesh; the flat design's are not),
@@ -17,7 +20,8 @@ from torch.distributed._shard.metadata import ShardMetadata
 from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor, ShardedTensorMetadata
 from torch.distributed._shard.sharded_tensor.metadata import TensorProperties
 
-__all__ = ["version_of", "restore_version", "queue_after_backward", "chunk_cat_into", "dtensor_spec", "in_backward", "ShardMetadata", "Shard",
+__all__ = ["pytree", "new_dtensor", "registered_parameter", "set_registered_parameter", "unregister_parameter",
+           "set_registered_buffer", "warm_dynamo", "storage_location", "DCP_METADATA_GLOBALS", "version_of", "restore_version", "queue_after_backward", "chunk_cat_into", "dtensor_spec", "in_backward", "ShardMetadata", "Shard",
            "ShardedTensor", "ShardedTensorMetadata", "TensorProperties"]
 
 
@@ -61,3 +65,73 @@ def in_backward() -> bool:
     outside one): how the flight recorder and the memory ledger tell a backward's collectives and
     allocations from a forward's, which no public API tells."""
     return torch._C._current_graph_task_id() != -1
+
+
+def new_dtensor(local: torch.Tensor, spec) -> DTensor:
+    """A DTensor of `local` with the layout `spec` (from `dtensor_spec`), through DTensor's own constructor
+    (`DTensor(local, spec, requires_grad=...)`, which PyTorch documents as private: use `from_local`). Each
+    step's gradient shard is wrapped this way: no checks and no autograd node, ~20x cheaper than
+    `DTensor.from_local` on CPU, paid per parameter per step; FSDP2 builds its gradients the same way."""
+    return DTensor(local, spec, requires_grad=False)
+
+
+# A module's parameters and buffers live in its `_parameters` / `_buffers` dicts. Both FSDP designs swap
+# what a module sees (the sharded parameter, the gathered one, a flat view) several times a step, and must do
+# it without `nn.Module.__setattr__`, which refuses a plain tensor where a Parameter was and runs its checks
+# on every swap; FSDP1 and FSDP2 write the same dicts.
+
+def registered_parameter(module: torch.nn.Module, name: str):
+    """What `module._parameters[name]` holds now (a DTensor, a gathered Parameter, a plain view)."""
+    return module._parameters[name]
+
+
+def set_registered_parameter(module: torch.nn.Module, name: str, tensor: torch.Tensor) -> None:
+    """Put `tensor` in the module's parameter slot `name`: a plain swap, no `__setattr__` checks."""
+    module._parameters[name] = tensor
+
+
+def unregister_parameter(module: torch.nn.Module, name: str) -> None:
+    """Remove parameter `name` from the module (it becomes a plain attribute, set afterwards)."""
+    del module._parameters[name]
+
+
+def set_registered_buffer(module: torch.nn.Module, name: str, tensor: torch.Tensor) -> None:
+    """Replace buffer `name` (materialised from the meta device, or moved) keeping it registered, with its
+    persistence as it was: `register_buffer` would reset that."""
+    module._buffers[name] = tensor
+
+
+def warm_dynamo() -> None:
+    """Import `torch._dynamo` now: a torch optimizer's first `step()` imports it lazily (1-6 s on a busy
+    machine), and `launch` imports it once in the parent so that forked ranks inherit it."""
+    import torch._dynamo  # noqa: F401
+
+
+def storage_location(info) -> tuple[str, int, int]:
+    """(file, offset, length) of one item of a DCP checkpoint: the fields of the file system writer's
+    `_StorageInfo` (torch/distributed/checkpoint/filesystem.py), private, which `Metadata.storage_data` and
+    each `WriteResult.storage_data` hold; the checkpoint's checksums cover exactly these bytes."""
+    return info.relative_path, info.offset, info.length
+
+
+def _dcp_metadata_globals() -> frozenset:
+    from torch.distributed.checkpoint import metadata as dcp_metadata
+
+    return frozenset(
+        {("torch.distributed.checkpoint.metadata", cls.__name__) for cls in (
+            dcp_metadata.Metadata, dcp_metadata.MetadataIndex, dcp_metadata.StorageMeta,
+            dcp_metadata.TensorProperties, dcp_metadata.TensorStorageMetadata, dcp_metadata.BytesStorageMetadata,
+            dcp_metadata.ChunkStorageMetadata)}
+        | {("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING"),
+           ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+           ("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict")}
+        | {("pathlib", cls) for cls in ("Path", "PosixPath", "WindowsPath", "PurePath", "PurePosixPath",
+                                        "PureWindowsPath")})
+
+
+# Every global that DCP's pickled `.metadata` names: its dataclasses (`metadata.py`), the file reader's private
+# `_StorageInfo` (where each item lies) and `_MEM_FORMAT_ENCODING`, and what their fields hold: torch.Size, a
+# layout (pickled through the private `torch.serialization._get_layout`, a lookup by name), the checkpoint_id
+# path. Each is harmless to call with any arguments: a constructor of plain data or a lookup.
+# `fsdp_mini.checkpoint_integrity` unpickles `.metadata` allowing these only.
+DCP_METADATA_GLOBALS = _dcp_metadata_globals()

@@ -68,8 +68,7 @@ def _run(engine, strategy, mode, early_stop):
             for m in [m for m in model.modules() if isinstance(m, Block)]:
                 fully_shard(m, reshard_after_forward=strategy == "FULL_SHARD")
             model = fully_shard(model, reshard_after_forward=strategy == "FULL_SHARD")
-            tracker = gathered_memory(model)
-            tracker.reset_peak()
+            tracker = gathered_memory(model)  # the model's own: a fresh peak
         with CommLog() as log:
             train(model, torch.optim.SGD(model.parameters(), lr=0.1), CFG, STEPS, 8)
     order = [(r.op, r.label) for r in sorted(log.records, key=lambda r: r.start)]

@@ -451,34 +451,132 @@ def test_fully_shard_of_a_list_makes_one_unit_of_its_modules(no_orphans):
     _assert_same(launch(_both, 2, args=(_one_unit_over_two_modules,), timeout=120), compare)
 
 
+class _AllReduces:
+    """Count `dist.all_reduce` calls (both implementations issue the replica AllReduce through it, by
+    attribute at call time: torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, foreach_reduce)."""
+
+    def __enter__(self):
+        self.count, self._saved = 0, dist.all_reduce
+
+        def counted(*args, **kwargs):
+            self.count += 1
+            return self._saved(*args, **kwargs)
+        dist.all_reduce = counted
+        return self
+
+    def __exit__(self, *exc):
+        dist.all_reduce = self._saved
+
+
 def _hsdp_all_reduce_held(name):
     from torch.distributed.device_mesh import init_device_mesh
 
     fully_shard, _ = _impl(name)
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
     model = _shard_layers(_mlp(), fully_shard, mesh=mesh)
+    all_reduces = []
     for step, all_reduce in enumerate((False, True)):  # two micro-batches; the replicas meet once
         model.set_requires_all_reduce(all_reduce)
-        model(_batch(dist.get_rank(), seed=step)).sum().backward()
-    return _grads(model)
+        with _AllReduces() as counted:
+            model(_batch(dist.get_rank(), seed=step)).sum().backward()
+        all_reduces.append(counted.count)
+    return _grads(model), all_reduces
 
 
 def test_set_requires_all_reduce_false_holds_hsdp_gradients_for_the_next_all_reduce(no_orphans):
-    _assert_same(launch(_both, 4, args=(_hsdp_all_reduce_held,), local_world_size=2, timeout=120),
-                 _same_tensors)
+    """The gradients alone would be equal whether the flag works or not: the replica AllReduces are counted
+    too, none in the held-back micro-batch, one per unit (each layer) in the last."""
+    def compare(a, b):
+        _same_tensors(a[0], b[0])
+        assert a[1] == b[1] == [0, len(_mlp())]
+
+    _assert_same(launch(_both, 4, args=(_hsdp_all_reduce_held,), local_world_size=2, timeout=120), compare)
 
 
 def _not_last_backward(name):
     fully_shard, _ = _impl(name)
     model = _shard_layers(_mlp(), fully_shard)
+    waited = []
     for step, last in enumerate((False, True)):
         model.set_is_last_backward(last)
         model(_batch(dist.get_rank(), seed=step)).sum().backward()
-    return _grads(model)
+        if name == "fsdp_mini":  # which units' reductions backward waited for: their shards got a gradient
+            waited.append(sum(layer.weight.grad is not None for layer in model))
+    return _grads(model), waited
 
 
 def test_set_is_last_backward_false_finishes_the_reductions_in_the_last_backward(no_orphans):
-    _assert_same(launch(_both, 2, args=(_not_last_backward,), timeout=120), _same_tensors)
+    """Equal final gradients would not show a flag that does nothing: fsdp_mini's backward that is not the
+    last leaves its reductions in flight (no unit's shard has a gradient yet); the last one waits for all
+    of them. (FSDP2 gives each shard its gradient as its reduction is issued, so only fsdp_mini is counted.)"""
+    def compare(a, b):
+        _same_tensors(a[0], b[0])
+        assert a[1] == [0, len(_mlp())]
+
+    _assert_same(launch(_both, 2, args=(_not_last_backward,), timeout=120), compare)
+
+
+def _reshard_after_forward_set(name, value):
+    fully_shard, _ = _impl(name)
+    model = _shard_layers(_mlp(), fully_shard)
+    model.set_reshard_after_forward(value)
+    with FSDP2Calls(include_fsdp_mini=True) as log:
+        out = model(_batch(dist.get_rank()))
+        log.mark("forward end")
+        out.sum().backward()
+    return _issued(log), log.marks["forward end"], _grads(model)
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_set_reshard_after_forward_decides_whether_backward_gathers_again(value, no_orphans):
+    """Set after `fully_shard` (which used the default: every layer frees after forward), on the whole model:
+    False keeps each layer gathered from its forward into its backward, so backward gathers nothing;
+    True gathers each layer again. The same collectives as FSDP2's, call by call."""
+    def compare(a, b):
+        assert a[:2] == b[:2]
+        _same_tensors(a[2], b[2])
+        gathers = _gathers(a[0])
+        assert len(gathers[:a[1]]) == len(_mlp())  # forward: one per layer
+        assert len(gathers[a[1]:]) == (len(_mlp()) if value else 0)
+
+    _assert_same(launch(_both, 2, args=(functools.partial(_reshard_after_forward_set, value=value),), timeout=120), compare)
+
+
+def _backward_prefetch_set(name, how):
+    fully_shard, _ = _impl(name)
+    model = _shard_layers(_mlp(), fully_shard)
+    model(_batch(dist.get_rank())).sum().backward()  # the first step
+    if how == "none":
+        for layer in model:
+            layer.set_modules_to_backward_prefetch([])
+    elif how == "all at once":  # the last layer's pre-backward issues the other two layers' AllGathers too
+        model[2].set_modules_to_backward_prefetch([model[1], model[0]])
+    with FSDP2Calls(include_fsdp_mini=True) as log:
+        out = model(_batch(dist.get_rank(), seed=1))
+        log.mark("forward end")
+        out.sum().backward()
+    return _issued(log)[log.marks["forward end"]:], _grads(model)
+
+
+@pytest.mark.parametrize("how", ["none", "all at once"])
+def test_set_modules_to_backward_prefetch_orders_the_gathers(how, no_orphans):
+    """Backward's collectives, call by call: with the last layer prefetching both others, all three
+    AllGathers come first, as FSDP2 issues them. An empty list is where the two differ: fsdp_mini reads it
+    as "no prefetch" (each layer's AllGather after the previous layer's ReduceScatter), the pinned FSDP2 as
+    "the default" (`default_prefetch = len(self._states_to_backward_prefetch) == 0`, _fsdp_state.py:384),
+    so its second AllGather (the prefetch) comes before the first ReduceScatter."""
+    def compare(a, b):
+        _same_tensors(a[1], b[1])
+        ops, theirs = [c[0] for c in a[0]], [c[0] for c in b[0]]
+        n = len(_mlp())
+        if how == "none":
+            assert ops == ["all_gather", "reduce_scatter"] * n
+            assert theirs[:2] == ["all_gather", "all_gather"]
+        else:
+            assert a[0] == b[0]
+            assert ops == ["all_gather"] * n + ["reduce_scatter"] * n
+
+    _assert_same(launch(_both, 2, args=(functools.partial(_backward_prefetch_set, how=how),), timeout=120), compare)
 
 
 # --- round two (issue 31 §3): the order of collectives, the root, the API ---------------------------------

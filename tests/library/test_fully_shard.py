@@ -588,3 +588,32 @@ def test_full_state_dict_round_trips_with_the_unwrapped_keys(no_orphans):
             assert torch.equal(again[k], sd[k])
         assert {op for op, _ in records} == {"all_gather"} and {label for _, label in records} == {"full_state_dict"}
         assert "missing keys ['norm.weight']" in error
+
+
+# --- no state shared between models ------------------------------------------------------------------
+
+def _models_are_independent():
+    import gc
+    import weakref
+
+    first, second = shard_blocks(TinyLM(CFG)), shard_blocks(TinyLM(CFG))
+    separate = gathered_memory(first) is not gathered_memory(second)
+    one_per_model = all(gathered_memory(b) is gathered_memory(first) for b in first.blocks)
+    first.unshard()
+    peak_of_second = gathered_memory(second).peak  # the second gathered nothing
+    first.reshard()
+    dropped = weakref.ref(first)
+    del first
+    gc.collect()
+    return separate, one_per_model, peak_of_second, dropped() is None
+
+
+def test_models_share_no_state_and_a_dropped_model_is_garbage_collected(no_orphans):
+    """Each model's units share one gathered-bytes tracker (its root's), not one per mesh for the whole
+    process; no module-level table keeps a sharded model alive once its last reference is gone (here one
+    gathered and freed once; after a forward, a cycle through C++ tensor views still holds one: see the
+    report of issue 29)."""
+    separate, one_per_model, peak_of_second, collected = launch(_models_are_independent, 2, timeout=60)[0]
+    assert separate and one_per_model
+    assert peak_of_second == 0
+    assert collected, "a dropped fully_shard model stays alive (a module-level table holds it)"
