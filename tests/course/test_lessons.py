@@ -163,3 +163,16 @@ def test_library_code_a_lesson_names_without_showing_it_is_read_too():
     first = next(x for x in scaling.read_text(encoding="utf-8").splitlines() if x.startswith("def "))
     assert hooks.library_read([named, shown(first)]) == 0
     assert hooks.library_read([md("`fsdp_mini/not_there.py`")]) == 0
+
+
+COURSE_MAP = re.compile(r"^- \*\*(\d\d) · ", re.MULTILINE)
+
+
+@pytest.mark.parametrize("lang", ["en", "ru"])
+def test_lesson_00s_course_map_lists_every_lesson(lang):
+    """Lesson 00 shows the road through the course (`- **NN · title**` items): a new lesson belongs on it,
+    so the map's numbers are exactly the notebooks' numbers, in order."""
+    cells = [src(c) for c in load(lang, NAMES[0])["cells"] if c["cell_type"] == "markdown"]
+    maps = [COURSE_MAP.findall(text) for text in cells if len(COURSE_MAP.findall(text)) > 1]
+    assert len(maps) == 1, f"{lang}/{NAMES[0]}: one course map expected, found {len(maps)}"
+    assert maps[0] == [name[:2] for name in NAMES], f"{lang}: the map lists {maps[0]}"

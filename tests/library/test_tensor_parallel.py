@@ -47,10 +47,11 @@ def optimizer(name, params):
     return torch.optim.AdamW(params, lr=1e-2, eps=1e-3, weight_decay=0.1)  # eps: see NOTES (AdamW noise)
 
 
-def train(model, opt, rows=slice(None)):
+def train(model, opt, rows=slice(None), make_batch=None):
+    """STEPS steps of MSE training on `make_batch(step)` (the MLP's `batch` by default), rows `rows`."""
     losses = []
     for step in range(STEPS):
-        x, y = (t[rows] for t in batch(step))
+        x, y = (t[rows] for t in (make_batch or batch)(step))
         loss = F.mse_loss(model(x), y)
         loss.backward()
         opt.step()
@@ -327,15 +328,7 @@ def seq_batch(step: int):
 
 
 def seq_train(model, opt, rows=slice(None)):
-    losses = []
-    for step in range(STEPS):
-        x, y = (t[rows] for t in seq_batch(step))
-        loss = F.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    return losses
+    return train(model, opt, rows, make_batch=seq_batch)
 
 
 def seq_one_process(opt_name):
