@@ -136,8 +136,9 @@ def show_plans(plans, labels: list[str]) -> None:
     width = max(len(label) for label in labels) + 2
     print(f"{'':<{width}}{tr('GiB/GPU', 'ГиБ/GPU'):>9}{tr('fits', 'влезает'):>9}"
           f"{tr('tokens/s/GPU', 'токенов/с/GPU'):>15}{'MFU':>7}{tr('step, s', 'шаг, с'):>9}")
+    percent = tr("%", "\u00a0%")  # Russian puts a no-break space before the sign
     for label, p in zip(labels, plans):
         fits = tr("yes", "да") if p.memory.fits else tr("no", "нет")
         print(f"{label:<{width}}{num(p.memory.peak_reserved / 1024 ** 3, 1):>9}{fits:>9}"
-              f"{num(p.time.tokens_per_s_per_gpu, 0):>15}{num(100 * p.time.mfu, 1):>6}%"
+              f"{num(p.time.tokens_per_s_per_gpu, 0):>15}{num(100 * p.time.mfu, 1):>6}{percent}"
               f"{num(p.time.step_s, 2):>9}")
