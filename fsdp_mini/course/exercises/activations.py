@@ -58,7 +58,8 @@ def tokens_to_hide(
     gather = (n - 1) * alpha + (n - 1) / n * unit_params * param_bytes / bandwidth  # seconds
     # forward: 2 FLOPs per parameter per token
     tokens = gather * flops_per_s / (2 * unit_params)
-    # a whole answer can come out a hair above itself (2250.0000000000005): round up only beyond that
+    # a whole answer can come out a hair above itself (2250.0000000000005):
+    # round up only beyond that
     return math.ceil(tokens * (1 - 1e-9))
 
 

@@ -41,14 +41,19 @@ __all__ = ["SELECTIVE_OP_BYTES", "PICK_LAYOUT", "selective_op_bytes", "pick_layo
 
 def selective_op_bytes(model: ModelSpec, element_bytes: int) -> float:
     e = element_bytes
-    widths = [width for _, width, _ in matmul_outputs(model)]  # the block's products, in forward order
-    products = e * sum(widths[0::2])  # the 1st, 3rd, ... are saved; the others run again in backward
-    attention = e * model.hidden + 4 * model.heads  # the kernel's output, its fp32 log-sum-exp per head
-    return e * model.hidden + products + attention  # the block's input first: the checkpoint keeps it
+    # the block's products, in forward order
+    widths = [width for _, width, _ in matmul_outputs(model)]
+    # the 1st, 3rd, ... are saved; the others run again in backward
+    products = e * sum(widths[0::2])
+    # the kernel's output, its fp32 log-sum-exp per head
+    attention = e * model.hidden + 4 * model.heads
+    # the block's input first: the checkpoint keeps it
+    return e * model.hidden + products + attention
 
 
 def pick_layout(model: ModelSpec, gpu, gpus: int, seq: int, sequences: int) -> Layout:
-    # the fewest GPUs sharing one sequence first; at equal count less TP (its collectives never hide)
+    # the fewest GPUs sharing one sequence first; at equal count less TP (its collectives
+    # never hide)
     splits = sorted(((tp, cp) for tp in (1, 2, 4, 8) for cp in (1, 2, 4, 8)),
                     key=lambda s: (s[0] * s[1], s[0]))
     for tp, cp in splits:
@@ -56,7 +61,8 @@ def pick_layout(model: ModelSpec, gpu, gpus: int, seq: int, sequences: int) -> L
             continue  # each data-parallel rank takes whole sequences
         dp = gpus // (tp * cp)
         for ac in ("none", "selective-op", "full"):  # then the cheapest checkpointing that fits
-            layout = Layout(gpus=gpus, seq=seq, local_batch=sequences // dp, tp=tp, sp=tp > 1, cp=cp, ac=ac)
+            layout = Layout(gpus=gpus, seq=seq, local_batch=sequences // dp, tp=tp, sp=tp > 1,
+                            cp=cp, ac=ac)
             if plan(model, gpu, layout).memory.fits:
                 return layout
     raise ValueError("nothing fits")

@@ -191,9 +191,11 @@ _STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD")
 def regathered_in_backward(strategy, forward_order: list[str]) -> list[str]:
     from fsdp_mini.strategy import ShardingStrategy
     if strategy is not ShardingStrategy.FULL_SHARD:
-        return []  # SHARD_GRAD_OP keeps every unit gathered until backward; NO_SHARD never gathers at all
+        # SHARD_GRAD_OP keeps every unit gathered until backward; NO_SHARD never gathers at all
+        return []
     root, *units = forward_order
-    return units  # each freed after its forward; the root's backward begins as its forward ends: kept
+    # each freed after its forward; the root's backward begins as its forward ends: kept
+    return units
 
 
 def _regathered_all(strategy, forward_order):

@@ -48,7 +48,8 @@ def reduce_scatter_to_sequence(partial, group):
             n = dist.get_world_size(group)
             front = grad.transpose(0, 1).contiguous()
             whole = torch.empty(n * front.shape[0], *front.shape[1:])
-            all_gather_into_tensor(whole, front, group=group)  # every rank's positions, in rank order
+            # every rank's positions, in rank order
+            all_gather_into_tensor(whole, front, group=group)
             return whole.transpose(0, 1).contiguous()
 
     return ReduceScatterToSequence.apply(partial)

@@ -56,8 +56,8 @@ def row_parallel_forward(x_shard: torch.Tensor, weight_shard: torch.Tensor, bias
 
 def dp_tp_layout(world_size: int, gpus_per_node: int, tp: int) -> torch.Tensor:
     # ranks are numbered node by node: node i is the block of gpus_per_node consecutive ranks.
-    # One node is one replica (HSDP's shard group x the TP groups): TP innermost, then the shard group;
-    # the replicate dimension, outermost, is the only one that crosses nodes
+    # One node is one replica (HSDP's shard group x the TP groups): TP innermost, then the
+    # shard group; the replicate dimension, outermost, is the only one that crosses nodes
     nodes, shard = world_size // gpus_per_node, gpus_per_node // tp
     return torch.arange(world_size).reshape(nodes, shard, tp)
 
