@@ -14,7 +14,7 @@ The library, bottom up (a module imports only from its own layer or the ones bef
      collective, logged), collectives (ring by hand and torch's builtins), groups (shard and replica
      process groups)
   3. the engines: states (the named states of a unit), data_parallel (what DDP and FSDP share),
-     grad_buckets (DDP's bucket rule), ddp, zero (ZeRO-1); the flat design (FSDP1's): flat_param_handle
+     grad_buckets (DDP's bucket rule), ddp, zero (ZeRO-1; zero_checkpoint: its sharded checkpoint); the flat design (FSDP1's): flat_param_handle
      (one flat parameter's gather / free / reduce), fsdp (the wrapper and its units); the per-parameter
      design (FSDP2's): fsdp_param (one parameter's dim-0 shard), fsdp_param_group (a unit's collectives),
      fully_shard (the API and its hooks); replicate (DDP applied in place, beside fully_shard); state_dict (full state dicts), checkpoint (sharded DCP checkpoints; checkpoint_integrity: staging, checksums, atomic commit),
