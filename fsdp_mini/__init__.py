@@ -17,7 +17,7 @@ The library, bottom up (a module imports only from its own layer or the ones bef
      grad_buckets (DDP's bucket rule), ddp, zero (ZeRO-1; zero_checkpoint: its sharded checkpoint); the flat design (FSDP1's): flat_param_handle
      (one flat parameter's gather / free / reduce), fsdp (the wrapper and its units); the per-parameter
      design (FSDP2's): fsdp_param (one parameter's dim-0 shard), fsdp_param_group (a unit's collectives),
-     fully_shard (the API and its hooks); replicate (DDP applied in place, beside fully_shard); state_dict (full state dicts), checkpoint (sharded DCP checkpoints; checkpoint_integrity: staging, checksums, atomic commit),
+     fully_shard (the API and its hooks); replicate (DDP applied in place, beside fully_shard); state_dict (full state dicts), checkpoint (sharded DCP checkpoints; sharded_boxes: their pieces as ShardedTensors; checkpoint_integrity: staging, checksums, atomic commit),
      memory_ledger (a step's bytes by kind and phase, and a memory budget)
 
 `fsdp_mini.checkpoint` is imported on demand (torch.distributed.checkpoint takes a while to import).

@@ -67,7 +67,6 @@ import io
 import math
 import os
 import pickle
-import warnings
 from contextlib import contextmanager
 from typing import Any, Callable
 
@@ -85,9 +84,9 @@ from fsdp_mini.checkpoint_integrity import (CheckpointError, CorruptCheckpointEr
                                             save_atomically, verify_pieces)
 from fsdp_mini.flight_recorder import recorded
 from fsdp_mini.fully_shard import FSDPModule
-from fsdp_mini.runtime import local_world_size, require_distributed
-from fsdp_mini.torch_internals import (Shard, ShardedTensor, ShardedTensorMetadata, ShardMetadata,
-                                       TensorProperties)
+from fsdp_mini.runtime import require_distributed
+from fsdp_mini.sharded_boxes import device_names, quiet, sharded_tensor
+from fsdp_mini.torch_internals import ShardedTensor
 from fsdp_mini.zero_checkpoint import is_replicated, replicated_state_dict, unwrapped
 
 __all__ = ["save_checkpoint", "load_checkpoint", "sharded_state_dict", "CheckpointError", "CorruptCheckpointError",
@@ -96,16 +95,6 @@ __all__ = ["save_checkpoint", "load_checkpoint", "sharded_state_dict", "Checkpoi
 OPTIM_PREFIX = "optim."
 PARAM_GROUPS_KEY = "optim.param_groups"
 EXTRA_STATE_PREFIX = "extra_state/rank"  # + the rank that saved it; a '/' no module's state-dict key contains
-
-
-@contextmanager
-def _quiet():
-    """Silence ShardedTensor's deprecation warning, which every torch function called on one (by DCP
-    too: `.size()`, `.device`) raises. It is noise here: DCP's ShardedTensor path is still the one
-    PyTorch's own FSDP takes for SHARDED_STATE_DICT, and DTensor cannot describe FSDP's pieces."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*deprecating ShardedTensor.*", category=FutureWarning)
-        yield
 
 
 # --- geometry: a flat range of a parameter as rectangular boxes --------------------------------------
@@ -167,26 +156,9 @@ class _HandleBoxes:
     def sharded(self, flat: torch.Tensor) -> dict[str, ShardedTensor]:
         """One ShardedTensor per parameter whose local shards are views of `flat` (this rank's flat
         shard, or an optimizer state shaped like it); a parameter with no piece here has none."""
-        me = dist.get_rank()
-        props = TensorProperties(dtype=flat.dtype, layout=torch.strided, requires_grad=False,
-                                 memory_format=torch.contiguous_format, pin_memory=False)
-        out = {}
-        for name, info in self.params.items():
-            metas, shards = [], []
-            for global_rank, offsets, sizes, at in self.boxes[name]:
-                device = str(flat.device) if global_rank == me else self.device_of(global_rank)
-                md = ShardMetadata(shard_offsets=list(offsets), shard_sizes=list(sizes),
-                                   placement=f"rank:{global_rank}/{device}")
-                metas.append(md)
-                if global_rank == me:
-                    shards.append(Shard(flat[at:at + math.prod(sizes)].view(sizes), md))
-            if not metas:  # a parameter without elements: there is nothing to place
-                continue
-            global_md = ShardedTensorMetadata(shards_metadata=metas, size=torch.Size(_saved_shape(info)),
-                                              tensor_properties=props)
-            with _quiet():
-                out[name] = ShardedTensor._init_from_local_shards_and_global_metadata(shards, global_md)
-        return out
+        return {name: sharded_tensor(flat, self.boxes[name], _saved_shape(info), self.device_of)
+                for name, info in self.params.items()
+                if self.boxes[name]}  # a parameter without elements: there is nothing to place
 
 
 # --- building the state dict DCP sees ----------------------------------------------------------------
@@ -197,19 +169,12 @@ def _check_model(model) -> None:
     require_distributed("a sharded checkpoint")
 
 
-def _device_of(model) -> Callable[[int], str]:
-    if model.device.type == "cuda":
-        local = local_world_size(default=torch.cuda.device_count())
-        return lambda rank: f"cuda:{rank % local}"
-    return lambda rank: str(model.device)
-
-
 def _layout_plans(model) -> list[tuple[Any, _HandleBoxes]]:
     """For each handle, where the boxes of this rank's shard group (its row of the grid) live."""
     size, rank = model.groups.shard_size, dist.get_rank()
     first = rank - model.groups.shard_rank
     row = list(range(first, first + size))
-    device_of = _device_of(model)
+    device_of = device_names(model.device)
     return [(h, _HandleBoxes(h, row, device_of)) for h in model.handles]
 
 
@@ -499,7 +464,7 @@ def save_checkpoint(path: str | os.PathLike, model, optimizer=None, *, overwrite
         sd[f"{EXTRA_STATE_PREFIX}{dist.get_rank()}"] = extra_state
 
     def write(writer) -> None:
-        with _quiet(), _as_runtime_error("saving", path):
+        with quiet(), _as_runtime_error("saving", path):
             dcp.save(sd, storage_writer=writer, planner=DefaultSavePlanner(**_planner_kwargs()))
 
     with recorded("save_checkpoint"):  # its collectives in one flight-record entry: a rank alone in it is named
@@ -654,7 +619,7 @@ def load_checkpoint(path: str | os.PathLike, model, optimizer=None, *, verify: b
         model.reshard()  # the gathered copies would be stale: drop them (as load_full_state_dict does)
     read = set(objects)
     tensors = {key: value for key, value in sd.items() if key not in read}
-    with torch.no_grad(), _quiet(), _as_runtime_error("loading", path), recorded("load_checkpoint", "read"):
+    with torch.no_grad(), quiet(), _as_runtime_error("loading", path), recorded("load_checkpoint", "read"):
         dcp.load(tensors, storage_reader=opened.reader(), planner=WeightsOnlyLoadPlanner(**_planner_kwargs()))
         for step in finish:
             step()

@@ -20,7 +20,6 @@ the hyperparameters of the groups are one object, as `fsdp_mini.checkpoint` stor
 """
 from __future__ import annotations
 
-import warnings
 from typing import Any, Callable
 
 import torch
@@ -30,8 +29,8 @@ import torch.nn as nn
 from fsdp_mini.ddp import DistributedDataParallel
 from fsdp_mini.fsdp import FSDP
 from fsdp_mini.fully_shard import FSDPModule
-from fsdp_mini.runtime import local_world_size, require_distributed
-from fsdp_mini.torch_internals import ShardedTensor, ShardedTensorMetadata, ShardMetadata, Shard, TensorProperties
+from fsdp_mini.runtime import require_distributed
+from fsdp_mini.sharded_boxes import Box, device_names, sharded_tensor
 from fsdp_mini.zero import ZeroRedundancyOptimizer
 
 __all__ = ["is_replicated", "unwrapped", "replicated_state_dict"]
@@ -48,26 +47,6 @@ def unwrapped(model: nn.Module) -> nn.Module:
     """The module a DistributedDataParallel wraps (fsdp_mini's or PyTorch's), else `model`: its names are the
     checkpoint's, so a DDP model's checkpoint and a plain one's are the same."""
     return model.module if isinstance(model, (DistributedDataParallel, nn.parallel.DistributedDataParallel)) else model
-
-
-def _flat_state(value: torch.Tensor, boxes: list[tuple[int, int, int, int]], numel: int) -> ShardedTensor:
-    """A ShardedTensor of shape (numel,), whose box on each rank is a run of that rank's state tensor;
-    `boxes`: (global rank, start, end, offset in that rank's shard), this rank's local shards views of `value`."""
-    me = dist.get_rank()
-    local = local_world_size(default=torch.cuda.device_count()) if value.device.type == "cuda" else 1
-    metas, shards = [], []
-    for rank, start, end, at in boxes:
-        device = f"cuda:{rank % local}" if value.device.type == "cuda" else str(value.device)
-        md = ShardMetadata(shard_offsets=[start], shard_sizes=[end - start], placement=f"rank:{rank}/{device}")
-        metas.append(md)
-        if rank == me:
-            shards.append(Shard(value[at:at + end - start], md))
-    props = TensorProperties(dtype=value.dtype, layout=torch.strided, requires_grad=False,
-                             memory_format=torch.contiguous_format, pin_memory=False)
-    global_md = ShardedTensorMetadata(shards_metadata=metas, size=torch.Size([numel]), tensor_properties=props)
-    with warnings.catch_warnings():  # ShardedTensor's deprecation warning: see fsdp_mini.checkpoint._quiet
-        warnings.filterwarnings("ignore", message=".*deprecating ShardedTensor.*", category=FutureWarning)
-        return ShardedTensor._init_from_local_shards_and_global_metadata(shards, global_md)
 
 
 def replicated_state_dict(model: nn.Module, optimizer, saving: bool, optim_prefix: str):
@@ -101,11 +80,11 @@ def replicated_state_dict(model: nn.Module, optimizer, saving: bool, optim_prefi
             raise ValueError(f"the optimizer holds {len(missing)} tensor(s) that are not this model's parameters: "
                              "build it over the model's parameters")
         names = [name_of[id(p)] for p in fs.params]
-        boxes: list[list[tuple[int, int, int, int]]] = [[] for _ in fs.params]
+        boxes: list[list[Box]] = [[] for _ in fs.params]  # per parameter: one run of its flattened elements a rank
         for r in range(optimizer.world_size):
             for piece in fs.layout.pieces(r):
-                boxes[fs.layout.params.index(piece.param)].append((global_rank(r), piece.start, piece.end,
-                                                                   piece.shard_offset))
+                boxes[fs.layout.params.index(piece.param)].append(
+                    (global_rank(r), (piece.start,), (piece.end - piece.start,), piece.shard_offset))
         for key, value in optimizer.state.get(fs.shard, {}).items():
             keys = [f"{optim_prefix}{name}.{key}" for name in names]
             if torch.is_tensor(value) and value.shape == fs.shard.shape:
@@ -113,7 +92,7 @@ def replicated_state_dict(model: nn.Module, optimizer, saving: bool, optim_prefi
                     prepare.append(value.zero_)
                 for k, param_boxes, p in zip(keys, boxes, fs.params):
                     if param_boxes:  # a parameter with no elements has none
-                        sd[k] = _flat_state(value.detach(), param_boxes, p.numel())
+                        sd[k] = sharded_tensor(value.detach(), param_boxes, (p.numel(),), device_names(value.device))
             elif torch.is_tensor(value) and value.numel() == 1:  # replicated: one copy per parameter
                 sd.update({k: value if saving else torch.empty_like(value) for k in keys})
                 if not saving:
