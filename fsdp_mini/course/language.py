@@ -1,8 +1,9 @@
 """The language of everything a lesson prints or plots: English or Russian.
 
-The English and Russian twins of a lesson run identical code; the only cell allowed to differ is the one
-tagged `language`, which calls `set_language("ru")` (or "en"). Plot labels and exercise messages then
-come out in the lesson's language through `tr(en, ru)`.
+The English and Russian twins of a lesson run identical code; the one line allowed to differ is the imports
+cell's `set_language("ru")` (or "en"). What a cell prints then comes out in the lesson's language through
+`fsdp_mini.course.show` (its sentences and headers in `messages`); plot labels and exercise messages, which
+live in the course's modules, through `tr(en, ru)` here.
 """
 from __future__ import annotations
 

@@ -4,7 +4,6 @@ A notebook holds cells a learner needs in Jupyter but not on the page; the page 
 copy of the notebook with these changes (the notebook itself is untouched, so Jupyter, nbval and the
 downloaded notebook keep every cell):
 
-- the cell tagged `language` (`set_language("ru")`) is dropped: the page is already in its language;
 - a code cell of `assert` statements only, with no output, is dropped: it is the notebook's own check
   that the prose's claims hold (nbval runs it), and says nothing the prose does not;
 - `# NBVAL_...` lines (nbval's markers) are removed from the code shown;
@@ -72,12 +71,18 @@ def import_block(cell) -> str | None:
     tree = _parse(_source(cell))
     if not tree or not tree.body or cell.get("outputs"):
         return None
-    imports = sum(isinstance(n, (ast.Import, ast.ImportFrom)) for n in tree.body)
+    body = [n for n in tree.body if not _sets_language(n)]  # the imports cell ends with set_language("..")
+    imports = sum(isinstance(n, (ast.Import, ast.ImportFrom)) for n in body)
     small_def = lambda n: isinstance(n, ast.FunctionDef) and n.end_lineno - n.lineno < 5  # a helper
-    if imports * 2 < len(tree.body) or not all(
-            isinstance(n, (ast.Import, ast.ImportFrom, ast.Assign)) or small_def(n) for n in tree.body):
+    if not body or imports * 2 < len(body) or not all(
+            isinstance(n, (ast.Import, ast.ImportFrom, ast.Assign)) or small_def(n) for n in body):
         return None
-    return "imports" if imports == len(tree.body) else "setup"
+    return "imports" if imports == len(body) else "setup"
+
+
+def _sets_language(node) -> bool:
+    return (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+            and getattr(node.value.func, "id", None) == "set_language")
 
 
 def listed_objects(code: str) -> list[str]:
@@ -135,7 +140,7 @@ def view(nb, lang: str):
         if cell.cell_type != "code":
             cells.append(cell)
             continue
-        if "language" in _tags(cell) or is_assert_only(cell):
+        if is_assert_only(cell):
             continue
         cell.source = NBVAL_LINE.sub("", _source(cell))
         block = None if folded_imports else import_block(cell)
