@@ -5,20 +5,26 @@ Two floors. This package is the library, what an engineer imports to train a mod
 `fsdp_mini.course`, which imports the library and never the other way round.
 
 The library, bottom up (a module imports only from its own layer or the ones before it in this list):
-  1. one process, no collective: runtime (init / finish / get_device, torchrun's environment), strategy
-     (what each strategy implies), ring_model (bytes a ring sends), flat_param (flatten, pad, cut into
-     shards), plan (which modules become units), nested (tensors in nested outputs), mixed_precision,
-     memory (estimates and the tracker of gathered bytes), flight_recorder (each rank's last
-     collectives, and the first one where ranks diverged)
+  1. one process, no collective: torch_internals (every private PyTorch name used, with its reason),
+     runtime (init / finish / get_device, torchrun's environment), strategy (what each strategy
+     implies), ring_model (bytes a ring sends), flat_param (flatten, pad, cut into shards), plan (which
+     modules become units), nested (tensors in nested outputs), mixed_precision, memory (estimates and
+     the tracker of gathered bytes), flight_recorder (each rank's last collectives, and the first one
+     where ranks diverged), replaced_params (an optimizer built before wrapping fails loudly),
+     gathered_storage (gathered parameters freed and refilled), full_state (what a full state dict is)
   2. processes and messages: launch (start N ranks and fail fast, from the caller), comm_log (every
      collective, logged), collectives (ring by hand and torch's builtins), groups (shard and replica
-     process groups)
+     process groups), grad_reduction (a gradient's ReduceScatter then replica AllReduce, in flight)
   3. the engines: states (the named states of a unit), data_parallel (what DDP and FSDP share),
-     grad_buckets (DDP's bucket rule), ddp, zero (ZeRO-1; zero_checkpoint: its sharded checkpoint); the flat design (FSDP1's): flat_param_handle
-     (one flat parameter's gather / free / reduce), fsdp (the wrapper and its units); the per-parameter
-     design (FSDP2's): fsdp_param (one parameter's dim-0 shard), fsdp_param_group (a unit's collectives),
-     fully_shard (the API and its hooks); replicate (DDP applied in place, beside fully_shard); state_dict (full state dicts), checkpoint (sharded DCP checkpoints; sharded_boxes: their pieces as ShardedTensors; checkpoint_integrity: staging, checksums, atomic commit),
-     memory_ledger (a step's bytes by kind and phase, and a memory budget)
+     grad_buckets (DDP's bucket rule), ddp, zero (ZeRO-1; zero_checkpoint: its sharded checkpoint);
+     the flat design (FSDP1's): flat_param_handle (one flat parameter's gather / free / reduce), fsdp
+     (the wrapper and its units); the per-parameter design (FSDP2's): fsdp_param (one parameter's dim-0
+     shard), fsdp_param_group (a unit's collectives and lifecycle), fully_shard (the API and its hooks);
+     replicate (DDP applied in place, beside fully_shard); tp_operators (Megatron's f and g) and
+     tensor_parallel (parallelize_module, column- and row-wise, sequence parallel); state_dict (full
+     state dicts), checkpoint (sharded DCP checkpoints; sharded_boxes: their pieces as ShardedTensors;
+     checkpoint_integrity: staging, checksums, atomic commit), memory_ledger (a step's bytes by kind
+     and phase, and a memory budget)
 
 `fsdp_mini.checkpoint` is imported on demand (torch.distributed.checkpoint takes a while to import).
 `python -m fsdp_mini` runs the course's command line (`fsdp_mini.course.cli`).

@@ -1,8 +1,10 @@
 """Record the AllGathers and ReduceScatters PyTorch's FSDP2 issues, for tests that compare it with fsdp_mini.
 
 FSDP2 calls `dist.all_gather_single` / `dist.reduce_scatter_single` by attribute at call time
-(torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:119 and :184), so patching them inside a rank
-sees every one of its collectives. `FSDP2Calls(include_fsdp_mini=True)` also patches the names through
+(torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:119 and :184 of the pinned torch), so patching
+them inside a rank sees every one of its collectives. Releases without those names (pyproject allows
+torch>=2.6) call `dist.all_gather_into_tensor` / `dist.reduce_scatter_tensor`, same signatures: `FSDP2_NAMES`
+picks the pair the installed torch has. `FSDP2Calls(include_fsdp_mini=True)` also patches the names through
 which `fsdp_mini.collectives` issues its builtin collectives, so both implementations land in one list,
 in the order they were *issued* (CommLog appends a record when the collective completes), and `mark()`
 notes where in that order something else happened (a module's backward starting, say). A helper module,
@@ -14,6 +16,10 @@ from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
+
+
+FSDP2_NAMES = (("all_gather_single", "reduce_scatter_single") if hasattr(dist, "all_gather_single")
+               else ("all_gather_into_tensor", "reduce_scatter_tensor"))
 
 
 class Call(NamedTuple):
@@ -52,9 +58,10 @@ class FSDP2Calls:
         return call
 
     def __enter__(self):
-        self._saved = dist.all_gather_single, dist.reduce_scatter_single
-        dist.all_gather_single = self._record("all_gather", self._saved[0])
-        dist.reduce_scatter_single = self._record("reduce_scatter", self._saved[1])
+        gather, scatter = FSDP2_NAMES
+        self._saved = getattr(dist, gather), getattr(dist, scatter)
+        setattr(dist, gather, self._record("all_gather", self._saved[0]))
+        setattr(dist, scatter, self._record("reduce_scatter", self._saved[1]))
         if self.include_fsdp_mini:
             from fsdp_mini import collectives
 
@@ -64,7 +71,8 @@ class FSDP2Calls:
         return self
 
     def __exit__(self, *exc):
-        dist.all_gather_single, dist.reduce_scatter_single = self._saved
+        for name, original in zip(FSDP2_NAMES, self._saved):
+            setattr(dist, name, original)
         if self.include_fsdp_mini:
             from fsdp_mini import collectives
 

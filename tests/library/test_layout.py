@@ -9,6 +9,7 @@ can fail, and then on fsdp_mini itself.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 import textwrap
@@ -341,3 +342,12 @@ def test_the_readmes_list_every_module_of_both_floors(readme):
         if name != f"fsdp_mini.{COURSE}" and f"`{short}`" not in text:
             missing.append(short)
     assert missing == []
+
+
+def test_the_layer_docstring_names_every_library_module():
+    """fsdp_mini/__init__.py's docstring is the library's map: every module of the package is on it."""
+    import fsdp_mini
+
+    modules = sorted(p.stem for p in Path(fsdp_mini.__file__).parent.glob("*.py") if not p.stem.startswith("_"))
+    missing = [m for m in modules if not re.search(rf"\b{m}\b", fsdp_mini.__doc__)]
+    assert not missing, f"modules missing from fsdp_mini/__init__.py's layer list: {missing}"
