@@ -9,7 +9,7 @@ PY      = $(VENV)/bin/python
 # mkdocs-material's notice about its end of life, printed at every build: known, silenced
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: setup demo test bench kernels site
+.PHONY: setup demo test test-fast bench kernels site
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml Makefile
@@ -24,6 +24,10 @@ demo: setup
 
 test: setup
 	OMP_NUM_THREADS=1 $(PY) -m pytest
+
+# The development loop: the library's tests only (no lessons, site or course); CI runs `make test`.
+test-fast: setup
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q tests/library
 
 bench: setup  # about 5 minutes on 2 cores; lessons/en/performance.md shows a run
 	mkdir -p build

@@ -164,15 +164,15 @@ class _HandleBoxes:
 # --- building the state dict DCP sees ----------------------------------------------------------------
 
 def _check_model(model) -> None:
-    if not all(hasattr(model, a) for a in ("handles", "groups", "state_dict_keys", "reshard")):
+    if not all(hasattr(model, a) for a in ("handles", "mesh_info", "state_dict_keys", "reshard")):
         raise ValueError(f"expected an fsdp_mini FSDP model, got {type(model).__name__}")
     require_distributed("a sharded checkpoint")
 
 
 def _layout_plans(model) -> list[tuple[Any, _HandleBoxes]]:
     """For each handle, where the boxes of this rank's shard group (its row of the grid) live."""
-    size, rank = model.groups.shard_size, dist.get_rank()
-    first = rank - model.groups.shard_rank
+    size, rank = model.mesh_info.shard_mesh_size, dist.get_rank()
+    first = rank - model.mesh_info.shard_mesh_rank
     row = list(range(first, first + size))
     device_of = device_names(model.device)
     return [(h, _HandleBoxes(h, row, device_of)) for h in model.handles]

@@ -33,7 +33,7 @@ from fsdp_mini.comm_log import scope
 from fsdp_mini.flat_param import FlatLayout, flatten, unflatten_views
 from fsdp_mini.gathered_storage import free_storage, refill_storage, restore_version, version_of
 from fsdp_mini.grad_reduction import GradReduction
-from fsdp_mini.groups import Groups
+from fsdp_mini.groups import MeshInfo
 from fsdp_mini.memory import MemoryTracker
 from fsdp_mini.states import ReduceStage, ShardedState
 from fsdp_mini.torch_internals import unregister_parameter
@@ -55,16 +55,16 @@ class FlatParamHandle:
     """Parameters of one unit that share a dtype and requires_grad, flattened, padded and sharded."""
 
     def __init__(self, layout: FlatLayout, owners: list[list[tuple[nn.Module, str]]], full: torch.Tensor,
-                 groups: Groups, requires_grad: bool, compute_dtype: torch.dtype, reduce_dtype: torch.dtype,
+                 mesh_info: MeshInfo, requires_grad: bool, compute_dtype: torch.dtype, reduce_dtype: torch.dtype,
                  impl: str, tracker: MemoryTracker, label: str):
-        self.layout, self.owners, self.groups = layout, owners, groups
+        self.layout, self.owners, self.mesh_info = layout, owners, mesh_info
         self.requires_grad, self.compute_dtype, self.reduce_dtype = requires_grad, compute_dtype, reduce_dtype
         self.impl, self.tracker, self.label = impl, tracker, label
-        lo, hi = layout.shard_range(groups.shard_rank)
+        lo, hi = layout.shard_range(mesh_info.shard_mesh_rank)
         self.shard = nn.Parameter(full[lo:hi].clone(), requires_grad=requires_grad)
         # With nothing to gather and nothing to cast (NO_SHARD in full precision) the parameters are
         # views of the shard itself: DDP keeps the whole model, so there is nothing to free.
-        self.aliased = groups.shard_size == 1 and compute_dtype == full.dtype
+        self.aliased = mesh_info.shard_mesh_size == 1 and compute_dtype == full.dtype
         self.unsharded = self.shard.detach() if self.aliased else full.to(compute_dtype)  # `full` is ours now
         self.leaves = [v.requires_grad_(requires_grad) for v in unflatten_views(self.unsharded, layout)]
         for leaf, owners_of_leaf in zip(self.leaves, owners):
@@ -87,12 +87,12 @@ class FlatParamHandle:
         self.tracker.alloc(self.nbytes, self.label)
         version = version_of(self.unsharded)
         src = self.shard.detach().to(self.compute_dtype)
-        if self.groups.shard is None:
+        if self.mesh_info.shard_process_group is None:
             self.unsharded.copy_(src)
             work = None
         else:
             with scope(self.label):
-                work = C.all_gather_into_tensor(self.unsharded, src, group=self.groups.shard, async_op=True,
+                work = C.all_gather_into_tensor(self.unsharded, src, group=self.mesh_info.shard_process_group, async_op=True,
                                                 impl=self.impl)
         self.gather, self.sharded_state = PendingGather(work, version, src), ShardedState.UNSHARDING
         if not async_op:
@@ -152,7 +152,7 @@ class FlatParamHandle:
         flat = self.take_unsharded_grad()
         out = torch.empty(self.layout.shard_numel, dtype=self.reduce_dtype, device=flat.device)
         with scope(self.label):
-            work = C.reduce_scatter_tensor(out, flat, C.AVG, group=self.groups.shard, async_op=True,
+            work = C.reduce_scatter_tensor(out, flat, C.AVG, group=self.mesh_info.shard_process_group, async_op=True,
                                            impl=self.impl)
         self.reduction = GradReduction(ReduceStage.SCATTERING, work, out, flat)
 
@@ -161,8 +161,8 @@ class FlatParamHandle:
         start averaging the gradient shard across them (async). Called when the next unit's gradients
         are ready, so at most two units' unsharded gradients are alive at a time."""
         r = self.reduction
-        if r is not None and r.finish_scatter() and self.groups.replica is not None:
-            r.start_replica_reduce(self.groups.replica, C.AVG, self.label, self.impl)
+        if r is not None and r.finish_scatter() and self.mesh_info.replicate_process_group is not None:
+            r.start_replica_reduce(self.mesh_info.replicate_process_group, C.AVG, self.label, self.impl)
 
     def wait_for_grads(self) -> None:
         """Finish the reduction started by `reduce_grads` and add the result to `shard.grad`."""
@@ -199,12 +199,12 @@ class FlatParamHandle:
     def full_state(self) -> dict[str, torch.Tensor]:
         """Every original parameter, whole, on CPU, under each of its names: an AllGather of the fp32 shards
         over the shard group (collective), then the flat buffer's views copied out."""
-        if self.groups.shard is None:
+        if self.mesh_info.shard_process_group is None:
             full = self.shard.detach()
         else:
             full = torch.empty(self.layout.padded_numel, dtype=self.shard.dtype, device=self.shard.device)
             with scope("full_state_dict"):
-                C.all_gather_into_tensor(full, self.shard.detach(), group=self.groups.shard, impl=self.impl)
+                C.all_gather_into_tensor(full, self.shard.detach(), group=self.mesh_info.shard_process_group, impl=self.impl)
         return {name: view.detach().to("cpu", copy=True)
                 for info, view in zip(self.layout.params, unflatten_views(full, self.layout)) for name in info.names}
 
@@ -212,7 +212,7 @@ class FlatParamHandle:
         """Copy into this rank's shard the pieces of the full tensors it holds (no communication). The
         gathered copy, if any, is stale afterwards: the caller reshards first."""
         with torch.no_grad():
-            for piece in self.layout.pieces(self.groups.shard_rank):
+            for piece in self.layout.pieces(self.mesh_info.shard_mesh_rank):
                 src = state_dict[piece.param.names[0]].reshape(-1)[piece.start:piece.end]
                 self.shard[piece.shard_offset:piece.shard_offset + piece.numel].copy_(src)
 

@@ -166,9 +166,9 @@ class FSDP(GradientSync, nn.Module):
 
         self.module = module
         self.sync_module_states = bool(sync_module_states)
-        self.groups = make_groups(size)
+        self.mesh_info = make_groups(size)
         self.memory = MemoryTracker()
-        self.grad_buckets = GradBuckets(self.groups.replica, impl, bucket_cap_mb)
+        self.grad_buckets = GradBuckets(self.mesh_info.replicate_process_group, impl, bucket_cap_mb)
         initial_values: list[tuple[str, torch.Tensor]] = []  # fingerprints of each unit before it is sharded
         originals = list(module.parameters())
         self.units = self._materialise(plan, param_init_fn, initial_values)
@@ -177,6 +177,9 @@ class FSDP(GradientSync, nn.Module):
             broadcast_from_rank0([b for _, b in buffers])
         else:
             check_same_fingerprints(initial_values + [(n, fingerprint(b)) for n, b in buffers], device=self.device)
+        # FSDP1 computes with floating-point buffers in `buffer_dtype` and saves them in their own dtype
+        self._buffer_dtypes = {name: b.dtype for name, b in module.named_buffers(remove_duplicate=False)}
+        self._cast_buffers(self.mixed_precision.buffer_dtype)
         self._flat_params = nn.ParameterList([h.shard for h in self.handles])
         mark_replaced(originals)  # an optimizer built before wrapping fails at its first step
         mark_wrapped(module, "FSDP")  # fully_shard on one of its modules is refused
@@ -199,6 +202,8 @@ class FSDP(GradientSync, nn.Module):
             owner.register_forward_pre_hook(partial(self._refuse_sharded_use, name or "the wrapped module"))
         for unit in self.units:
             if not unit.is_root:
+                if self.mixed_precision.cast_forward_inputs:
+                    unit.module.register_forward_pre_hook(self._cast_unit_inputs, with_kwargs=True)
                 unit.module.register_forward_pre_hook(partial(self._pre_forward, unit))
                 unit.module.register_forward_hook(partial(self._post_forward, unit))
             for h in unit.handles:
@@ -235,7 +240,7 @@ class FSDP(GradientSync, nn.Module):
     def _handle(self, fp: FlatParamPlan, init_fn, initial_values: list) -> FlatParamHandle:
         """One flat parameter, built whole, synced from rank 0 or fingerprinted into `initial_values`
         (checked across ranks once every unit is built), then sharded."""
-        layout = fp.layout(self.groups.shard_size)
+        layout = fp.layout(self.mesh_info.shard_mesh_size)
         full = _full_flat(fp, layout, self.device, init_fn)
         if self.sync_module_states:
             broadcast_from_rank0([full])
@@ -247,7 +252,7 @@ class FSDP(GradientSync, nn.Module):
                 unregister_parameter(module, name)
         compute = self.mixed_precision.compute_dtype(fp.dtype)  # floating-point parameters only
         reduce = self.mixed_precision.gradient_reduce_dtype(fp.dtype)
-        return FlatParamHandle(layout, [p.owners for p in fp.params], full, self.groups, fp.requires_grad,
+        return FlatParamHandle(layout, [p.owners for p in fp.params], full, self.mesh_info, fp.requires_grad,
                                compute, reduce, self.impl, self.memory, fp.label)
 
     # --- forward -------------------------------------------------------------------------------------
@@ -257,7 +262,7 @@ class FSDP(GradientSync, nn.Module):
             if t.device != self.device:
                 raise ValueError(f"input on {t.device}, but this rank computes on {self.device}: "
                                  f"move inputs with .to(fsdp_mini.get_device())")
-        args, kwargs = self.mixed_precision.cast_inputs(args, kwargs)
+        args, kwargs = self.mixed_precision.cast_inputs(args, kwargs, root=True)
         root = self.units[0]
         self.forward_order.start_pass()
         RECORDER.in_forward(True)  # the collectives until the end of forward are labelled "forward"
@@ -271,7 +276,19 @@ class FSDP(GradientSync, nn.Module):
             self._post_forward(root, self.module, args, out)
         finally:
             RECORDER.in_forward(False)
-        return self.mixed_precision.cast_output(out)
+        return out
+
+    def _cast_unit_inputs(self, module, args, kwargs):
+        """An inner unit's forward pre-hook under `MixedPrecision(cast_forward_inputs=True)`."""
+        return self.mixed_precision.cast_inputs(args, kwargs, root=False)
+
+    def _cast_buffers(self, dtype: torch.dtype | None) -> None:
+        """Floating-point buffers in `dtype` (None: each in its own dtype, as the model was built)."""
+        for name, buf in self.module.named_buffers():
+            if buf.is_floating_point():
+                owner, _, attr = name.rpartition(".")
+                set_registered_buffer(self.module.get_submodule(owner), attr,
+                                      buf.to(dtype or self._buffer_dtypes[name]))
 
     def _refuse_sharded_use(self, name: str, module, args) -> None:
         """A forward pre-hook on the wrapped module and on the modules holding the root unit's parameters:
@@ -369,7 +386,7 @@ class FSDP(GradientSync, nn.Module):
     def _reduce(self, handle: FlatParamHandle) -> None:
         """Start reducing one handle's gradients: into the open bucket (NO_SHARD), or a ReduceScatter;
         the previous handle's ReduceScatter is done by now, so its replica AllReduce starts."""
-        if self.groups.shard is None:
+        if self.mesh_info.shard_process_group is None:
             self.grad_buckets.add(handle, handle.take_unsharded_grad())
         else:
             handle.reduce_grads()
@@ -428,9 +445,9 @@ class FSDP(GradientSync, nn.Module):
             local, op = torch.stack([g.detach().abs().max() for g in grads]).max().float().reshape(1), C.MAX
         else:
             local, op = sum(g.detach().float().abs().pow(norm_type).sum() for g in grads).reshape(1), C.SUM
-        if self.groups.shard is not None:
+        if self.mesh_info.shard_process_group is not None:
             with scope("clip_grad_norm_"):
-                C.all_reduce(local, op, group=self.groups.shard, impl=self.impl)
+                C.all_reduce(local, op, group=self.mesh_info.shard_process_group, impl=self.impl)
         total = local[0] if op == C.MAX else local[0].pow(1.0 / norm_type)
         if error_if_nonfinite and not torch.isfinite(total):
             raise RuntimeError(f"The total norm of order {norm_type} for gradients from `parameters` is non-finite, "
@@ -457,7 +474,7 @@ class FSDP(GradientSync, nn.Module):
         for h in self.handles:
             values.update(h.full_state())
         for name, buf in self.module.named_buffers(remove_duplicate=False):
-            values[name] = buf.detach().to("cpu", copy=True)
+            values[name] = buf.detach().to("cpu", dtype=self._buffer_dtypes[name], copy=True)
         return {k: values[k] for k in self.state_dict_keys}
 
     def load_full_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:

@@ -30,31 +30,12 @@ from fsdp_mini import collectives as C
 from fsdp_mini.comm_log import scope
 from fsdp_mini.fsdp_param import FSDPParam
 from fsdp_mini.grad_reduction import GradReduction, ReductionQueue
+from fsdp_mini.groups import MeshInfo
 from fsdp_mini.memory import MemoryTracker
 from fsdp_mini.states import ReduceStage, ShardedState, TrainingState
 from fsdp_mini.torch_internals import chunk_cat_into
 
-__all__ = ["MeshInfo", "FSDPParamGroup"]
-
-
-@dataclass(frozen=True)
-class MeshInfo:
-    """A DeviceMesh as the engine needs it: the shard group (the mesh's last dimension) and the replica
-    group (the first dimension of a 2-D mesh), None where a group has one rank."""
-
-    mesh: object
-    shard_group: object | None
-    shard_size: int
-    shard_rank: int
-    replica_group: object | None
-    replicas: int
-
-    @classmethod
-    def of(cls, mesh) -> "MeshInfo":
-        shard_size, shard_rank = mesh.size(mesh.ndim - 1), mesh.get_local_rank(mesh.ndim - 1)
-        replicas = mesh.size(0) if mesh.ndim == 2 else 1
-        return cls(mesh, mesh.get_group(mesh.ndim - 1) if shard_size > 1 else None, shard_size, shard_rank,
-                   mesh.get_group(0) if replicas > 1 else None, replicas)
+__all__ = ["FSDPParamGroup"]
 
 
 @dataclass
@@ -206,7 +187,7 @@ class FSDPParamGroup:
             inputs, group, n = self.post_forward_shards.shards, self.post_forward_shards.group, self.post_forward_shards.size
         else:
             inputs = [p.copy_in(self.as_bytes) for p in self.params]
-            group, n = self.mesh_info.shard_group, self.mesh_info.shard_size
+            group, n = self.mesh_info.shard_process_group, self.mesh_info.shard_mesh_size
         for p in self.params:
             p.alloc_unsharded()
         self.tracker.alloc(self.nbytes, self.label)
@@ -329,7 +310,7 @@ class FSDPParamGroup:
             grad = p.take_unsharded_grad()
             if grad is not None:
                 by_dtype.setdefault(p.reduce_dtype, []).append((p, grad))
-        n, group = self.mesh_info.shard_size, self.mesh_info.shard_group
+        n, group = self.mesh_info.shard_mesh_size, self.mesh_info.shard_process_group
         for dtype, pairs in by_dtype.items():
             params, grads = [p for p, _ in pairs], [g for _, g in pairs]
             rows = torch.empty((n, sum(p.shard_numel for p in params)), dtype=dtype, device=grads[0].device)
@@ -350,12 +331,12 @@ class FSDPParamGroup:
         replicas (`requires_all_reduce` False: gradient accumulation that reduce-scatters in the node but
         crosses nodes once)."""
         for r in self.reductions:
-            if not r.finish_scatter() or self.mesh_info.replica_group is None or not self.requires_all_reduce:
+            if not r.finish_scatter() or self.mesh_info.replicate_process_group is None or not self.requires_all_reduce:
                 continue
             held = self.partial_outputs.pop(_key(r.params), None)
             if held is not None:
                 r.output += held
-            r.start_replica_reduce(self.mesh_info.replica_group, self._reduce_op, self.label, self.impl)
+            r.start_replica_reduce(self.mesh_info.replicate_process_group, self._reduce_op, self.label, self.impl)
 
     def wait_for_grads(self) -> None:
         """Finish every reduction and give each sharded parameter its gradient (a DTensor); with replicas
@@ -363,7 +344,7 @@ class FSDPParamGroup:
         self.start_replica_reduce()
         for r in self.reductions:
             r.wait()
-            if self.mesh_info.replica_group is not None and not self.requires_all_reduce:
+            if self.mesh_info.replicate_process_group is not None and not self.requires_all_reduce:
                 key = _key(r.params)
                 if key in self.partial_outputs:
                     self.partial_outputs[key] += r.output
@@ -392,7 +373,7 @@ class FSDPParamGroup:
         if self.divide_factor is not None:
             return self.divide_factor
         if self.force_sum_reduction_for_comms:
-            return float(self.mesh_info.shard_size * self.mesh_info.replicas)
+            return float(self.mesh_info.shard_mesh_size * self.mesh_info.replicate_mesh_size)
         return None
 
     def finalize_backward(self, wait: bool) -> None:
@@ -482,7 +463,7 @@ def chunk_cat(grads: list[torch.Tensor], params: list[FSDPParam], out: torch.Ten
 def post_forward_shards(mesh_info: MeshInfo, k: int) -> PostForwardShards:
     """The groups of k consecutive ranks of each shard group (a collective: every rank creates all)."""
     mesh = mesh_info.mesh.mesh
-    rows = mesh.reshape(-1, mesh_info.shard_size).tolist()
+    rows = mesh.reshape(-1, mesh_info.shard_mesh_size).tolist()
     mine = None
     for row in rows:
         for start in range(0, len(row), k):

@@ -49,8 +49,9 @@ from fsdp_mini import collectives as C
 from fsdp_mini.data_parallel import GradientSync, broadcast_from_rank0, check_same_everywhere, check_same_values
 from fsdp_mini.flight_recorder import RECORDER
 from fsdp_mini.fsdp_param import FSDPParam
-from fsdp_mini.fsdp_param_group import FSDPParamGroup, MeshInfo, post_forward_shards
+from fsdp_mini.fsdp_param_group import FSDPParamGroup, post_forward_shards
 from fsdp_mini.grad_reduction import ReductionQueue
+from fsdp_mini.groups import MeshInfo
 from fsdp_mini.full_state import check_full_state_dict
 from fsdp_mini.memory import MemoryTracker, step_memory_stats
 from fsdp_mini.mixed_precision import MixedPrecisionPolicy
@@ -228,7 +229,7 @@ class FSDPModule:
         group = state_of(self).group
         if group is None:
             return
-        if stream is not None and group.mesh_info.replicas > 1:
+        if stream is not None and group.mesh_info.replicate_mesh_size > 1:
             raise ValueError("stream cannot be set when using native HSDP")
         group.all_reduce_hook = hook
 
@@ -498,14 +499,14 @@ def fully_shard(module: nn.Module | list[nn.Module], *, mesh=None, reshard_after
     C.check_impl(impl)
     mesh = default_mesh() if mesh is None else mesh
     _check_mesh(mesh)
-    mesh_info = MeshInfo.of(mesh)
-    reshard, post_forward = _check_reshard_after_forward(reshard_after_forward, mesh_info.shard_size)
+    mesh_info = MeshInfo.from_mesh(mesh)
+    reshard, post_forward = _check_reshard_after_forward(reshard_after_forward, mesh_info.shard_mesh_size)
 
     ignored = {id(p) for p in (ignored_params or ())}
     if any(not isinstance(p, nn.Parameter) for p in (ignored_params or ())):
         raise ValueError("ignored_params must be a set of the module's nn.Parameter objects")
     params = _managed_params(modules, ignored)
-    shard_dims = [_shard_dim(shard_placement_fn, name, p, mesh_info.shard_size) for name, _, p in params]
+    shard_dims = [_shard_dim(shard_placement_fn, name, p, mesh_info.shard_mesh_size) for name, _, p in params]
     if post_forward and any(shard_dims):
         raise ValueError(f"reshard_after_forward={reshard_after_forward} (keep a 1/k share) needs every parameter "
                          f"sharded along dim 0, but shard_placement_fn placed some along another dimension")
@@ -533,7 +534,7 @@ def fully_shard(module: nn.Module | list[nn.Module], *, mesh=None, reshard_after
     if params:
         fsdp_params = []
         for (name, owners, p), shard_dim in zip(params, shard_dims):
-            fsdp_params.append(FSDPParam(name, owners, p, mesh, mesh_info.shard_rank, mesh_info.shard_size,
+            fsdp_params.append(FSDPParam(name, owners, p, mesh, mesh_info.shard_mesh_rank, mesh_info.shard_mesh_size,
                                          mp, device, shard_dim))
             _MANAGED[id(p)] = (weakref.ref(p), label)
         mark_replaced([p for _, _, p in params])  # an optimizer built before this fails at its first step

@@ -17,35 +17,47 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-__all__ = ["Groups", "grid", "make_groups"]
+from fsdp_mini.strategy import check_shard_size
+
+__all__ = ["MeshInfo", "grid", "make_groups"]
 
 
 @dataclass(frozen=True)
-class Groups:
-    """This rank's place in the grid. A group of size 1 is None: nothing to communicate."""
+class MeshInfo:
+    """This rank's place in the grid, for both designs, in PyTorch's names (`FSDPMeshInfo` /
+    `HSDPMeshInfo`, torch/distributed/fsdp/_fully_shard/_fsdp_common.py): the shard group (a row) and the
+    replicate group (a column). A group of one rank is None: nothing to communicate. `mesh` is the
+    DeviceMesh it was read from (`from_mesh`, the per-parameter design), None for groups built from a
+    shard size (`make_groups`, the flat design)."""
 
-    shard: object | None
-    shard_size: int
-    shard_rank: int
-    replica: object | None
-    replicas: int
+    shard_process_group: object | None
+    shard_mesh_size: int
+    shard_mesh_rank: int
+    replicate_process_group: object | None
+    replicate_mesh_size: int
+    mesh: object | None = None
+
+    @classmethod
+    def from_mesh(cls, mesh) -> "MeshInfo":
+        """A 1-D mesh shards over its one dimension; a 2-D (replicate, shard) mesh is HSDP's."""
+        shard_size, shard_rank = mesh.size(mesh.ndim - 1), mesh.get_local_rank(mesh.ndim - 1)
+        replicas = mesh.size(0) if mesh.ndim == 2 else 1
+        return cls(mesh.get_group(mesh.ndim - 1) if shard_size > 1 else None, shard_size, shard_rank,
+                   mesh.get_group(0) if replicas > 1 else None, replicas, mesh)
 
 
 def grid(world_size: int, shard_size: int) -> tuple[list[list[int]], list[list[int]]]:
     """(shard groups, replica groups) as lists of global ranks: rows and columns of the grid."""
-    if shard_size < 1 or world_size % shard_size:
-        raise ValueError(f"shard_size={shard_size} must be a positive divisor of the world size {world_size}")
+    check_shard_size(shard_size, world_size)
     rows = [list(range(r, r + shard_size)) for r in range(0, world_size, shard_size)]
     cols = [list(range(c, world_size, shard_size)) for c in range(shard_size)]
     return rows, cols
 
 
-def make_groups(size: int) -> Groups:
+def make_groups(size: int) -> MeshInfo:
     """Create this rank's shard and replica process groups for shard groups of `size` ranks (from
     `fsdp_mini.strategy.shard_group_size`); collective: every rank must call it, in the same order."""
     world, rank = dist.get_world_size(), dist.get_rank()
-    if world % size:
-        raise ValueError(f"shard groups of {size} ranks do not tile a world of {world}")
     rows, cols = grid(world, size)
 
     def pick(lists):
@@ -60,5 +72,5 @@ def make_groups(size: int) -> Groups:
                 mine = pg
         return mine
 
-    return Groups(shard=pick(rows), shard_size=size, shard_rank=rank % size,
-                  replica=pick(cols), replicas=world // size)
+    return MeshInfo(shard_process_group=pick(rows), shard_mesh_size=size, shard_mesh_rank=rank % size,
+                    replicate_process_group=pick(cols), replicate_mesh_size=world // size)

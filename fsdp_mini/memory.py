@@ -24,7 +24,7 @@ from typing import Callable
 
 from torch.distributed.tensor import DTensor
 
-from fsdp_mini.strategy import StrategyLike, is_hybrid, shard_group_size, sharded_states
+from fsdp_mini.strategy import StrategyLike, check_shard_size, is_hybrid, shard_group_size, sharded_states
 
 __all__ = ["MemoryEstimate", "estimate_memory", "format_bytes", "decimal_scale", "MemoryTracker", "MemoryChange",
            "ListenerHandle", "tensor_bytes", "optimizer_state_bytes", "step_memory_stats", "SavedActivations"]
@@ -101,9 +101,7 @@ def estimate_memory(
         if shard_size is None:
             raise ValueError(f"with tp={tp} a hybrid strategy needs shard_size, in data-parallel ranks (a divisor "
                              f"of world_size // tp = {dp}): the one-node default counts GPUs")
-        if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size < 1 or dp % shard_size:
-            raise ValueError(f"shard_size={shard_size!r} must be a positive divisor of the {dp} data-parallel "
-                             f"ranks (world_size {world_size} // tp {tp})")
+        check_shard_size(shard_size, dp, f"the {dp} data-parallel ranks (world_size {world_size} // tp {tp})")
     group = shard_group_size(strategy, world_size // tp, shard_size)
     # -(-a // b) is ceil(a / b) in exact integer arithmetic (a float division would round).
     per_tp_rank = -(-num_params // tp)  # tensor parallelism splits the weights first

@@ -46,6 +46,7 @@ __all__ = [
     "reshard_after_forward",
     "all_gathers_per_step",
     "shard_group_size",
+    "check_shard_size",
 ]
 
 ZERO1 = "ZERO1"
@@ -183,9 +184,16 @@ def shard_group_size(strategy: StrategyLike, world_size: int, shard_size: int | 
         return 1 if f.one_rank_per_shard_group else world_size
     if shard_size is None:
         shard_size = local_world_size(default=world_size)
-    if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size < 1 or world_size % shard_size:
-        raise ValueError(f"shard_size={shard_size!r} must be a positive divisor of the world size {world_size}")
+    check_shard_size(shard_size, world_size)
     return shard_size
+
+
+def check_shard_size(shard_size, ranks: int, of: str | None = None) -> None:
+    """The one check of a shard group's size, wherever one is given (a strategy, a grid of process groups,
+    a memory estimate): a positive int that divides the ranks it shards, else a ValueError naming both.
+    `of` says what those ranks are (default: "the world size N")."""
+    if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size < 1 or ranks % shard_size:
+        raise ValueError(f"shard_size={shard_size!r} must be a positive divisor of {of or f'the world size {ranks}'}")
 
 
 def _is_zero1(value: object) -> bool:

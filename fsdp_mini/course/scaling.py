@@ -57,6 +57,7 @@ from fsdp_mini.course.planner import plan as planner_plan
 from fsdp_mini.course.simulate import flops_seconds
 from fsdp_mini.memory import MemoryEstimate, estimate_memory
 from fsdp_mini.ring_model import ring_model_sent
+from fsdp_mini.strategy import check_shard_size
 
 __all__ = [
     "H100_FLOPS", "H100_MEMORY", "GPUS_PER_NODE", "GLOBAL_BATCH_TOKENS", "SEQUENCE_LENGTH", "GPU_COUNTS",
@@ -383,8 +384,7 @@ def mesh_layout(model: TransformerShape, cluster: Cluster, tp: int, global_batch
         raise ValueError(f"tp={tp} does not divide the cluster's {world} GPUs")
     dp = world // tp
     shard = dp if shard_size is None else shard_size
-    if isinstance(shard, bool) or not isinstance(shard, int) or shard < 1 or dp % shard:
-        raise ValueError(f"shard_size={shard_size!r} must be a positive divisor of the {dp} data-parallel ranks")
+    check_shard_size(shard, dp, f"the {dp} data-parallel ranks")
     if global_batch % dp:
         raise ValueError(f"global_batch={global_batch} tokens do not split evenly over {dp} data-parallel ranks")
     tokens = global_batch // dp

@@ -281,7 +281,7 @@ def _tiny_load_and_go_on(path):
     pads_zero = True
     for unit in model.units:
         for h in unit.handles:
-            lo = model.groups.shard_rank * h.layout.shard_numel
+            lo = model.mesh_info.shard_mesh_rank * h.layout.shard_numel
             for value in opt.state.get(h.shard, {}).values():
                 if value.shape == h.shard.shape:
                     pads_zero &= bool((value[max(0, h.layout.numel - lo):] == 0).all())

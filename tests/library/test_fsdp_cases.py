@@ -96,7 +96,7 @@ def _toy_worker(cases):
         model = FSDP(Toy(), strategy, wrap=TOY_WRAP, shard_size=2 if "HYBRID" in strategy else None)
         opt = {"sgd": SGD, "adamw": ADAMW}[opt_name](model.parameters())
         losses = train_toy(model, opt)
-        units = {u.name: [(h.requires_grad, len(h.layout.pieces(model.groups.shard_rank))) for h in u.handles]
+        units = {u.name: [(h.requires_grad, len(h.layout.pieces(model.mesh_info.shard_mesh_rank))) for h in u.handles]
                  for u in model.units}
         out[(strategy, opt_name)] = (losses, model.full_state_dict(), units)
     return out
@@ -288,7 +288,7 @@ class WithTable(nn.Module):
 
 def _non_float_and_inner_module():
     model = FSDP(WithTable(), "FULL_SHARD",
-                 mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, output_dtype=torch.float16))
+                 mixed_precision=MixedPrecision(param_dtype=torch.bfloat16))
     x = torch.randn(2, 4)
     out = model(x)
     out.float().sum().backward()
@@ -306,11 +306,77 @@ def _non_float_and_inner_module():
 
 def test_mixed_precision_casts_floats_only_and_the_inner_module_is_usable_under_summon(no_orphans):
     out_dtype, inner, device, inner_out, direct = launch(_non_float_and_inner_module, 2, timeout=60)[0]
-    assert out_dtype == torch.float16  # output_dtype
+    assert out_dtype == torch.bfloat16  # FSDP1's policy has no output_dtype: the output stays in param_dtype
     assert inner == {"lin.weight": torch.bfloat16, "lin.bias": torch.bfloat16, "table": torch.int64,
                      "rot": torch.complex64}
     assert device == "cpu" and inner_out == torch.bfloat16
     assert "the wrapped module (WithTable) is inside an FSDP wrapper and its parameters are sharded" in direct
+
+
+class Seen(nn.Module):
+    """A layer that notes the dtype of the input it got, and holds a float and an integer buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("scale", torch.full((4,), 0.5))  # exact in bf16
+        self.register_buffer("count", torch.arange(4))
+        self.seen: list[torch.dtype] = []
+
+    def forward(self, x):
+        self.seen.append(x.dtype)
+        x = x.to(self.lin.weight.dtype)  # an input left in float32 would meet bf16 weights (as in FSDP1)
+        return self.lin(x) * self.scale.to(x.dtype)
+
+
+class Outer(nn.Module):
+    """The root computes, then hands its inner unit a float32 tensor of its own making."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.inner = Seen(), Seen()
+
+    def forward(self, x):
+        return self.inner(self.first(x).float())
+
+
+def _fsdp1_policy(fields):
+    torch.manual_seed(0)
+    model = FSDP(Outer(), "FULL_SHARD", wrap=(Seen,), mixed_precision=MixedPrecision(**fields))
+    model(torch.randn(2, 4)).sum().backward()
+    buffers = {n: b.dtype for n, b in model.module.named_buffers()}
+    full = model.full_state_dict()
+    return (model.module.first.seen, model.module.inner.seen, buffers,
+            {k: (v.dtype, v.tolist()) for k, v in full.items() if "scale" in k or "count" in k})
+
+
+@pytest.mark.parametrize("fields, first, inner", [
+    (dict(param_dtype=torch.bfloat16), torch.bfloat16, torch.float32),  # FSDP1's default: the root only
+    (dict(param_dtype=torch.bfloat16, cast_root_forward_inputs=False), torch.float32, torch.float32),
+    (dict(param_dtype=torch.bfloat16, cast_root_forward_inputs=False, cast_forward_inputs=True),
+     torch.bfloat16, torch.bfloat16),
+    (dict(param_dtype=torch.bfloat16, cast_forward_inputs=True), torch.bfloat16, torch.bfloat16),
+])
+def test_mixed_precision_casts_inputs_where_fsdp1_does(fields, first, inner, no_orphans):
+    """FSDP1's MixedPrecision: `cast_root_forward_inputs` (default True) casts the root's inputs,
+    `cast_forward_inputs` (default False) every unit's (torch/distributed/fsdp/_runtime_utils.py,
+    `_root_pre_forward` and `_pre_forward`)."""
+    seen_first, seen_inner, _, _ = launch(_fsdp1_policy, 2, args=(fields,), timeout=60)[0]
+    assert (seen_first, seen_inner) == ([first], [inner])
+
+
+def test_mixed_precision_buffer_dtype_casts_float_buffers_and_the_state_dict_keeps_their_own(no_orphans):
+    seen_first, _, buffers, full = launch(_fsdp1_policy, 2, args=(dict(buffer_dtype=torch.bfloat16),), timeout=60)[0]
+    assert buffers == {"first.scale": torch.bfloat16, "first.count": torch.int64,
+                       "inner.scale": torch.bfloat16, "inner.count": torch.int64}
+    assert full == {"first.scale": (torch.float32, [0.5] * 4), "first.count": (torch.int64, [0, 1, 2, 3]),
+                    "inner.scale": (torch.float32, [0.5] * 4), "inner.count": (torch.int64, [0, 1, 2, 3])}
+    assert seen_first == [torch.float32]  # no param_dtype: nothing else is cast
+
+
+def test_mixed_precision_refuses_keep_low_precision_grads_instead_of_ignoring_it():
+    with pytest.raises(ValueError, match="keep_low_precision_grads=True is not supported"):
+        MixedPrecision(param_dtype=torch.bfloat16, keep_low_precision_grads=True)
 
 
 def _generate_on_a_flat_model():

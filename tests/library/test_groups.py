@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from fsdp_mini.groups import Groups, grid, make_groups
+from fsdp_mini.groups import MeshInfo, grid, make_groups
 from fsdp_mini.launch import launch
 from fsdp_mini.strategy import shard_group_size
 from fsdp_mini.strategy import ShardingStrategy, is_hybrid
@@ -131,15 +131,15 @@ def _describe(pg, rank):
 def _make_groups_worker(size):
     rank = dist.get_rank()
     g = make_groups(size)
-    assert isinstance(g, Groups)
+    assert isinstance(g, MeshInfo)
     # every rank calls the collectives in the same order: shard group first, then replica group
     return {
         "rank": rank,
-        "shard_size": g.shard_size,
-        "shard_rank": g.shard_rank,
-        "replicas": g.replicas,
-        "shard": _describe(g.shard, rank),
-        "replica": _describe(g.replica, rank),
+        "shard_size": g.shard_mesh_size,
+        "shard_rank": g.shard_mesh_rank,
+        "replicas": g.replicate_mesh_size,
+        "shard": _describe(g.shard_process_group, rank),
+        "replica": _describe(g.replicate_process_group, rank),
     }
 
 

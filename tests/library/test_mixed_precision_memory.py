@@ -13,7 +13,7 @@ from fsdp_mini.memory import MemoryTracker, optimizer_state_bytes, tensor_bytes
 from fsdp_mini.mixed_precision import MixedPrecision, MixedPrecisionPolicy
 
 FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
-FIELDS = ["param_dtype", "reduce_dtype"]
+FIELDS = ["param_dtype", "reduce_dtype", "buffer_dtype"]
 
 
 # --- MixedPrecision ---------------------------------------------------------------------------
@@ -21,14 +21,16 @@ FIELDS = ["param_dtype", "reduce_dtype"]
 
 def test_defaults():
     mp = MixedPrecision()
-    assert mp.param_dtype is None and mp.reduce_dtype is None and mp.cast_forward_inputs is True
+    assert mp.param_dtype is None and mp.reduce_dtype is None and mp.buffer_dtype is None
+    assert mp.cast_forward_inputs is False and mp.cast_root_forward_inputs is True and not mp.keep_low_precision_grads
 
 
 def test_field_names_mirror_pytorch():
-    """FSDP1's names for the flat design (plus FSDP2's output_dtype), FSDP2's exactly for the policy."""
+    """FSDP1's fields, in its order and with its defaults, for the flat design (all but its private
+    `_module_classes_to_ignore`: fsdp_mini wraps no module on its own); FSDP2's exactly for the policy."""
     fsdp = pytest.importorskip("torch.distributed.fsdp")
-    theirs = {f.name for f in dataclasses.fields(fsdp.MixedPrecision)} | {"output_dtype"}
-    assert {f.name for f in dataclasses.fields(MixedPrecision)} <= theirs
+    theirs = [(f.name, f.default) for f in dataclasses.fields(fsdp.MixedPrecision) if not f.name.startswith("_")]
+    assert [(f.name, f.default) for f in dataclasses.fields(MixedPrecision)] == theirs
     policy = {f.name for f in dataclasses.fields(fsdp.MixedPrecisionPolicy)}
     assert {f.name for f in dataclasses.fields(MixedPrecisionPolicy)} == policy
 

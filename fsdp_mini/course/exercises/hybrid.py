@@ -240,7 +240,7 @@ def _run_hybrid_reduce(fn, shard_size: int):
     grad = trial_grad(dist.get_rank(), shard_size * _ROWS_PER_RANK)
     with CommLog() as log:
         try:
-            out = fn(grad.clone(), groups.shard, groups.replica)
+            out = fn(grad.clone(), groups.shard_process_group, groups.replicate_process_group)
         except NotImplementedError:
             return None
     seen = tuple((r.op, r.group_size, r.nbytes) for r in log.records)

@@ -12,7 +12,7 @@ the loss. Then it asks the remaining cases (float16, float64, complex, policies 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Callable
 
 import torch
@@ -90,7 +90,7 @@ class _LearnersPolicy(MixedPrecision):
     rule: Callable | None = None
 
     def _plain(self) -> MixedPrecision:
-        return MixedPrecision(self.param_dtype, self.reduce_dtype, self.cast_forward_inputs, self.output_dtype)
+        return MixedPrecision(**{f.name: getattr(self, f.name) for f in fields(MixedPrecision)})
 
     def compute_dtype(self, dtype):
         return self.rule(dtype, self._plain())[0]
