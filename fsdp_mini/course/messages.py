@@ -48,10 +48,99 @@ LESSON_02 = {
 
 # --- lesson 03 ---------------------------------------------------------------------------------------
 LESSON_03 = {
+    "slices_average_to_full_batch": (
+        "{n} gradient tensors; mean of the slices' gradients = full-batch gradient (to float rounding):"
+        " {same}",
+        "{n} {n:тензор|тензора|тензоров} градиентов; среднее градиентов частей = градиент всего батча"
+        " (с точностью до округления): {same}"),
+    "naive_calls": (
+        "{calls} AllReduce calls per step for {tensors} parameter tensors, {nbytes} bytes in all",
+        "{calls} {calls:вызов|вызова|вызовов} AllReduce за шаг на {tensors} {tensors:тензор|тензора|тензоров}"
+        " параметров, всего {nbytes} {nbytes:байт|байта|байт}"),
+    "naive_small_calls": ("{small} of them are smaller than 1 kB; the largest is {largest} bytes",
+                          "{small} из них меньше 1 кБ; самый большой — {largest} {largest:байт|байта|байт}"),
+    "averaged_is_full_batch": ("the averaged gradient is the full-batch gradient: {same}",
+                               "усреднённый градиент равен градиенту всего батча: {same}"),
+    "gpt2_gradients": (
+        "GPT-2 small: {millions:.0}M parameters, {nbytes:size} of gradients in {tensors} tensors",
+        "GPT-2 small: {millions:.0} млн параметров, {nbytes:size} градиентов"
+        " в {tensors} {tensors:тензоре|тензорах|тензорах}"),
+    "all_reduce_scheme": ("AllReduce", "AllReduce"),
+    "one_per_tensor": ("one per tensor", "один на тензор"),
+    "one_per_bucket": ("one per bucket", "один на бакет"),
+    "calls": ("calls", "вызовов"),
+    "all_reduce_ms": ("time, ms", "время, мс"),
+    "bandwidth_ms": ("of it bytes / bandwidth, ms", "из них байты / пропускная способность, мс"),
+    "bucket": ("bucket", "бакет"),
+    "tensors": ("tensors", "тензоров"),
+    "first_tensor": ("first tensor", "первый тензор"),
+    "last_tensor": ("last tensor", "последний тензор"),
+    "bucket_cap_bytes": (
+        "{nbytes} bytes of parameters; the cap is {cap} bytes",
+        "{nbytes} {nbytes:байт|байта|байт} параметров; предел — {cap} {cap:байт|байта|байт}"),
+    "bucket_layout_title": ("DDP buckets of the course GPT, bucket_cap_mb={cap!s}",
+                            "Бакеты DDP для GPT курса, bucket_cap_mb={cap!s}"),
+    "cap_extremes": (
+        "bucket_cap_mb=1e-9: {tiny} {tiny:bucket|buckets|buckets}; bucket_cap_mb=1e6: {huge}"
+        " {huge:bucket|buckets|buckets}",
+        "bucket_cap_mb=1e-9: {tiny} {tiny:бакет|бакета|бакетов}; bucket_cap_mb=1e6: {huge}"
+        " {huge:бакет|бакета|бакетов}"),
+    "issue_order": ("AllReduces in the order they were issued, buckets: {buckets}",
+                    "AllReduce в порядке запуска, бакеты: {buckets}"),
+    "issued_ms": ("issued at, ms", "запущен, мс"),
+    "waited_ms": ("waited for until, ms", "дождались к, мс"),
+    "backward_returned": ("loss.backward() returned after {ms:.1} ms",
+                          "loss.backward() вернулся через {ms:.1} мс"),
+    "window_after_last_gradient": (
+        "of the communication window (first start to last end), after the last gradient: {share:.0%}",
+        "доля окна обмена данными (от первого запуска до последнего завершения) после последнего"
+        " градиента: {share:.0%}"),
+    "one_backward_title": ("One backward on 4 ranks (rank 0)", "Один backward на 4 рангах (ранг 0)"),
+    "setup": ("setup", "конфигурация"),
+    "losses": ("losses per step", "лоссы по шагам"),
+    "equals_one_process": ("= one process (rtol 1e-5)", "= один процесс (rtol 1e-5)"),
+    "one_process": ("one process", "один процесс"),
+    "our_ddp": ("our DDP", "наш DDP"),
+    "pytorch_ddp": ("PyTorch's DDP", "DDP из PyTorch"),
+    "same_weights_after_steps": (
+        "weights after {steps} steps: every rank, both DDPs = one process: {same}",
+        "веса после {steps} {steps:шага|шагов|шагов}: каждый ранг, оба DDP = один процесс: {same}"),
 }
 
 # --- lesson 04 ---------------------------------------------------------------------------------------
 LESSON_04 = {
+    "stage": ("stage", "стадия"),
+    "strategy": ("strategy", "стратегия"),
+    "sharded": ("sharded", "шардировано"),
+    "params_in_fp32": ("{n} parameters = {nbytes} bytes in fp32",
+                       "{n} {n:параметр|параметра|параметров} = {nbytes} {nbytes:байт|байта|байт} в fp32"),
+    "first_loss": ("loss, first step", "лосс, первый шаг"),
+    "last_loss": ("loss, last step", "лосс, последний шаг"),
+    "bytes_after_backward": ("bytes of model states on each rank, after backward:",
+                             "байты состояний модели на каждом ранге после backward:"),
+    "ddp_world_bytes": (
+        "per rank {per_rank} bytes; all {world} ranks together {together}, of them distinct {per_rank}",
+        "на ранг {per_rank} {per_rank:байт|байта|байт}; все {world} {world:ранг|ранга|рангов} вместе —"
+        " {together}, из них различных {per_rank}"),
+    "losses_within": ("losses within 1e-5", "лоссы в пределах 1e-5"),
+    "weights_within": ("weights within 1e-5", "веса в пределах 1e-5"),
+    "ranks_bitwise_equal": ("ranks bitwise equal", "ранги побитово равны"),
+    "estimate": ("estimate", "оценка"),
+    "shard_and_ratio": (
+        "shard: {shard} elements per rank, {padding} of them padding; DDP's optimizer state / ZeRO-1's"
+        " = {ratio:.3}",
+        "шард: {shard} {shard:элемент|элемента|элементов} на ранг, из них {padding} — паддинг; состояние"
+        " оптимизатора DDP / ZeRO-1 = {ratio:.3}"),
+    "kB": ("kB", "кБ"),
+    "small_gpt_memory_title": ("Small GPT, 4 ranks, fp32 AdamW (measured)",
+                               "Маленький GPT, 4 ранга, AdamW в fp32 (измерено)"),
+    "total": ("total per rank", "всего на ранг"),
+    "zero_paper_memory_title": ("ZeRO paper: 7.5B parameters, 64 ranks (estimate)",
+                                "Статья ZeRO: 7,5 млрд параметров, 64 ранга (оценка)"),
+    "sent": ("sent, B", "отправлено, Б"),
+    "order": ("order", "порядок"),
+    "step_bytes_title": ("Bytes one rank sends in one step, world 4",
+                         "Байты, которые ранг отправляет за шаг, 4 ранга"),
 }
 
 # --- lesson 05 ---------------------------------------------------------------------------------------
