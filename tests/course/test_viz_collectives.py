@@ -9,7 +9,8 @@ from matplotlib.patches import Rectangle
 
 from fsdp_mini.course.cost import predict
 from fsdp_mini.course.language import set_language
-from fsdp_mini.course.viz.collectives import cell_sources, plot_bytes_sent, plot_collective, plot_predicted_times
+from fsdp_mini.course.viz.collectives import (cell_sources, integers, plot_bytes_sent, plot_collective,
+                                              plot_predicted_times)
 
 BEFORE = [[1.0 * (r + 1), 2.0 * (r + 1), 3.0 * (r + 1)] for r in range(4)]
 LABELS = {"en": ("before", "after", "rank 0", "ring"), "ru": ("до", "после", "ранг 0", "кольцо")}
@@ -25,6 +26,13 @@ def lang(request):
 
 def _texts(ax):
     return [t.get_text() for t in ax.texts]
+
+
+def test_integers_prints_integer_valued_floats_as_integers_and_keeps_none():
+    assert integers([1.0, -2.0, 30.0]) == [1, -2, 30] and all(type(v) is int for v in integers([1.0]))
+    assert integers(None) is None  # what reduce leaves on a non-destination rank
+    with pytest.raises(ValueError, match="integer-valued"):
+        integers([1.5])  # a fraction is refused, not rounded away
 
 
 def test_cell_sources():

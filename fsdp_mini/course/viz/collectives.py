@@ -13,8 +13,8 @@ from fsdp_mini.course.language import tr
 from fsdp_mini.course.viz import figure, rank_color
 from fsdp_mini.course.viz.style import SMALL, TEXT, TITLE
 
-__all__ = ["OPS", "ALGO_COLORS", "algorithm_label", "cell_sources", "plot_collective", "plot_bytes_sent",
-           "plot_predicted_times"]
+__all__ = ["OPS", "ALGO_COLORS", "algorithm_label", "cell_sources", "integers", "plot_collective",
+           "plot_bytes_sent", "plot_predicted_times"]
 
 OPS = ("broadcast", "reduce", "all_reduce", "all_gather", "reduce_scatter")
 ALGO_COLORS = {"naive": "#C44E52", "ring": "#4C72B0", "tree": "#8C8C8C"}
@@ -27,6 +27,17 @@ def algorithm_label(name: str) -> str:
     labels = {"naive": tr("naive (through rank 0)", "наивный (через ранг 0)"),
               "ring": tr("ring", "кольцо"), "tree": tr("tree", "дерево")}
     return labels.get(name, name)
+
+
+def integers(values: Sequence[float] | None) -> list[int] | None:
+    """A rank's tensor as lesson 1's tables print it: its integer-valued floats as integers ([1.0, 2.0] ->
+    [1, 2]), so that a table reads like the pictures and the prose; None (a buffer `reduce` leaves
+    undefined) stays None. Refuses a value with a fraction rather than round it away."""
+    if values is None:
+        return None
+    if not all(float(v).is_integer() for v in values):
+        raise ValueError(f"integers() takes integer-valued floats, got {list(values)}")
+    return [int(v) for v in values]
 
 
 def _title(op: str, root: int) -> str:
