@@ -13,17 +13,20 @@ _COLORS = {"megatron": "#8C8C8C", "formula": "#4C72B0", "measured": "#DD8452"}
 
 def plot_activation_agreement(rows: list[dict]):
     """One group of bars per setting: Korthikanti et al.'s formula as written (at 4 bytes a value), the
-    formula for the course's GPT, and what `SavedActivations` measured. `rows[i]` has "label",
-    "megatron", "formula", "measured" (bytes per layer). Log scale: the s^2 term dwarfs the rest."""
+    formula for the course's GPT, and what `SavedActivations` measured. `rows[i]` has the setting's "b", "s",
+    "h" and its bytes per layer: "megatron_fp32", "our_formula", "measured_bytes". Log scale: the s^2 term
+    dwarfs the rest."""
     fig, ax = figure(width=7.5, height=3.4)
     width = 0.27
     names = {"megatron": tr("Megatron's formula as written (fp32)", "формула Megatron как есть (fp32)"),
              "formula": tr("formula for the course's GPT", "формула для GPT курса"),
              "measured": tr("measured (SavedActivations)", "измерено (SavedActivations)")}
-    for k, key in enumerate(("megatron", "formula", "measured")):
+    columns = {"megatron": "megatron_fp32", "formula": "our_formula", "measured": "measured_bytes"}
+    for k, (key, column) in enumerate(columns.items()):
         xs = [i + (k - 1) * width for i in range(len(rows))]
-        ax.bar(xs, [r[key] / 1e6 for r in rows], width=width, color=_COLORS[key], label=names[key])
-    ax.set_xticks(range(len(rows)), [r["label"] for r in rows], fontsize=SMALL)
+        ax.bar(xs, [r[column] / 1e6 for r in rows], width=width, color=_COLORS[key], label=names[key])
+    labels = [f"b={r['b']} s={r['s']} h={r['h']}" for r in rows]
+    ax.set_xticks(range(len(rows)), labels, fontsize=SMALL)
     ax.set_yscale("log")
     ax.set_ylabel(tr("MB per layer", "МБ на слой"))
     ax.set_title(tr("Activation memory of one transformer layer", "Память активаций одного слоя трансформера"))
