@@ -79,8 +79,8 @@ LESSON_07 = {
     "hybrid_one_step_one_rank": ("HYBRID_SHARD, one step, one rank", "HYBRID_SHARD, один шаг, один ранг"),
     "group": ("group", "группа"),
     "calls": ("calls", "вызовов"),
-    "nbytes": ("S bytes", "S, байт"),
-    "sent": ("sent", "отправлено"),
+    "nbytes": ("S, B", "S, Б"),
+    "sent": ("sent, B", "отправлено, Б"),
     "unit_sizes": ("parameters per unit: {params}; padded bytes per unit: {padded}",
                    "параметров в юните: {params}; байт с паддингом в юните: {padded}"),
     "losses_one_process": ("losses, 1 process:    {losses:.4}", "лоссы, 1 процесс:     {losses:.4}"),
@@ -120,9 +120,9 @@ LESSON_07 = {
 LESSON_08 = {
     "every_pytorch_name_exists": ("every PyTorch name in the table exists",
                                   "все имена PyTorch из таблицы существуют"),
-    "one_process": ("1 process", "1 процесс"),
+    "one_process": ("one process", "один процесс"),
     "run": ("run", "обучение"),
-    "losses": ("losses", "лоссы"),
+    "losses": ("losses per step", "лоссы по шагам"),
     "weights_match": (
         "weights: max |fsdp_mini - FSDP2| < 1e-5: {fsdp2}   max |fsdp_mini - 1 process| < 1e-5: {one_process}",
         "веса: max |fsdp_mini - FSDP2| < 1e-5: {fsdp2}   max |fsdp_mini - 1 процесс| < 1e-5: {one_process}"),
