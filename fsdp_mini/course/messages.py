@@ -209,10 +209,105 @@ LESSON_06 = {
 
 # --- lesson 07 ---------------------------------------------------------------------------------------
 LESSON_07 = {
+    "grid_rows_and_cols": ("shard groups (rows):   {rows!r}\nreplica groups (cols): {cols!r}",
+                           "группы шардирования (строки): {rows!r}\nгруппы реплик (столбцы):      {cols!r}"),
+    "strategy": ("strategy", "стратегия"),
+    "shard_groups": ("shard groups", "группы шардирования"),
+    "replica_groups": ("replica groups", "группы реплик"),
+    "node": ("node", "узел"),
+    "shard_group": ("shard group", "группа шардирования"),
+    "replica_group": ("replica group", "группа реплик"),
+    "shard_numel_per_unit": ("shard numel per unit", "элементов шарда по юнитам"),
+    "replicas_equal_shards_differ": (
+        "equal within replica groups, different within shard groups: before and after 5 steps",
+        "в группах реплик шарды равны, в группах шардирования различны: до и после 5 шагов"),
+    "hybrid_one_step_one_rank": ("HYBRID_SHARD, one step, one rank", "HYBRID_SHARD, один шаг, один ранг"),
+    "group": ("group", "группа"),
+    "calls": ("calls", "вызовов"),
+    "nbytes": ("S, B", "S, Б"),
+    "sent": ("sent, B", "отправлено, Б"),
+    "unit_sizes": ("parameters per unit: {params}; padded bytes per unit: {padded}",
+                   "параметров в юните: {params}; байт с паддингом в юните: {padded}"),
+    "losses_one_process": ("losses, 1 process:    {losses:.4}", "лоссы, 1 процесс:     {losses:.4}"),
+    "losses_hybrid_shard": ("losses, HYBRID_SHARD: {losses:.4}", "лоссы, HYBRID_SHARD:  {losses:.4}"),
+    "parity_within_1e_5": ("max |loss diff| < 1e-5 and max |weight diff| < 1e-5: {holds}",
+                           "max |разница лоссов| < 1e-5 и max |разница весов| < 1e-5: {holds}"),
+    "sent_inside_a_node": ("sent inside a node", "отправлено в узле"),
+    "sent_across_nodes": ("sent across nodes", "отправлено между узлами"),
+    "total_per_rank": ("total per rank", "всего на ранг"),
+    "memory_7b_title": ("7B parameters, mixed-precision Adam, 8 nodes x 8 GPUs",
+                        "7 млрд параметров, Adam со смешанной точностью, 8 узлов × 8 GPU"),
+    "seconds_inside": ("s inside", "с в узле"),
+    "seconds_across": ("s across", "с между"),
+    "seconds_per_step": ("s per step", "с на шаг"),
+    "step_comm_7b_title": ("7B, 8 nodes x 8 GPUs: one training step, per rank",
+                           "7 млрд, 8 узлов × 8 GPU: один шаг обучения, на ранг"),
+    "hybrid_speedup": (
+        "HYBRID_SHARD is {over_full:.1}x faster than FULL_SHARD and {over_ddp:.1}x faster than DDP",
+        "HYBRID_SHARD быстрее FULL_SHARD в {over_full:.1} раза и быстрее DDP в {over_ddp:.1} раза"),
+    "holds": ("holds", "верно"),
+    "rule": ("rule of thumb", "правило"),
+    "rule_7b_ddp_does_not_fit": ("7B: DDP does not fit", "7 млрд: DDP не помещается"),
+    "rule_7b_node_copy_fits": ("7B: one copy per node fits, with room for activations",
+                               "7 млрд: копия на узел помещается, есть место для активаций"),
+    "rule_7b_hybrid_is_fastest": ("7B: HYBRID_SHARD is the fastest", "7 млрд: HYBRID_SHARD быстрее всех"),
+    "rule_below_a_node_is_worse": ("shard groups smaller than a node: slower and bigger",
+                                   "группы меньше узла: медленнее и больше"),
+    "rule_70b_node_copy_does_not_fit": ("70B: one copy per node does not fit",
+                                        "70 млрд: копия на узел не помещается"),
+    "rule_70b_full_shard_fits": ("70B: FULL_SHARD over 64 GPUs fits",
+                                 "70 млрд: FULL_SHARD на 64 GPU помещается"),
+    "rule_one_node_hybrid_is_full": ("one node: HYBRID_SHARD is FULL_SHARD",
+                                     "один узел: HYBRID_SHARD совпадает с FULL_SHARD"),
 }
 
 # --- lesson 08 ---------------------------------------------------------------------------------------
 LESSON_08 = {
+    "every_pytorch_name_exists": ("every PyTorch name in the table exists",
+                                  "все имена PyTorch из таблицы существуют"),
+    "one_process": ("one process", "один процесс"),
+    "run": ("run", "обучение"),
+    "losses": ("losses per step", "лоссы по шагам"),
+    "weights_match": (
+        "weights: max |fsdp_mini - FSDP2| < 1e-5: {fsdp2}   max |fsdp_mini - 1 process| < 1e-5: {one_process}",
+        "веса: max |fsdp_mini - FSDP2| < 1e-5: {fsdp2}   max |fsdp_mini - 1 процесс| < 1e-5: {one_process}"),
+    "dtensor_layout": (
+        "mesh:       {mesh}\nplacements: {placements}\nshape: {shape!r}  local shape: {local!r}",
+        "сетка:      {mesh}\nplacements: {placements}\nформа: {shape!r}  локальная форма: {local!r}"),
+    "fsdp2_parameter": ("FSDP2 parameter", "параметр FSDP2"),
+    "shape": ("shape", "форма"),
+    "local_rank_0": ("local, rank 0", "ранг 0"),
+    "local_rank_1": ("local, rank 1", "ранг 1"),
+    "flat_shards_rank_0": ("fsdp_mini flat shards, rank 0: {shards}",
+                           "плоские шарды fsdp_mini, ранг 0: {shards}"),
+    "dtensor_after_forward": (
+        "blocks.0.mlp.fc.weight after forward is a DTensor (a shard):"
+        " reshard_after_forward=True: {resharded}, False: {kept}",
+        "blocks.0.mlp.fc.weight после forward — DTensor (шард):"
+        " при reshard_after_forward=True: {resharded}, при False: {kept}"),
+    "one_block_on_2_ranks_title": ("one block on 2 ranks: who holds which element",
+                                   "один блок на 2 рангах: кто хранит какой элемент"),
+    "picture_matches_both_libraries": ("the picture matches both libraries' shards on both ranks",
+                                       "рисунок совпадает с шардами обеих библиотек на обоих рангах"),
+    "losses_resumed_and_uninterrupted": (
+        "2 ranks FULL_SHARD, then 4 ranks HYBRID_SHARD: {resumed:.4}\n"
+        "1 process, 5 steps without stopping:           {uninterrupted:.4}",
+        "2 ранга FULL_SHARD, затем 4 ранга HYBRID_SHARD: {resumed:.4}\n"
+        "1 процесс, 5 шагов без остановки:               {uninterrupted:.4}"),
+    "resumed_training_matches": ("resumed training matches, losses and weights within 1e-5: {holds}",
+                                 "продолженное обучение совпадает, лоссы и веса в пределах 1e-5: {holds}"),
+    "entry": ("entry", "запись"),
+    "shape_or_type": ("shape or type", "форма или тип"),
+    "checkpoint_entries": ("{n} {n:entry|entries|entries}", "{n} {n:запись|записи|записей}"),
+    "demo_under_torchrun": (
+        "Training a {blocks}-block GPT ({params} parameters) for {steps} AdamW steps, global batch {batch},"
+        " on {procs} processes, under every strategy",
+        "Обучаем GPT из {blocks} {blocks:блока|блоков|блоков}"
+        " ({params} {params:параметр|параметра|параметров}) каждой стратегией:"
+        " {steps} {steps:шаг|шага|шагов} AdamW, глобальный батч {batch},"
+        " {procs} {procs:процесс|процесса|процессов}"),
+    "every_strategy_matches": ("every strategy matches single-process training: {holds}",
+                               "каждая стратегия совпадает с обучением в одном процессе: {holds}"),
 }
 
 # --- lesson 09 ---------------------------------------------------------------------------------------
