@@ -19,6 +19,11 @@ COMMON = {
     "optimizer": ("optimizer", "оптимизатор"),
     "step": ("step", "шаг"),
     "loss": ("loss", "лосс"),
+    "calls": ("calls", "вызовов"),
+    "losses": ("losses per step", "лоссы по шагам"),
+    "one_process": ("one process", "один процесс"),
+    "strategy": ("strategy", "стратегия"),
+    "sent": ("sent, B", "отправлено, Б"),
 }
 
 # --- lesson 00 ---------------------------------------------------------------------------------------
@@ -124,7 +129,6 @@ LESSON_03 = {
     "all_reduce_scheme": ("AllReduce", "AllReduce"),
     "one_per_tensor": ("one per tensor", "один на тензор"),
     "one_per_bucket": ("one per bucket", "один на бакет"),
-    "calls": ("calls", "вызовов"),
     "all_reduce_ms": ("time, ms", "время, мс"),
     "bandwidth_ms": ("of it bytes / bandwidth, ms", "из них байты / пропускная способность, мс"),
     "bucket": ("bucket", "бакет"),
@@ -153,9 +157,7 @@ LESSON_03 = {
         " градиента: {share:.0%}"),
     "one_backward_title": ("One backward on 4 ranks (rank 0)", "Один backward на 4 рангах (ранг 0)"),
     "setup": ("setup", "конфигурация"),
-    "losses": ("losses per step", "лоссы по шагам"),
     "equals_one_process": ("= one process (rtol 1e-5)", "= один процесс (rtol 1e-5)"),
-    "one_process": ("one process", "один процесс"),
     "our_ddp": ("our DDP", "наш DDP"),
     "pytorch_ddp": ("PyTorch's DDP", "DDP из PyTorch"),
     "same_weights_after_steps": (
@@ -166,7 +168,6 @@ LESSON_03 = {
 # --- lesson 04 ---------------------------------------------------------------------------------------
 LESSON_04 = {
     "stage": ("stage", "стадия"),
-    "strategy": ("strategy", "стратегия"),
     "sharded": ("sharded", "шардировано"),
     "params_in_fp32": ("{n} parameters = {nbytes} bytes in fp32",
                        "{n} {n:параметр|параметра|параметров} = {nbytes} {nbytes:байт|байта|байт} в fp32"),
@@ -193,7 +194,6 @@ LESSON_04 = {
     "total": ("total per rank", "всего на ранг"),
     "zero_paper_memory_title": ("ZeRO paper: 7.5B parameters, 64 ranks (estimate)",
                                 "Статья ZeRO: 7,5 млрд параметров, 64 ранга (оценка)"),
-    "sent": ("sent, B", "отправлено, Б"),
     "order": ("order", "порядок"),
     "step_bytes_title": ("Bytes one rank sends in one step, world 4",
                          "Байты, которые ранг отправляет за шаг, 4 ранга"),
@@ -211,7 +211,6 @@ LESSON_06 = {
 LESSON_07 = {
     "grid_rows_and_cols": ("shard groups (rows):   {rows!r}\nreplica groups (cols): {cols!r}",
                            "группы шардирования (строки): {rows!r}\nгруппы реплик (столбцы):      {cols!r}"),
-    "strategy": ("strategy", "стратегия"),
     "shard_groups": ("shard groups", "группы шардирования"),
     "replica_groups": ("replica groups", "группы реплик"),
     "node": ("node", "узел"),
@@ -223,9 +222,7 @@ LESSON_07 = {
         "в группах реплик шарды равны, в группах шардирования различны: до и после 5 шагов"),
     "hybrid_one_step_one_rank": ("HYBRID_SHARD, one step, one rank", "HYBRID_SHARD, один шаг, один ранг"),
     "group": ("group", "группа"),
-    "calls": ("calls", "вызовов"),
     "nbytes": ("S, B", "S, Б"),
-    "sent": ("sent, B", "отправлено, Б"),
     "unit_sizes": ("parameters per unit: {params}; padded bytes per unit: {padded}",
                    "параметров в юните: {params}; байт с паддингом в юните: {padded}"),
     "losses_one_process": ("losses, 1 process:    {losses:.4}", "лоссы, 1 процесс:     {losses:.4}"),
@@ -265,9 +262,7 @@ LESSON_07 = {
 LESSON_08 = {
     "every_pytorch_name_exists": ("every PyTorch name in the table exists",
                                   "все имена PyTorch из таблицы существуют"),
-    "one_process": ("one process", "один процесс"),
     "run": ("run", "обучение"),
-    "losses": ("losses per step", "лоссы по шагам"),
     "weights_match": (
         "weights: max |fsdp_mini - FSDP2| < 1e-5: {fsdp2}   max |fsdp_mini - 1 process| < 1e-5: {one_process}",
         "веса: max |fsdp_mini - FSDP2| < 1e-5: {fsdp2}   max |fsdp_mini - 1 процесс| < 1e-5: {one_process}"),
