@@ -4,7 +4,8 @@ does not need. It imports the library (`fsdp_mini`); the library never imports i
   lessons      language (English or Russian), exercise (checks of values and of code), exercises (the
                lessons' code exercises: judge, reference, planted mistakes), source (the library's real code),
                models (the small GPT every lesson trains), train (the shared loop), trace (compute spans
-               beside CommLog), viz/ (one module per kind of picture)
+               beside CommLog), logged_step (one FSDP step logged on every rank: lessons 05 and 06), viz/ (one
+               module per kind of picture)
   on paper     cost (alpha-beta time of a collective), ring_schedule (which chunk is where, step by step),
                cluster (a two-level network: a step's collectives priced per link), simulate (a calibrated
                simulator of a step, and extrapolation to a bigger cluster)
