@@ -4,6 +4,7 @@ A notebook holds cells a learner needs in Jupyter but not on the page; the page 
 copy of the notebook with these changes (the notebook itself is untouched, so Jupyter, nbval and the
 downloaded notebook keep every cell):
 
+- the imports cell's `set_language("ru")` line is dropped: the page is already in its language;
 - a code cell of `assert` statements only, with no output, is dropped: it is the notebook's own check
   that the prose's claims hold (nbval runs it), and says nothing the prose does not;
 - `# NBVAL_...` lines (nbval's markers) are removed from the code shown;
@@ -35,6 +36,7 @@ from pygments.formatters import HtmlFormatter
 from pygments.lexers import PythonLexer
 
 NBVAL_LINE = re.compile(r"^[ \t]*# NBVAL_\w+[ \t]*\n?", re.M)
+LANGUAGE_LINE = re.compile(r'\n*^set_language\("\w+"\)[ \t]*$', re.M)  # the imports cell's last line
 LISTING = re.compile(r"\A\s*```python\n(.*?)\n```\s*\Z", re.S)
 TEXT = {
     "en": {"imports": "Imports of this lesson", "setup": "Imports and setup of this lesson", "source": "Source of {name}", "lines": ("line", "lines"),
@@ -142,7 +144,7 @@ def view(nb, lang: str):
             continue
         if is_assert_only(cell):
             continue
-        cell.source = NBVAL_LINE.sub("", _source(cell))
+        cell.source = LANGUAGE_LINE.sub("", NBVAL_LINE.sub("", _source(cell)))
         block = None if folded_imports else import_block(cell)
         if block:
             folded_imports = True

@@ -963,10 +963,10 @@ def test_code_lines_fit_the_code_column(lang, name):
 @pytest.mark.parametrize("lang", LANGS)
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_lesson_pages_hide_the_plumbing(site, lang, name):
-    """No language cell, no assert-only cell, no nbval marker; the imports and every source listing folded,
+    """No language line, no assert-only cell, no nbval marker; the imports and every source listing folded,
     a listing's code shown once per page (lessons/_site/lesson_view.py)."""
     html = page_path(site[0], lang, name).read_text(encoding="utf-8")
-    assert "celltag_language" not in html and "set_language" not in html, "the language cell is shown"
+    assert "celltag_language" not in html and 'set_language("' not in html, "the language line is shown"
     assert "NBVAL_" not in html, "an nbval marker is shown"
     for cell in notebook_cells(lang, name):
         code = cell_source(cell)
