@@ -180,6 +180,7 @@ LESSON_12 = {
     "fewer_sequences_than_ranks": ("fewer sequences than data-parallel ranks: {plans}",
                                    "последовательностей меньше, чем рангов по данным: {plans}"),
     "plan_on_gpus": ("{model} {plan} on {gpus} GPUs", "{model} {plan} на {gpus} GPU"),
+    "cluster_gpus": ("GPUs", "число GPU"),
     "best_layout_that_fits": ("the best layout that fits, one micro-batch, full recomputation:",
                               "лучшая раскладка из помещающихся, один микробатч, полный пересчёт:"),
     "crossing_title": ("{model}: first GPU count where a layout fits, and from which TP wins",

@@ -56,7 +56,8 @@ def traffic_rows(groups: Mapping[str, Sequence[CommRecord]]) -> list[dict]:
         ops = Counter(OP_NAMES[r.op] for r in records)
         rows.append({"traffic": text(key), "collective_calls": len(records),
                      "collective_counts": ", ".join(f"{n} {op}" for op, n in sorted(ops.items())),
-                     "message_bytes": sum(r.nbytes for r in records), "bytes_sent": sum(r.sent for r in records)})
+                     "message_bytes": sum(r.nbytes for r in records),
+                     "bytes_sent": sum(r.sent for r in records)})
     return rows
 
 
@@ -68,7 +69,8 @@ def layout_rows(layouts: Iterable[MeshLayout]) -> list[dict]:
 
 
 def plan_label(plan: str | None) -> str:
-    """A plan's name as the lesson prints it: "TP8 x FSDP" in English, "TP8 × FSDP" in Russian; "—" for none."""
+    """A plan's name as the lesson prints it: "TP8 x FSDP" in English, "TP8 × FSDP" in Russian; a dash for
+    none."""
     if plan is None:
         return "\u2014"
     return plan.replace(" x ", " \u00d7 ") if get_language() == "ru" else plan
@@ -89,4 +91,5 @@ def plan_on_gpus(p: PlannerRow) -> str:
 def best_plan_rows(best: Mapping[tuple[str, int], PlannerRow | None], models: Sequence[str]) -> list[dict]:
     """`best_plans`' answer as a table: one row per GPU count, one column per model."""
     gpus = sorted({g for _, g in best})
-    return [{"GPU": g, **{m: plan_label(best[m, g].plan if best[m, g] else None) for m in models}} for g in gpus]
+    return [{"cluster_gpus": g, **{m: plan_label(best[m, g].plan if best[m, g] else None) for m in models}}
+            for g in gpus]
