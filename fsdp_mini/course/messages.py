@@ -24,6 +24,7 @@ COMMON = {
     "one_process": ("one process", "один процесс"),
     "strategy": ("strategy", "стратегия"),
     "sent": ("sent, B", "отправлено, Б"),
+    "block_forward_ms": ("block forward, ms", "forward блока, мс"),
 }
 
 # --- lesson 00 ---------------------------------------------------------------------------------------
@@ -470,7 +471,6 @@ LESSON_11 = {
     "allgather_ms": ("AllGather, ms", "AllGather, мс"),
     "tokens_per_gpu_to_hide": ("tokens per GPU to hide it", "токенов на GPU, чтобы его скрыть"),
     "tokens_per_rank": ("tokens/rank", "токенов/ранг"),
-    "block_forward_ms": ("block forward, ms", "forward блока, мс"),
     "step_no_prefetch_ms": ("step, no prefetch, ms", "шаг без предвыборки, мс"),
     "step_prefetch_ms": ("step, prefetch, ms", "шаг с предвыборкой, мс"),
     "gather_same_bytes": ("each block's AllGather moves {nbytes:size} at every size; a block's forward on {many} "
@@ -555,7 +555,6 @@ LESSON_12 = {
                       "activation checkpointing {ac}:",
                       "планировщик, {gpu}, последовательности по {seq} токенов, микробатчей {micro_batches}, "
                       "чекпоинтинг активаций {ac}:"),
-    "block_forward_ms": ("block forward, ms", "forward блока, мс"),
     # tensor parallelism by hand, attention
     "partial_equals_whole": ("rank 0's partial output equals the whole: {equal}",
                              "частичный выход ранга 0 равен целому: {equal}"),
