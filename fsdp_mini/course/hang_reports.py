@@ -191,6 +191,6 @@ def fr_words(finding: dict, exits: dict[int, int]) -> str:
 def say_beside(ours: str, finding: str, indent: int = 4) -> None:
     """fsdp_mini's verdict (read in Russian) above fr_trace's finding, their labels aligned."""
     labels = [text("fsdp_mini_says"), text("fr_trace_finds")]
-    width = max(map(len, labels)) + 2
+    width = max(map(len, labels)) + 1
     print_with_reading(" " * indent + labels[0].ljust(width), ours)
     print(" " * indent + labels[1].ljust(width) + finding)
