@@ -191,7 +191,8 @@ def _per_param_state_dict(model, optimizer, saving: bool):
     """The per-parameter design's dict for DCP: its parameters are DTensors already (this rank's rows,
     with the layout over the mesh), so they go in as they are, each under its first name (a tied one's other
     names are added by `sharded_state_dict`, for both designs); optimizer states shaped like a parameter
-    are DTensors too."""
+    are DTensors too. With fully_shard on some modules only, the rest (the root's own parameters, say) are
+    plain tensors that every rank holds whole: DCP writes each once and loads it in place on every rank."""
     for m in model.modules():
         if isinstance(m, FSDPModule):
             m.reshard()

@@ -91,11 +91,13 @@ class BoxesSavePlanner(DefaultSavePlanner):
     """DCP's default save planner, plus `BoxedTensor` values: every other value is planned as DCP plans it.
 
     Defaults to a flat dict (`flatten_state_dict=False`), the way `fsdp_mini.checkpoint` hands it over, so
-    that `optim.param_groups` stays one pickled object."""
+    that `optim.param_groups` stays one pickled object. Without DCP's plan caching, which would cache the
+    plan of the other values only."""
 
-    def __init__(self, flatten_state_dict: bool = False, flatten_sharded_tensors: bool = False, **kwargs: Any):
+    def __init__(self, flatten_state_dict: bool = False, flatten_sharded_tensors: bool = False,
+                 dedup_save_to_lowest_rank: bool = False):
         super().__init__(flatten_state_dict=flatten_state_dict, flatten_sharded_tensors=flatten_sharded_tensors,
-                         **kwargs)
+                         dedup_save_to_lowest_rank=dedup_save_to_lowest_rank, enable_plan_caching=False)
 
     def create_local_plan(self) -> SavePlan:
         everything = self.state_dict
