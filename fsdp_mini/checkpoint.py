@@ -11,11 +11,11 @@ such, it would load back only into exactly the same configuration.
 
 So the flat shards are never written as such. Each original parameter is shown to DCP under its own
 name and shape (the keys and shapes of the wrapped module's `state_dict()`) as a `BoxedTensor`
-(`fsdp_mini.sharded_boxes`): the global tensor is the parameter, and this rank's boxes are the parts of it
-that its flat shard holds. A shard holds elements [start, end) of a flattened parameter (`FlatLayout.pieces`); in the
-parameter's own shape that range is a few rectangular boxes (a partial row, whole rows, a partial row:
-at most 2 * ndim - 1 of them), each a contiguous run of the flat shard, so each box is a *view* of
-`h.shard`: saving copies nothing, loading writes straight into the shard. DCP's metadata file records
+(`fsdp_mini.sharded_boxes`): the global tensor is the parameter, and this rank's boxes are the parts of
+it that its flat shard holds. A shard holds elements [start, end) of a flattened parameter
+(`FlatLayout.pieces`); in the parameter's own shape that range is a few rectangular boxes (a partial
+row, whole rows, a partial row: at most 2 * ndim - 1 of them), each a contiguous run of the flat shard,
+so each box is a *view* of `h.shard`: saving copies nothing, loading writes straight into the shard. DCP's metadata file records
 which box of which parameter lies in which file. Loading describes the *loading* layout the same way,
 and DCP reads, for every box this rank needs, the overlapping parts of the saved boxes: a checkpoint
 saved at N ranks with strategy S loads at M ranks with strategy S', and even into a plain module
@@ -89,8 +89,8 @@ from fsdp_mini.sharded_boxes import Box, BoxedTensor, BoxesLoadPlanner, BoxesSav
 from fsdp_mini.state_dict import sharding_design
 from fsdp_mini.zero_checkpoint import is_replicated, replicated_state_dict, unwrapped
 
-__all__ = ["save_checkpoint", "load_checkpoint", "sharded_state_dict", "CheckpointLoadPlanner", "CheckpointError", "CorruptCheckpointError",
-           "IncompleteCheckpointError", "UnsafeCheckpointError"]
+__all__ = ["save_checkpoint", "load_checkpoint", "sharded_state_dict", "CheckpointLoadPlanner", "CheckpointError",
+           "CorruptCheckpointError", "IncompleteCheckpointError", "UnsafeCheckpointError"]
 
 OPTIM_PREFIX = "optim."
 PARAM_GROUPS_KEY = "optim.param_groups"

@@ -13,9 +13,9 @@ from torch.distributed.tensor import DTensor
 # in practice (FSDP2 and HuggingFace rely on it); fsdp_mini.nested is its one user.
 from torch.utils import _pytree as pytree
 
-
 __all__ = ["pytree", "new_dtensor", "registered_parameter", "set_registered_parameter", "unregister_parameter",
-           "set_registered_buffer", "warm_dynamo", "storage_location", "DCP_METADATA_GLOBALS", "version_of", "restore_version", "queue_after_backward", "chunk_cat_into", "dtensor_spec", "in_backward"]
+           "set_registered_buffer", "warm_dynamo", "storage_location", "DCP_METADATA_GLOBALS", "version_of",
+           "restore_version", "queue_after_backward", "chunk_cat_into", "dtensor_spec", "in_backward"]
 
 
 def version_of(tensor: torch.Tensor) -> int:

@@ -23,7 +23,6 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
 from fsdp_mini.ddp import DistributedDataParallel
