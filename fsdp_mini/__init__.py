@@ -22,7 +22,7 @@ The library, bottom up (a module imports only from its own layer or the ones bef
      shard), fsdp_param_group (a unit's collectives and lifecycle), fully_shard (the API and its hooks);
      replicate (DDP applied in place, beside fully_shard); tp_operators (Megatron's f and g) and
      tensor_parallel (parallelize_module, column- and row-wise, sequence parallel); state_dict (full
-     state dicts), checkpoint (sharded DCP checkpoints; sharded_boxes: their pieces as ShardedTensors;
+     state dicts), checkpoint (sharded DCP checkpoints; sharded_boxes: their pieces, and DCP planners that write them;
      checkpoint_integrity: staging, checksums, atomic commit), memory_ledger (a step's bytes by kind
      and phase, and a memory budget)
 

@@ -10,23 +10,24 @@ of a *flat buffer* whose layout depends on the unit plan, the world size and the
 such, it would load back only into exactly the same configuration.
 
 So the flat shards are never written as such. Each original parameter is shown to DCP under its own
-name and shape (the keys and shapes of the wrapped module's `state_dict()`) as a `ShardedTensor`: the
-global tensor is the parameter, and this rank's local shards are the parts of it that its flat shard
-holds. A shard holds elements [start, end) of a flattened parameter (`FlatLayout.pieces`); in the
-parameter's own shape that range is a few rectangular boxes (a partial row, whole rows, a partial row:
-at most 2 * ndim - 1 of them), each a contiguous run of the flat shard, so each local shard is a *view*
-of `h.shard`: saving copies nothing, loading writes straight into the shard. DCP's metadata file records
+name and shape (the keys and shapes of the wrapped module's `state_dict()`) as a `BoxedTensor`
+(`fsdp_mini.sharded_boxes`): the global tensor is the parameter, and this rank's boxes are the parts of
+it that its flat shard holds. A shard holds elements [start, end) of a flattened parameter
+(`FlatLayout.pieces`); in the parameter's own shape that range is a few rectangular boxes (a partial
+row, whole rows, a partial row: at most 2 * ndim - 1 of them), each a contiguous run of the flat shard,
+so each box is a *view* of `h.shard`: saving copies nothing, loading writes straight into the shard. DCP's metadata file records
 which box of which parameter lies in which file. Loading describes the *loading* layout the same way,
 and DCP reads, for every box this rank needs, the overlapping parts of the saved boxes: a checkpoint
 saved at N ranks with strategy S loads at M ranks with strategy S', and even into a plain module
 (`dcp.load(module.state_dict(), ...)`), because its tensors have the module's own names and shapes.
 
-Why ShardedTensor and not DTensor: a DTensor's shards are the even `torch.chunk` pieces of a device
-mesh, and FSDP's pieces are arbitrary runs of a flat buffer that cross parameter boundaries. A
-ShardedTensor is a list of arbitrary boxes with owners, and it can be built on each rank without any
-communication (`_init_from_local_shards_and_global_metadata`), since every rank can compute every
-other rank's pieces from the deterministic layout. It is also what PyTorch's own FSDP (v1) uses for
-its SHARDED_STATE_DICT.
+Why not DTensor: a DTensor's shards are the even `torch.chunk` pieces of a device mesh, and FSDP's
+pieces are arbitrary runs of a flat buffer that cross parameter boundaries. Nor the sharded tensor of
+`torch.distributed._shard`, a list of boxes with owners that PyTorch's FSDP (v1) uses for its
+SHARDED_STATE_DICT: PyTorch deprecates it. DCP's own metadata is just a list of chunks (offsets, sizes)
+per tensor, whoever wrote them, so fsdp_mini hands DCP its boxes through its own planners
+(`BoxesSavePlanner`, `BoxesLoadPlanner`, DCP's extension point): each rank describes only its own boxes,
+with no communication, and the file is the one FSDP (v1)'s sharded tensors would have written.
 
 Who writes what. With HYBRID_SHARD (and NO_SHARD) every shard exists once per replica group, and every
 replica offers its boxes: the layouts are deterministic, so the replicas of a box offer it under the
@@ -74,7 +75,6 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from torch.distributed.tensor import DTensor
@@ -85,12 +85,12 @@ from fsdp_mini.checkpoint_integrity import (CheckpointError, CorruptCheckpointEr
 from fsdp_mini.flight_recorder import recorded
 from fsdp_mini.fully_shard import FSDPModule
 from fsdp_mini.runtime import require_distributed
-from fsdp_mini.sharded_boxes import device_names, quiet, sharded_tensor
-from fsdp_mini.torch_internals import ShardedTensor
+from fsdp_mini.sharded_boxes import Box, BoxedTensor, BoxesLoadPlanner, BoxesSavePlanner
+from fsdp_mini.state_dict import sharding_design
 from fsdp_mini.zero_checkpoint import is_replicated, replicated_state_dict, unwrapped
 
-__all__ = ["save_checkpoint", "load_checkpoint", "sharded_state_dict", "CheckpointError", "CorruptCheckpointError",
-           "IncompleteCheckpointError", "UnsafeCheckpointError"]
+__all__ = ["save_checkpoint", "load_checkpoint", "sharded_state_dict", "CheckpointLoadPlanner", "CheckpointError",
+           "CorruptCheckpointError", "IncompleteCheckpointError", "UnsafeCheckpointError"]
 
 OPTIM_PREFIX = "optim."
 PARAM_GROUPS_KEY = "optim.param_groups"
@@ -130,52 +130,48 @@ def _boxes(shape: tuple[int, ...], start: int, end: int) -> list[tuple[tuple[int
 
 
 def _saved_shape(info) -> tuple[int, ...]:
-    """The shape a parameter has in the checkpoint: its own, except that a 0-d one is stored as (1,)
-    (a ShardedTensor needs at least one dimension to place its boxes)."""
+    """The shape a parameter has in the checkpoint: its own, except that a 0-d one is stored as (1,), so
+    that its one element is a box like any other (and as fsdp_mini has always stored it)."""
     return tuple(info.shape) if len(info.shape) else (1,)
 
 
 class _HandleBoxes:
-    """Where each box of each parameter of one flat handle lives, for the ranks of one shard group.
+    """Where each box of each parameter of one flat handle lies in this rank's flat shard.
 
-    `boxes[name]` lists (global rank, offsets, sizes, offset in that rank's flat shard); shared by the
-    parameters and every optimizer state of the handle, which are all laid out the same way.
+    `boxes[name]` lists this rank's boxes of that parameter (offsets, sizes, offset in the flat shard); shared
+    by the parameters and every optimizer state of the handle, which are all laid out the same way. The
+    other ranks' boxes are theirs to describe: DCP's coordinator gathers every rank's plan.
     """
 
-    def __init__(self, h, row: list[int], device_of: Callable[[int], str]):
+    def __init__(self, h, shard_rank: int):
         self.params = {info.names[0]: info for info in h.layout.params}
-        self.boxes: dict[str, list[tuple[int, tuple, tuple, int]]] = {name: [] for name in self.params}
-        self.device_of = device_of
-        for shard_rank, global_rank in enumerate(row):
-            for piece in h.layout.pieces(shard_rank):
-                at = piece.shard_offset
-                for offsets, sizes in _boxes(_saved_shape(piece.param), piece.start, piece.end):
-                    self.boxes[piece.param.names[0]].append((global_rank, offsets, sizes, at))
-                    at += math.prod(sizes)
+        self.boxes: dict[str, list[Box]] = {name: [] for name in self.params}
+        for piece in h.layout.pieces(shard_rank):
+            at = piece.shard_offset
+            for offsets, sizes in _boxes(_saved_shape(piece.param), piece.start, piece.end):
+                self.boxes[piece.param.names[0]].append(Box(offsets, sizes, at))
+                at += math.prod(sizes)
 
-    def sharded(self, flat: torch.Tensor) -> dict[str, ShardedTensor]:
-        """One ShardedTensor per parameter whose local shards are views of `flat` (this rank's flat
-        shard, or an optimizer state shaped like it); a parameter with no piece here has none."""
-        return {name: sharded_tensor(flat, self.boxes[name], _saved_shape(info), self.device_of)
+    def boxed(self, flat: torch.Tensor) -> dict[str, BoxedTensor]:
+        """One BoxedTensor per parameter whose boxes are views of `flat` (this rank's flat shard, or an
+        optimizer state shaped like it); one with no piece here has no boxes (other ranks write it)."""
+        return {name: BoxedTensor(flat, self.boxes[name], _saved_shape(info))
                 for name, info in self.params.items()
-                if self.boxes[name]}  # a parameter without elements: there is nothing to place
+                if info.numel}  # a parameter without elements: there is nothing to place
 
 
 # --- building the state dict DCP sees ----------------------------------------------------------------
 
-def _check_model(model) -> None:
-    if not all(hasattr(model, a) for a in ("handles", "mesh_info", "state_dict_keys", "reshard")):
-        raise ValueError(f"expected an fsdp_mini FSDP model, got {type(model).__name__}")
-    require_distributed("a sharded checkpoint")
+def _design(model) -> str:
+    """"replicated" (a plain or DistributedDataParallel model, under ZeRO-1: `fsdp_mini.zero_checkpoint`),
+    else `fsdp_mini.state_dict`'s verdict: "per-parameter" (fully_shard on the model or on some of its
+    modules only) or "flat" (an FSDP wrapper); anything else is a ValueError."""
+    return "replicated" if is_replicated(model) else sharding_design(model)
 
 
 def _layout_plans(model) -> list[tuple[Any, _HandleBoxes]]:
-    """For each handle, where the boxes of this rank's shard group (its row of the grid) live."""
-    size, rank = model.mesh_info.shard_mesh_size, dist.get_rank()
-    first = rank - model.mesh_info.shard_mesh_rank
-    row = list(range(first, first + size))
-    device_of = device_names(model.device)
-    return [(h, _HandleBoxes(h, row, device_of)) for h in model.handles]
+    """For each handle, where this rank's boxes live."""
+    return [(h, _HandleBoxes(h, model.mesh_info.shard_mesh_rank)) for h in model.handles]
 
 
 def _optimizer_params(model, optimizer, plans):
@@ -195,7 +191,8 @@ def _per_param_state_dict(model, optimizer, saving: bool):
     """The per-parameter design's dict for DCP: its parameters are DTensors already (this rank's rows,
     with the layout over the mesh), so they go in as they are, each under its first name (a tied one's other
     names are added by `sharded_state_dict`, for both designs); optimizer states shaped like a parameter
-    are DTensors too."""
+    are DTensors too. With fully_shard on some modules only, the rest (the root's own parameters, say) are
+    plain tensors that every rank holds whole: DCP writes each once and loads it in place on every rank."""
     for m in model.modules():
         if isinstance(m, FSDPModule):
             m.reshard()
@@ -235,7 +232,7 @@ def _param_names(model) -> dict[int, list[str]]:
     """The original (first) names behind each tensor an optimizer over `model.parameters()` holds: a
     parameter's own name in the per-parameter design and in a replicated model (plain or DDP, under ZeRO-1),
     the names of the parameters in a flat shard."""
-    if isinstance(model, FSDPModule) or is_replicated(model):
+    if _design(model) != "flat":
         return {id(p): [name] for name, p in unwrapped(model).named_parameters()}
     return {id(h.shard): [info.names[0] for info in h.layout.params] for h in model.handles}
 
@@ -255,7 +252,7 @@ def _param_groups(model, optimizer) -> list[dict[str, Any]]:
 
 def _tied_names(model) -> dict[str, str]:
     """Every further name of a tied tensor, with its first name (`{"head.weight": "embed.weight"}`)."""
-    if isinstance(model, FSDPModule) or is_replicated(model):
+    if _design(model) != "flat":
         state, first = unwrapped(model).state_dict(keep_vars=True), {}
         for name, t in state.items():
             first.setdefault(id(t), name)
@@ -316,20 +313,21 @@ def _state_dict(model, optimizer, saving: bool):
     """The flat dict handed to DCP; for loading also the steps to run just before the read (zero the
     optimizer states that are read piecewise, so their padding stays zero) and just after it (move the
     values that are not views, scalars and objects, into place)."""
-    if isinstance(model, FSDPModule):
-        return _per_param_state_dict(model, optimizer, saving)
-    if is_replicated(model):  # plain or DDP, with a ZeroRedundancyOptimizer: fsdp_mini.zero_checkpoint
+    design = _design(model)
+    if design == "replicated":  # plain or DDP, with a ZeroRedundancyOptimizer: fsdp_mini.zero_checkpoint
         sd, prepare, finish = replicated_state_dict(model, optimizer, saving, OPTIM_PREFIX)
         if optimizer is not None:
             sd[PARAM_GROUPS_KEY] = _param_groups(model, optimizer) if saving else None
         return sd, prepare, finish
-    _check_model(model)
+    require_distributed("a sharded checkpoint")
+    if design == "per-parameter":  # fully_shard on the root, or on some of its modules only
+        return _per_param_state_dict(model, optimizer, saving)
     plans = _layout_plans(model)
     sd: dict[str, Any] = {}
     prepare: list[Callable[[], Any]] = []
     finish: list[Callable[[], Any]] = []
     for h, boxes in plans:
-        sd.update(boxes.sharded(h.shard.detach()))
+        sd.update(boxes.boxed(h.shard.detach()))
         for info in h.layout.params:
             if info.numel == 0:  # no boxes: a plain empty tensor keeps the key (and its shape) in the file
                 sd[info.names[0]] = torch.empty(tuple(info.shape), dtype=h.shard.dtype, device=h.shard.device)
@@ -345,7 +343,7 @@ def _state_dict(model, optimizer, saving: bool):
         for key, value in optimizer.state.get(p, {}).items():
             if torch.is_tensor(value) and value.shape == p.shape:
                 prepare.append(value.zero_)
-                sd.update({f"{OPTIM_PREFIX}{n}.{key}": t for n, t in boxes.sharded(value.detach()).items()})
+                sd.update({f"{OPTIM_PREFIX}{n}.{key}": t for n, t in boxes.boxed(value.detach()).items()})
             elif torch.is_tensor(value) and value.numel() == 1:
                 # Replicated scalar, one copy per original parameter so that it survives a new unit plan.
                 keys = [f"{OPTIM_PREFIX}{n}.{key}" for n in names]
@@ -368,12 +366,13 @@ def _state_dict(model, optimizer, saving: bool):
 
 def sharded_state_dict(model, optimizer=None) -> dict[str, Any]:
     """What `save_checkpoint` hands to `dcp.save`: original names and shapes (a tied tensor under each of
-    its names), values that are views of this rank's shards (ShardedTensor, or the per-parameter design's
-    DTensors), replicated buffers and scalars, and `optim.param_groups`.
+    its names), values that are views of this rank's shards (`BoxedTensor`s of the flat design and of ZeRO-1's
+    optimizer states, or the per-parameter design's DTensors), replicated buffers and scalars, and
+    `optim.param_groups`.
 
     For your own DCP calls (another storage writer, `dcp.async_save`); save it with
-    `DefaultSavePlanner(flatten_state_dict=False, flatten_sharded_tensors=False)`: the dict is flat
-    already, and `optim.param_groups` stays one object. No communication.
+    `fsdp_mini.sharded_boxes.BoxesSavePlanner()`: DCP's default planner, which also writes BoxedTensors and
+    keeps the dict flat (it is flat already, and `optim.param_groups` stays one object). No communication.
     """
     sd = _state_dict(model, optimizer, saving=True)[0]
     for alias, first in _tied_names(model).items():  # a tied tensor under each of its names
@@ -398,10 +397,10 @@ def _as_runtime_error(doing: str, path):
         raise RuntimeError(f"{doing} the checkpoint {os.fspath(path)} failed: {exc}") from exc
 
 
-def _planner_kwargs() -> dict[str, bool]:
-    # Our dict is flat already; flattening would split optim.param_groups into one entry per value, and
-    # flattening "nested" ShardedTensors would drop the ones without local shards from the load dict.
-    return {"flatten_state_dict": False, "flatten_sharded_tensors": False}
+class CheckpointLoadPlanner(BoxesLoadPlanner, WeightsOnlyLoadPlanner):
+    """What `load_checkpoint` reads with: BoxedTensors filled in place (`BoxesLoadPlanner`), pickled items
+    unpickled with `torch.load(weights_only=True)` (`WeightsOnlyLoadPlanner`); a flat dict, loaded in place
+    (flattening would split `optim.param_groups` into one entry per value)."""
 
 
 def _check_extra_state(extra_state) -> None:
@@ -457,15 +456,15 @@ def save_checkpoint(path: str | os.PathLike, model, optimizer=None, *, overwrite
     """
     sd = sharded_state_dict(model, optimizer)
     for key, value in sd.items():
-        if not torch.is_tensor(value):  # an optimizer's param groups or plain values
+        if not (torch.is_tensor(value) or isinstance(value, BoxedTensor)):  # param groups or plain values
             _check_loadable(repr(key), value)
     if extra_state is not None:
         _check_extra_state(extra_state)
         sd[f"{EXTRA_STATE_PREFIX}{dist.get_rank()}"] = extra_state
 
     def write(writer) -> None:
-        with quiet(), _as_runtime_error("saving", path):
-            dcp.save(sd, storage_writer=writer, planner=DefaultSavePlanner(**_planner_kwargs()))
+        with _as_runtime_error("saving", path):
+            dcp.save(sd, storage_writer=writer, planner=BoxesSavePlanner())
 
     with recorded("save_checkpoint"):  # its collectives in one flight-record entry: a rank alone in it is named
         save_atomically(path, write, overwrite=overwrite)
@@ -483,9 +482,9 @@ def _check_against_checkpoint(path, metadata, sd: dict[str, Any], tied: set[str]
     shapes = []
     for key, value in sd.items():
         md = saved.get(key)
-        if not (isinstance(md, TensorStorageMetadata) and torch.is_tensor(value)):
+        if not (isinstance(md, TensorStorageMetadata) and (torch.is_tensor(value) or isinstance(value, BoxedTensor))):
             continue
-        size = tuple(value.metadata().size if isinstance(value, ShardedTensor) else value.size())
+        size = tuple(value.size())
         if tuple(md.size) != size:
             shapes.append(f"{key}: {tuple(md.size)} in the checkpoint, {size} here")
     if missing or unexpected or shapes:
@@ -562,7 +561,7 @@ def _read_objects(opened, keys: list[str]) -> dict[str, Any]:
     `torch.load(weights_only=True)` (WeightsOnlyLoadPlanner): an item that could run code is refused."""
     objects = {key: None for key in keys}
     with _as_runtime_error("loading", opened.path):
-        dcp.load(objects, storage_reader=opened.reader(), planner=WeightsOnlyLoadPlanner(**_planner_kwargs()))
+        dcp.load(objects, storage_reader=opened.reader(), planner=CheckpointLoadPlanner())
     return objects
 
 
@@ -615,12 +614,12 @@ def load_checkpoint(path: str | os.PathLike, model, optimizer=None, *, verify: b
     # Checked: from here on, the model and the optimizer are written.
     for step in prepare:
         step()
-    if not isinstance(model, FSDPModule) and not is_replicated(model):
+    if _design(model) == "flat":
         model.reshard()  # the gathered copies would be stale: drop them (as load_full_state_dict does)
     read = set(objects)
     tensors = {key: value for key, value in sd.items() if key not in read}
-    with torch.no_grad(), quiet(), _as_runtime_error("loading", path), recorded("load_checkpoint", "read"):
-        dcp.load(tensors, storage_reader=opened.reader(), planner=WeightsOnlyLoadPlanner(**_planner_kwargs()))
+    with torch.no_grad(), _as_runtime_error("loading", path), recorded("load_checkpoint", "read"):
+        dcp.load(tensors, storage_reader=opened.reader(), planner=CheckpointLoadPlanner())
         for step in finish:
             step()
     if optimizer is not None:

@@ -24,12 +24,13 @@ from fsdp_mini.fully_shard import FSDPModule
 from fsdp_mini.fully_shard import full_state_dict as per_parameter_full_state_dict
 from fsdp_mini.fully_shard import load_full_state_dict as per_parameter_load
 
-__all__ = ["full_state_dict", "load_full_state_dict"]
+__all__ = ["full_state_dict", "load_full_state_dict", "sharding_design"]
 
 
-def _design(model: nn.Module) -> str:
+def sharding_design(model: nn.Module) -> str:
     """"per-parameter" for a model with `fully_shard` applied to it or to some of its modules (the rest stays
-    replicated), "flat" for an `FSDP` wrapper; anything else is a ValueError."""
+    replicated), "flat" for an `FSDP` wrapper; anything else is a ValueError. The one test of which design a
+    model uses: the full state dicts here and the sharded checkpoints (`fsdp_mini.checkpoint`) both ask it."""
     if isinstance(model, FSDP):
         return "flat"
     if any(isinstance(m, FSDPModule) for m in model.modules()):
@@ -39,12 +40,12 @@ def _design(model: nn.Module) -> str:
 
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The unsharded state dict on every rank, on CPU, with the unwrapped module's keys. Collective."""
-    return model.full_state_dict() if _design(model) == "flat" else per_parameter_full_state_dict(model)
+    return model.full_state_dict() if sharding_design(model) == "flat" else per_parameter_full_state_dict(model)
 
 
 def load_full_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
     """Load a full state dict (strict); each rank keeps only its shards. No communication."""
-    if _design(model) == "flat":
+    if sharding_design(model) == "flat":
         model.load_full_state_dict(state_dict)
     else:
         per_parameter_load(model, state_dict)

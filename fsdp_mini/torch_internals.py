@@ -13,16 +13,9 @@ from torch.distributed.tensor import DTensor
 # in practice (FSDP2 and HuggingFace rely on it); fsdp_mini.nested is its one user.
 from torch.utils import _pytree as pytree
 
-# `torch.distributed.checkpoint` saves an arbitrary set of boxes per rank only through the deprecated
-# ShardedTensor (a DTensor's shards must be the even pieces of a device mesh; the flat design's are not),
-# so fsdp_mini.checkpoint builds them. Re-exported from here so that no other module names the package.
-from torch.distributed._shard.metadata import ShardMetadata
-from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor, ShardedTensorMetadata
-from torch.distributed._shard.sharded_tensor.metadata import TensorProperties
-
 __all__ = ["pytree", "new_dtensor", "registered_parameter", "set_registered_parameter", "unregister_parameter",
-           "set_registered_buffer", "warm_dynamo", "storage_location", "DCP_METADATA_GLOBALS", "version_of", "restore_version", "queue_after_backward", "chunk_cat_into", "dtensor_spec", "in_backward", "ShardMetadata", "Shard",
-           "ShardedTensor", "ShardedTensorMetadata", "TensorProperties"]
+           "set_registered_buffer", "warm_dynamo", "storage_location", "DCP_METADATA_GLOBALS", "version_of",
+           "restore_version", "queue_after_backward", "chunk_cat_into", "dtensor_spec", "in_backward"]
 
 
 def version_of(tensor: torch.Tensor) -> int:

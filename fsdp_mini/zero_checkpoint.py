@@ -10,10 +10,10 @@ The model's tensors go to DCP as they are, under the unwrapped module's names (s
 and a plain one's are the same): every rank offers them, and DCP's deduplication writes each once.
 
 Each optimizer state tensor shaped like a flat shard (Adam's exp_avg and exp_avg_sq, SGD's momentum_buffer)
-is shown to DCP per original parameter, under `optim.<parameter name>.<state name>`, as a ShardedTensor of
-the flattened parameter, shape (numel,): a shard holds elements [start, end) of a flattened parameter, which
-is one box, a view of the state tensor (`FlatLayout.pieces`), so saving copies nothing and loading writes
-straight into the state. Every rank computes every other rank's pieces from the layout, with no
+is shown to DCP per original parameter, under `optim.<parameter name>.<state name>`, as a BoxedTensor
+(`fsdp_mini.sharded_boxes`) of the flattened parameter, shape (numel,): a shard holds elements [start, end)
+of a flattened parameter, which is one box, a view of the state tensor (`FlatLayout.pieces`), so saving
+copies nothing and loading writes straight into the state. Each rank describes only its own boxes, with no
 communication. A checkpoint saved at n ranks loads at m: DCP reads, for each box a rank needs, the
 overlapping parts of the saved boxes. A scalar state (Adam's step) is one replicated value per parameter;
 the hyperparameters of the groups are one object, as `fsdp_mini.checkpoint` stores them.
@@ -23,14 +23,13 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
 from fsdp_mini.ddp import DistributedDataParallel
 from fsdp_mini.fsdp import FSDP
 from fsdp_mini.fully_shard import FSDPModule
 from fsdp_mini.runtime import require_distributed
-from fsdp_mini.sharded_boxes import Box, device_names, sharded_tensor
+from fsdp_mini.sharded_boxes import Box, BoxedTensor
 from fsdp_mini.zero import ZeroRedundancyOptimizer
 
 __all__ = ["is_replicated", "unwrapped", "replicated_state_dict"]
@@ -71,28 +70,24 @@ def replicated_state_dict(model: nn.Module, optimizer, saving: bool, optim_prefi
     if optimizer is None:
         return sd, prepare, finish
 
-    def global_rank(r: int) -> int:
-        return r if optimizer.group is None else dist.get_global_rank(optimizer.group, r)
-
     for fs in optimizer.flat_shards:
         missing = [p for p in fs.params if id(p) not in name_of]
         if missing:
             raise ValueError(f"the optimizer holds {len(missing)} tensor(s) that are not this model's parameters: "
                              "build it over the model's parameters")
         names = [name_of[id(p)] for p in fs.params]
-        boxes: list[list[Box]] = [[] for _ in fs.params]  # per parameter: one run of its flattened elements a rank
-        for r in range(optimizer.world_size):
-            for piece in fs.layout.pieces(r):
-                boxes[fs.layout.params.index(piece.param)].append(
-                    (global_rank(r), (piece.start,), (piece.end - piece.start,), piece.shard_offset))
+        boxes: list[list[Box]] = [[] for _ in fs.params]  # per parameter: this rank's run of its flattened elements
+        for piece in fs.layout.pieces(optimizer.rank):
+            boxes[fs.layout.params.index(piece.param)].append(
+                Box((piece.start,), (piece.end - piece.start,), piece.shard_offset))
         for key, value in optimizer.state.get(fs.shard, {}).items():
             keys = [f"{optim_prefix}{name}.{key}" for name in names]
             if torch.is_tensor(value) and value.shape == fs.shard.shape:
                 if not saving:
                     prepare.append(value.zero_)
                 for k, param_boxes, p in zip(keys, boxes, fs.params):
-                    if param_boxes:  # a parameter with no elements has none
-                        sd[k] = sharded_tensor(value.detach(), param_boxes, (p.numel(),), device_names(value.device))
+                    if p.numel():  # a parameter with no elements has no boxes anywhere
+                        sd[k] = BoxedTensor(value.detach(), param_boxes, (p.numel(),))
             elif torch.is_tensor(value) and value.numel() == 1:  # replicated: one copy per parameter
                 sd.update({k: value if saving else torch.empty_like(value) for k in keys})
                 if not saving:

@@ -102,7 +102,7 @@ def _launch(fn, world, args, local_world_size=None):
     pytest.param((4, "HYBRID_SHARD", 2), (1, "NO_SHARD", None), "adamw", id="2x2-HYBRID_SHARD-to-1-NO_SHARD"),
     pytest.param((3, "NO_SHARD", None), (4, "FULL_SHARD", None), "adamw", id="3-NO_SHARD-to-4-FULL_SHARD"),
     pytest.param((1, "FULL_SHARD", None), (4, "HYBRID_SHARD", 2), "sgd", id="1-FULL_SHARD-to-2x2-HYBRID_SHARD-sgd"),
-    # between the designs: per-parameter (DTensor) and flat (ShardedTensor) checkpoints are the same file
+    # between the designs: per-parameter (DTensor) and flat (boxes) checkpoints are the same file
     pytest.param((2, "fully_shard", None), (3, "FULL_SHARD", None), "adamw", id="2-per-param-to-3-flat"),
     pytest.param((3, "SHARD_GRAD_OP", None), (4, "fully_shard_2x2", None), "sgd", id="3-flat-to-2x2-per-param-sgd"),
     pytest.param((4, "fully_shard_2x2", None), (2, "fully_shard", None), "adamw", id="2x2-per-param-to-2-per-param"),
@@ -424,7 +424,7 @@ def test_an_optimizer_that_does_not_match_is_refused_before_anything_is_written(
 def _save_without_group_names(path, design):
     """A checkpoint as fsdp_mini wrote it before param groups carried their parameters' names (and before a
     tied weight was written under its second name too)."""
-    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+    from fsdp_mini.sharded_boxes import BoxesSavePlanner
 
     model = _design(design)
     opt = _grouped_adamw(model, design)
@@ -432,10 +432,7 @@ def _save_without_group_names(path, design):
     sd = sharded_state_dict(model, opt)
     sd["optim.param_groups"] = [{k: v for k, v in g.items() if k != "params"} for g in sd["optim.param_groups"]]
     del sd["head.weight"]
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*deprecating ShardedTensor.*", category=FutureWarning)
-        dcp.save(sd, checkpoint_id=path, planner=DefaultSavePlanner(flatten_state_dict=False,
-                                                                     flatten_sharded_tensors=False))
+    dcp.save(sd, checkpoint_id=path, planner=BoxesSavePlanner())
     return full_state_dict(model)
 
 
@@ -494,3 +491,123 @@ def test_a_tied_weight_loads_with_pytorchs_own_loaders_and_with_fsdp_mini(tmp_pa
     for state, extra in launch(_load_tied, 3, args=(path, design), timeout=TIMEOUT):  # and fsdp_mini's, 2 -> 3
         assert extra == {"step": SPLIT}
         assert list(state) == list(saved) and all(torch.equal(state[k], saved[k]) for k in saved)
+
+
+# --- a partly sharded model: fully_shard on some modules only, the root replicated ------------------
+
+def _partly_sharded(seed=0):
+    """fully_shard on the blocks only: the root (embeddings, head, final norm) stays a plain replicated
+    module, as `full_state_dict` accepts it (tests/library/test_fsdp2_differential.py)."""
+    model = TinyLM(CFG, seed=seed)
+    for block in model.blocks:
+        fully_shard(block)
+    return model
+
+
+def _save_and_load_partly_sharded(path):
+    # The whole batch on every rank: nothing syncs the root's replicated gradients (no DDP around it), so only
+    # equal batches keep its parameters equal on every rank, as a replicated tensor's checkpoint needs.
+    model = _partly_sharded()
+    opt = _optimizer("adamw", model.parameters())
+    _train(model, opt, range(SPLIT))
+    save_checkpoint(path, model, opt, extra_state={"step": SPLIT})
+    saved = full_state_dict(model)
+    go_on = _train(model, opt, range(SPLIT, STEPS))
+    fresh = _partly_sharded(seed=1)
+    fresh_opt = _optimizer("adamw", fresh.parameters(), lr_factor=3.0)
+    extra = load_checkpoint(path, fresh, fresh_opt)
+    loaded = full_state_dict(fresh)
+    return saved, loaded, extra, go_on, _train(fresh, fresh_opt, range(SPLIT, STEPS))
+
+
+def test_a_partly_sharded_model_saves_and_loads(tmp_path):
+    for saved, loaded, extra, go_on, resumed in launch(_save_and_load_partly_sharded, 2,
+                                                       args=(str(tmp_path / "ckpt"),), timeout=TIMEOUT):
+        assert extra == {"step": SPLIT}
+        assert list(loaded) == list(saved) and all(torch.equal(loaded[k], saved[k]) for k in saved)
+        assert resumed == go_on  # the optimizer's state and lr came back too: the same next steps
+
+
+# --- no deprecated ShardedTensor: DCP sees the boxes through fsdp_mini's own planners -----------------
+
+def _save_and_load_raising_on_deprecations(path, design):
+    def adamw(model):
+        if design == "zero":
+            return ZeroRedundancyOptimizer(model.parameters(), torch.optim.AdamW, lr=1e-2, eps=1e-3)
+        return _optimizer("adamw", model.parameters())
+
+    def state(model):
+        return {k: v.clone() for k, v in model.state_dict().items()} if design == "zero" else full_state_dict(model)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # ShardedTensor's deprecation is a FutureWarning
+        model = _design(design)
+        opt = adamw(model)
+        _train(model, opt, range(1), _rows())
+        kinds = sorted({type(v).__name__ for v in sharded_state_dict(model, opt).values()})
+        save_checkpoint(path, model, opt)
+        fresh = _design(design, seed=1)
+        fresh_opt = adamw(fresh)
+        load_checkpoint(path, fresh, fresh_opt)
+        return kinds, state(model), state(fresh), _train(model, opt, range(1, 2), _rows()), \
+            _train(fresh, fresh_opt, range(1, 2), _rows())
+
+
+@pytest.mark.parametrize("design", ["flat", "zero"])
+def test_no_deprecated_sharded_tensor_is_built(tmp_path, design):
+    # Its deprecation warning raised as an error while saving and loading (nothing silences it now), and
+    # none among what DCP is handed.
+    for kinds, saved, loaded, go_on, resumed in launch(_save_and_load_raising_on_deprecations, 2,
+                                                       args=(str(tmp_path / "ckpt"), design), timeout=TIMEOUT):
+        assert "ShardedTensor" not in kinds, kinds
+        assert list(loaded) == list(saved) and all(torch.equal(loaded[k], saved[k]) for k in saved)
+        assert resumed == go_on
+
+
+# --- sharded_boxes on its own: arbitrary boxes saved at 2 ranks, read at 3 with others, and whole ----------
+
+_FULL = torch.arange(35.0).view(5, 7)
+_SAVED_BOXES = {  # rank: (its run of the flattened tensor [lo, hi), its boxes (offsets, sizes, offset in the run))
+    0: ((0, 17), [((0, 0), (2, 7), 0), ((2, 0), (1, 3), 14)]),
+    1: ((17, 35), [((2, 3), (1, 4), 0), ((3, 0), (2, 7), 4)]),
+}
+_LOADED_BOXES = {
+    0: ((0, 10), [((0, 0), (1, 7), 0), ((1, 0), (1, 3), 7)]),
+    1: ((10, 25), [((1, 3), (1, 4), 0), ((2, 0), (1, 7), 4), ((3, 0), (1, 4), 11)]),
+    2: ((25, 35), [((3, 4), (1, 3), 0), ((4, 0), (1, 7), 3)]),
+}
+
+
+def _boxed(layout, fill):
+    from fsdp_mini.sharded_boxes import Box, BoxedTensor
+
+    (lo, hi), boxes = layout[dist.get_rank()]
+    run = _FULL.flatten()[lo:hi].clone() if fill else torch.zeros(hi - lo)
+    return run, BoxedTensor(run, [Box(*b) for b in boxes], tuple(_FULL.shape))
+
+
+def _save_boxes(path):
+    from fsdp_mini.sharded_boxes import BoxesSavePlanner
+
+    dcp.save({"w": _boxed(_SAVED_BOXES, fill=True)[1], "b": torch.ones(3)}, checkpoint_id=path,
+             planner=BoxesSavePlanner())
+
+
+def _load_boxes(path):
+    from fsdp_mini.sharded_boxes import BoxesLoadPlanner
+
+    run, boxed = _boxed(_LOADED_BOXES, fill=False)
+    dcp.load({"w": boxed}, checkpoint_id=path, planner=BoxesLoadPlanner())
+    (lo, hi), _ = _LOADED_BOXES[dist.get_rank()]
+    return torch.equal(run, _FULL.flatten()[lo:hi])
+
+
+def test_boxes_reshard_and_load_whole_into_a_plain_tensor(tmp_path):
+    path = str(tmp_path / "ckpt")
+    launch(_save_boxes, 2, args=(path,), timeout=TIMEOUT)
+    assert launch(_load_boxes, 3, args=(path,), timeout=TIMEOUT) == [True, True, True]
+    whole = {"w": torch.zeros(5, 7), "b": torch.zeros(3)}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        dcp.load(whole, checkpoint_id=path, no_dist=True)
+    assert torch.equal(whole["w"], _FULL) and torch.equal(whole["b"], torch.ones(3))

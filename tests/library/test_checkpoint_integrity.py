@@ -440,7 +440,7 @@ def _save_crafted(path, design, where, marker):
     """A checkpoint whose `.metadata` (where="metadata") or rank 1's extra_state (where="data") carries a
     pickle that creates `marker`, saved through save_atomically: its manifest matches every byte, as the
     manifest of a checkpoint from someone else's machine would. A CRC proves integrity, not origin."""
-    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+    from fsdp_mini.sharded_boxes import BoxesSavePlanner
 
     model = _model(design)
     opt = _optimizer(model)
@@ -450,10 +450,7 @@ def _save_crafted(path, design, where, marker):
     sd[f"{EXTRA_STATE_PREFIX}{rank}"] = {"step": _RunsCode(marker) if where == "data" and rank == 1 else 1}
 
     def write(writer):
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*deprecating ShardedTensor.*", category=FutureWarning)
-            dcp.save(sd, storage_writer=writer,
-                     planner=DefaultSavePlanner(flatten_state_dict=False, flatten_sharded_tensors=False))
+        dcp.save(sd, storage_writer=writer, planner=BoxesSavePlanner())
         if where == "metadata" and rank == 0:
             file = Path(writer.path, ".metadata")
             metadata = pickle.loads(file.read_bytes())  # our own, just written
