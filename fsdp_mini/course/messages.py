@@ -72,6 +72,67 @@ LESSON_08 = {
 
 # --- lesson 09 ---------------------------------------------------------------------------------------
 LESSON_09 = {
+    "flat_design": ("flat (FSDP)", "плоский (FSDP)"),
+    "per_parameter_design": ("per-parameter (fully_shard)", "по параметрам (fully_shard)"),
+    "training_run": ("run", "запуск"),
+    "one_process": ("1 process", "1 процесс"),
+    "three_losses": ("losses of 3 steps", "лоссы 3 шагов"),
+    "weights_vs_one_process": ("weights: max |difference| from 1 process",
+                               "веса: max |разница| с 1 процессом"),
+    "fsdp_unit": ("unit", "юнит"),
+    "all_gather_flat": ("AllGather: flat", "AllGather: плоский"),
+    "all_gather_per_parameter": ("AllGather: per-parameter", "AllGather: по параметрам"),
+    "reduce_scatter_flat": ("ReduceScatter: flat", "ReduceScatter: плоский"),
+    "reduce_scatter_per_parameter": ("ReduceScatter: per-parameter", "ReduceScatter: по параметрам"),
+    "padding_cost": ("every byte above follows from the shapes; per-parameter padding costs {extra} B more"
+                     " per step ({share:.1%} of the gathered bytes)",
+                     "каждый байт таблицы выводится из форм параметров; паддинг по параметрам добавляет"
+                     " {extra} Б за шаг ({share:.1%} собираемых байтов)"),
+    "names_held": ("{design}: {n} {n:parameter|parameters|parameters}: {names}",
+                   "{design}: {n} {n:параметр|параметра|параметров}: {names}"),
+    "names_are_the_models": ("per-parameter names are the model's own: {own}",
+                             "имена при шардировании по параметрам — имена модели: {own}"),
+    "gather_buffer_title": ("the root unit's AllGather buffer on 4 ranks: copy-in fills a row, "
+                            "copy-out reads a column block",
+                            "буфер AllGather корневого юнита на 4 рангах: copy-in заполняет строку, "
+                            "copy-out читает блок столбцов"),
+    "lora_quantity": ("one rank, the logged step", "один ранг, записанный шаг"),
+    "block0_tensors": ("block 0's tensors on a rank", "тензоров блока 0 на ранге"),
+    "block0_allgathers": ("AllGathers of block 0 per step", "AllGather блока 0 за шаг"),
+    "block0_reduce_scatter_bytes": ("ReduceScatter bytes of block 0 per step",
+                                    "байт ReduceScatter блока 0 за шаг"),
+    "param_bytes_per_rank": ("parameter bytes per rank", "байт параметров на ранг"),
+    "grad_bytes_per_rank": ("gradient bytes per rank", "байт градиентов на ранг"),
+    "optimizer_bytes_per_rank": ("optimizer state bytes per rank", "байт состояния оптимизатора на ранг"),
+    "both_match_after_3_steps": ("both designs match one process after 3 steps: {same}",
+                                 "после 3 шагов оба варианта совпадают с одним процессом: {same}"),
+    "flat_tensors_of_block0": ("flat design's tensors of block 0: {names}",
+                               "тензоры блока 0 в плоском варианте: {names}"),
+    "fsdp1_by_hand": ("FSDP1, use_orig_params=False, blocks wrapped by hand:",
+                      "FSDP1, use_orig_params=False, блоки обёрнуты вручную:"),
+    "fsdp1_by_policy": ("FSDP1, use_orig_params=False, auto_wrap_policy:",
+                        "FSDP1, use_orig_params=False, политика auto_wrap_policy:"),
+    "fsdp1_orig_params": ("FSDP1, use_orig_params=True, auto_wrap_policy:",
+                          "FSDP1, use_orig_params=True, политика auto_wrap_policy:"),
+    "fsdp1_gradient_bytes": ("FSDP1, use_orig_params=True: gradient bytes per rank after backward {theirs}"
+                             " ({ratio:.1} times fsdp_mini's flat design, {ours})",
+                             "FSDP1, use_orig_params=True: после backward градиенты занимают {theirs}"
+                             " {theirs:байт|байта|байт} на ранг — в {ratio:.1} раза больше, чем у плоского"
+                             " варианта fsdp_mini ({ours})"),
+    "decay_groups": ("decay / no-decay parameters", "с decay / без decay"),
+    "vs_one_process": ("max |difference| from 1 process", "max |разница| с 1 процессом"),
+    "flat_called_directly": ("flat, called directly", "плоский, вызов напрямую"),
+    "flat_under_summon_full_params": ("flat, under summon_full_params()", "плоский, в summon_full_params()"),
+    "per_parameter_not_registered": ("per-parameter, not registered", "по параметрам, без регистрации"),
+    "per_parameter_registered": ("per-parameter, registered", "по параметрам, с регистрацией"),
+    "generated_tokens": ("{case:<34}tokens {tokens}, equal to 1 process: {same}",
+                         "{case:<34}токены {tokens}, совпадают с 1 процессом: {same}"),
+    "allgathers_during_generate": ("AllGathers during the registered generate(): {gathers}",
+                                   "AllGather во время зарегистрированного generate(): {gathers}"),
+    "kept_after_forward": ("kept after forward, B", "оставлено после forward, Б"),
+    "peak_gathered": ("peak gathered, B", "пик собранного, Б"),
+    "allgather_over_4": ("AllGather over 4, B", "AllGather на 4 рангах, Б"),
+    "allgather_over_2": ("over 2, B", "на 2 рангах, Б"),
 }
 
 # --- lesson 10 ---------------------------------------------------------------------------------------
