@@ -149,6 +149,78 @@ LESSON_12 = {
 
 # --- lesson 13 ---------------------------------------------------------------------------------------
 LESSON_13 = {
+    "llama8_first_plan": ("\nLlama-3-8B, {params} {params:parameter|parameters|parameters}; FSDP over 8 GPUs of one"
+                          " node, 2 sequences of 8,192 tokens per GPU, AC selective-op",
+                          "\nLlama-3-8B, {params} {params:параметр|параметра|параметров}; FSDP на 8 GPU одного"
+                          " узла, 2 последовательности по 8\u202f192 токена на GPU, AC selective-op"),
+    "memory_term": ("memory per GPU", "память на GPU"),
+    "gib": ("GiB", "ГиБ"),
+    "peak_reserved_at": ("peak, as max_memory_reserved reads it: {moment}",
+                         "пик, как его видит max_memory_reserved: {moment}"),
+    "largest_terms": ("the largest: model states {states:.1} GiB, activations of the blocks {activations:.1} GiB,"
+                      " the loss {loss:.1} GiB (a vocabulary of {vocab} tokens)",
+                      "больше всего занимают состояния модели — {states:.1} ГиБ, активации блоков —"
+                      " {activations:.1} ГиБ и лосс — {loss:.1} ГиБ (словарь из {vocab} токенов)"),
+    "step_part": ("one step", "один шаг"),
+    "seconds": ("s", "с"),
+    "rate_and_mfu": ("tokens/s per GPU: {rate:.0}, MFU: {mfu:.1%}", "токенов/с на GPU: {rate:.0}, MFU: {mfu:.1%}"),
+    "llama8_on_8_h100": ("Llama-3-8B, FSDP over 8 H100s, 2 sequences of 8,192 tokens per GPU:",
+                         "Llama-3-8B, FSDP на 8 H100, 2 последовательности по 8\u202f192 токена на GPU:"),
+    "ac_mode": ("mode", "режим"),
+    "block_activations_gib": ("activations of the blocks, GiB", "активации блоков, ГиБ"),
+    "recomputation_share": ("recomputation, share of the step", "пересчёт, доля шага"),
+    "llama8_modes_title": ("Llama-3-8B on 8 H100s: the four checkpointing modes",
+                           "Llama-3-8B на 8 H100: четыре режима чекпоинтинга"),
+    "matmul_widths": ("matrix products in forward order (output width per token):",
+                      "матричные произведения в порядке forward (ширина выхода на токен):"),
+    "course_gpt": ("the course's GPT", "GPT курса"),
+    "fits_in_memory": ("fits", "влезает"),
+    "course_gpt_block": ("course GPT block", "блок GPT курса"),
+    "gpt_block_shape": ("h={h}, {heads} {heads:head|heads|heads}, {tokens} tokens",
+                        "h={h}, {heads} {heads:голова|головы|голов}, {tokens} {tokens:токен|токена|токенов}"),
+    "measured_bytes": ("measured, B", "измерено, Б"),
+    "planner_bytes": ("planner, B", "планировщик, Б"),
+    "llama70_on_256": ("Llama-3-70B on 256 H100s (32 nodes), 256 sequences of 8,192 tokens per step",
+                       "Llama-3-70B на 256 H100 (32 узла), 256 последовательностей по 8\u202f192 токена за шаг"),
+    "fitting_layouts": ("\nlayouts of these GPUs and this batch that fit: {n}; the fastest: {layout}, AC {ac}",
+                        "\nраскладок этих GPU с этим батчем, которые помещаются: {n}; самая быстрая: {layout},"
+                        " AC {ac}"),
+    "tp8_slower": ("TP 8 + SP with full AC trains {slower:.0%} slower; its TP collectives (never hidden) take"
+                   " {exposed:.0%} of its step",
+                   "TP 8 + SP с полным чекпоинтингом обучает на {slower:.0%} медленнее; его коллективные операции"
+                   " TP (не скрытые) занимают {exposed:.0%} шага"),
+    "llama405_alone": ("Llama-3-405B, FSDP over 256 H100s, 1 sequence of 8,192 tokens per GPU, full AC:",
+                       "Llama-3-405B, FSDP на 256 H100, 1 последовательность из 8\u202f192 токенов на GPU,"
+                       " полный чекпоинтинг:"),
+    "states_sharded_over_256": ("model states, sharded over 256 GPUs: {gib:.1} GiB",
+                                "состояния модели, шардированные на 256 GPU: {gib:.1} ГиБ"),
+    "llama405_blocks": ("{layers} blocks of {params} parameters, {gib:.1} GiB in bf16",
+                        "{layers} {layers:блок|блока|блоков} по {params} {params:параметру|параметра|параметров},"
+                        " {gib:.1} ГиБ в bf16"),
+    "llama405_title": ("Llama-3-405B on 256 H100s, full AC, 256 sequences per step",
+                       "Llama-3-405B на 256 H100, полный чекпоинтинг, 256 последовательностей за шаг"),
+    "layout_name": ("layout", "раскладка"),
+    "tp4_without_sp": ("TP 4 without SP", "TP 4 без SP"),
+    "tp4_with_sp": ("TP 4 with SP", "TP 4 с SP"),
+    "peak_gib": ("peak, GiB", "пик, ГиБ"),
+    "llama70_long_context": ("Llama-3-70B on 256 H100s, 16 sequences of 131,072 tokens per step: data-parallel"
+                             " ranks may be at most {sequences}",
+                             "Llama-3-70B на 256 H100, 16 последовательностей по 131\u202f072 токена за шаг:"
+                             " рангов по данным может быть не больше {sequences}"),
+    "model_name": ("model", "модель"),
+    "fitted_on": ("fitted on", "подгонка"),
+    "fitted_yes": ("yes", "да"),
+    "fitted_no": ("no", "нет"),
+    "published_rate": ("published", "опубликовано"),
+    "planner_rate": ("planner", "планировщик"),
+    "planner_error": ("error", "ошибка"),
+    "validation_summary": ("fitted rows: largest error {largest:.1%} (the test allows {tolerance:.0%}); H100 rows"
+                           " it was not fitted on: too fast by {low:.0}–{high:.0}%",
+                           "строки подгонки: наибольшая ошибка {largest:.1%} (тест допускает {tolerance:.0%});"
+                           " строки H100 вне подгонки: быстрее на {low:.0}–{high:.0}\u00a0%"),
+    "layout_passes": ("a layout passes if it fits and trains within {slower:.0%} of the fastest",
+                      "раскладка проходит, если помещается и медленнее самой быстрой не больше чем на"
+                      " {slower:.0%}"),
 }
 
 
