@@ -3,13 +3,18 @@ into what holds it and its training speed, both from `fsdp_mini.course.planner.p
 from __future__ import annotations
 
 from fsdp_mini.course.language import num, tr
+from fsdp_mini.course.show import text
 from fsdp_mini.course.viz import figure
 from fsdp_mini.course.viz.style import SMALL
 
-__all__ = ["memory_parts", "plot_memory_and_speed", "PART_COLORS"]
+__all__ = ["memory_parts", "plot_memory_and_speed", "PART_COLORS", "STATES", "LOSS", "model_state_bytes",
+           "memory_rows", "time_rows", "validation_rows"]
 
 PART_COLORS = ("#4C72B0", "#DD8452", "#8C8C8C")
-_STATES = ("parameters (fp32 shard)", "gradients (fp32 shard)", "AdamW moments (fp32 shard)")
+STATES = ("parameters (fp32 shard)", "gradients (fp32 shard)", "AdamW moments (fp32 shard)")
+"""The planner's memory terms of the sharded model states."""
+LOSS = "logits and loss (bf16 logits, fp32 copy, log_softmax)"
+"""The planner's memory term of the loss."""
 _ACTIVATIONS = ("activations: blocks", "activations: final norm")
 
 
@@ -18,7 +23,7 @@ def memory_parts(p) -> list[tuple[str, float]]:
     it: the sharded model states, the activations kept for backward, and the rest of the peak moment (gathered
     parameters, gradient buffers, the loss, the allocator's overhead)."""
     terms, memory = p.memory.terms, p.memory
-    states = sum(terms.get(k, 0.0) for k in _STATES)
+    states = sum(terms.get(k, 0.0) for k in STATES)
     activations = sum(terms.get(k, 0.0) for k in _ACTIVATIONS)
     return [(tr("model states (sharded)", "состояния модели (шарды)"), states),
             (tr("activations", "активации"), activations),
@@ -142,3 +147,42 @@ def show_plans(plans, labels: list[str]) -> None:
         print(f"{label:<{width}}{num(p.memory.peak_reserved / 1024 ** 3, 1):>9}{fits:>9}"
               f"{num(p.time.tokens_per_s_per_gpu, 0):>15}{num(100 * p.time.mfu, 1):>6}{percent}"
               f"{num(p.time.step_s, 2):>9}")
+
+
+# --- rows for `fsdp_mini.course.show.show`: the lesson's tables without formatting code in its cells --------
+
+def model_state_bytes(p) -> float:
+    """A plan's sharded model states per GPU (parameters, gradients, AdamW moments), bytes."""
+    return sum(p.memory.terms[k] for k in STATES)
+
+
+def memory_rows(p) -> list[dict]:
+    """A plan's memory per GPU, term by term (GiB), then its peak as max_memory_reserved reads it and the
+    moment it happens."""
+    gib = 1024 ** 3
+    rows = [{"memory_term": term_name(name), "gib": nbytes / gib} for name, nbytes in p.memory.terms.items()]
+    rows.append({"memory_term": text("peak_reserved_at", moment=term_name(p.memory.peak_moment)),
+                 "gib": p.memory.peak_reserved / gib})
+    return rows
+
+
+def time_rows(p) -> list[dict]:
+    """A plan's optimizer step, part by part (seconds), then the whole step."""
+    rows = [{"step_part": term_name(name), "seconds": s} for name, s in p.time.parts.items()]
+    rows.append({"step_part": text("step"), "seconds": p.time.step_s})
+    return rows
+
+
+def validation_rows(validations, fitted_rows) -> list[dict]:
+    """One row per published run `validate` compared: the run (model, GPUs, layout, AC and switches), whether
+    the planner was fitted on it, the published tokens/s per GPU, the planner's, and the relative error."""
+    rows = []
+    for v in validations:
+        r = v.row
+        layout = f"FSDP {r.gpus // r.tp}" + (f" × TP {r.tp}" if r.tp > 1 else "")
+        run = r.ac.value + (" compile" if r.compile else "") + (" float8" if r.float8 else "")
+        fitted = text("fitted_yes" if r in fitted_rows else "fitted_no")
+        rows.append({"model_name": r.model, "GPU": f"{r.gpus} × {r.gpu}", "layout_name": layout, "AC": run,
+                     "fitted_on": fitted, "published_rate": r.tokens_per_s, "planner_rate": v.tokens_per_s,
+                     "planner_error": round(v.error, 3) + 0.0})  # + 0.0: no -0.0
+    return rows
