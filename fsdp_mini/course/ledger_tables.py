@@ -13,7 +13,7 @@ from fsdp_mini.memory_ledger import KINDS, LedgerSnapshot
 
 __all__ = ["design_name", "peak_of", "show_ledger", "show_peaks", "show_tracker_beside_ledger"]
 
-_DESIGNS = {"flat": "flat_design", "fully_shard": "fully_shard_design"}
+_DESIGNS = {"flat": "flat_short", "fully_shard": "fully_shard_design"}
 
 
 def design_name(design: str) -> str:

@@ -25,6 +25,7 @@ COMMON = {
     "strategy": ("strategy", "стратегия"),
     "sent": ("sent, B", "отправлено, Б"),
     "block_forward_ms": ("block forward, ms", "forward блока, мс"),
+    "model_name": ("model", "модель"),
 }
 
 # --- lesson 00 ---------------------------------------------------------------------------------------
@@ -378,7 +379,6 @@ LESSON_09 = {
     "flat_design": ("flat (FSDP)", "плоский (FSDP)"),
     "per_parameter_design": ("per-parameter (fully_shard)", "по параметрам (fully_shard)"),
     "training_run": ("run", "запуск"),
-    "one_process": ("1 process", "1 процесс"),
     "three_losses": ("losses of 3 steps", "лоссы 3 шагов"),
     "weights_vs_one_process": ("weights: max |difference| from 1 process",
                                "веса: max |разница| с 1 процессом"),
@@ -482,7 +482,7 @@ LESSON_10 = {
     "diagnose_prints": ("$ python -m fsdp_mini diagnose DIR  # prints:",
                         "$ python -m fsdp_mini diagnose DIR  # печатает:"),
     # the memory ledger
-    "flat_design": ("flat", "плоский"),
+    "flat_short": ("flat", "плоский"),
     "fully_shard_design": ("fully_shard", "fully_shard"),
     "ledger_design": ("{design}", "{design}"),
     "ledger_kind": ("kind", "категория"),
@@ -755,7 +755,6 @@ LESSON_12 = {
                             "планировщик: GPU {gpu}; последовательности по {seq} токенов, {sequences} за шаг; "
                             "локальный батч = последовательности / ранги по данным; микробатчей "
                             "{micro_batches}; чекпоинтинг активаций {ac}"),
-    "model_name": ("model", "модель"),
     "parallel_layout": ("plan", "раскладка"),
     "peak_gib_per_gpu": ("GiB/GPU", "ГиБ/GPU"),
     "step_seconds": ("step, s", "шаг, с"),
@@ -795,7 +794,7 @@ LESSON_13 = {
     "rate_and_mfu": ("tokens/s per GPU: {rate:.0}, MFU: {mfu:.1%}", "токенов/с на GPU: {rate:.0}, MFU: {mfu:.1%}"),
     "llama8_on_8_h100": ("Llama-3-8B, FSDP over 8 H100s, 2 sequences of 8,192 tokens per GPU:",
                          "Llama-3-8B, FSDP на 8 H100, 2 последовательности по 8\u202f192 токена на GPU:"),
-    "ac_mode": ("mode", "режим"),
+    "ac_column": ("mode", "режим"),
     "block_activations_gib": ("activations of the blocks, GiB", "активации блоков, ГиБ"),
     "recomputation_share": ("recomputation, share of the step", "пересчёт, доля шага"),
     "llama8_modes_title": ("Llama-3-8B on 8 H100s: the four checkpointing modes",
@@ -803,11 +802,10 @@ LESSON_13 = {
     "matmul_widths": ("matrix products in forward order (output width per token):",
                       "матричные произведения в порядке forward (ширина выхода на токен):"),
     "course_gpt": ("the course's GPT", "GPT курса"),
-    "fits_in_memory": ("fits", "влезает"),
     "course_gpt_block": ("course GPT block", "блок GPT курса"),
     "gpt_block_shape": ("h={h}, {heads} {heads:head|heads|heads}, {tokens} tokens",
                         "h={h}, {heads} {heads:голова|головы|голов}, {tokens} {tokens:токен|токена|токенов}"),
-    "measured_bytes": ("measured, B", "измерено, Б"),
+    "measured_b": ("measured, B", "измерено, Б"),
     "planner_bytes": ("planner, B", "планировщик, Б"),
     "llama70_on_256": ("Llama-3-70B on 256 H100s (32 nodes), 256 sequences of 8,192 tokens per step",
                        "Llama-3-70B на 256 H100 (32 узла), 256 последовательностей по 8\u202f192 токена за шаг"),
@@ -836,7 +834,6 @@ LESSON_13 = {
                              " ranks may be at most {sequences}",
                              "Llama-3-70B на 256 H100, 16 последовательностей по 131\u202f072 токена за шаг:"
                              " рангов по данным может быть не больше {sequences}"),
-    "model_name": ("model", "модель"),
     "fitted_on": ("fitted on", "подгонка"),
     "fitted_yes": ("yes", "да"),
     "fitted_no": ("no", "нет"),

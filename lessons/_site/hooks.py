@@ -326,7 +326,7 @@ LESSON_MAP = "<!-- lesson map -->"
 # and fixing.
 CALIBRATION = ("09-11", 120, 150)  # the lessons timed, and the range a learner needs for each of them
 WORDS_PER_MINUTE = 100     # technical prose, formulas and tables included (folded solutions too)
-CODE_LINES_PER_MINUTE = 10  # the lesson's own code cells, read to be understood before running them
+CODE_LINES_PER_MINUTE = 8  # the lesson's own code cells (calls and asserts; printing lives in fsdp_mini.course.show)
 LISTING_LINES_PER_MINUTE = 20  # library source: shown by show_source (already explained), or a file named in prose
 RUN_MINUTES = 2            # running every cell once (the longest lesson runs about two minutes here)
 EXERCISE_MINUTES = 15      # one code exercise: write the body, run the check, read the verdict, fix
