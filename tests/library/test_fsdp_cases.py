@@ -329,7 +329,7 @@ class Seen(nn.Module):
         return self.lin(x) * self.scale.to(x.dtype)
 
 
-class Outer(nn.Module):
+class SeenTwice(nn.Module):
     """The root computes, then hands its inner unit a float32 tensor of its own making."""
 
     def __init__(self):
@@ -342,7 +342,7 @@ class Outer(nn.Module):
 
 def _fsdp1_policy(fields):
     torch.manual_seed(0)
-    model = FSDP(Outer(), "FULL_SHARD", wrap=(Seen,), mixed_precision=MixedPrecision(**fields))
+    model = FSDP(SeenTwice(), "FULL_SHARD", wrap=(Seen,), mixed_precision=MixedPrecision(**fields))
     model(torch.randn(2, 4)).sum().backward()
     buffers = {n: b.dtype for n, b in model.module.named_buffers()}
     full = model.full_state_dict()
