@@ -23,28 +23,30 @@ __all__ = ["run_cases"]
 _DONE: dict[tuple, dict[Hashable, list[Any]] | BaseException] = {}
 
 
-def _each_case(fn: Callable[[Any], Any], cases: tuple) -> list[Any]:
-    """On one rank: fn(case) for every case, in order; an exception says which case raised it."""
+def _each_case(fn: Callable[..., Any], cases: tuple, star: bool) -> list[Any]:
+    """On one rank: fn(case) (fn(*case) with star) for every case, in order; an exception says which case
+    raised it."""
     results = []
     for case in cases:
         try:
-            results.append(fn(case))
+            results.append(fn(*case) if star else fn(case))
         except BaseException as exc:
             exc.add_note(f"(in case {case!r} of {getattr(fn, '__name__', fn)!r}, run by tests/launch_cases.py)")
             raise
     return results
 
 
-def run_cases(fn: Callable[[Any], Any], cases: Sequence[Hashable], world_size: int, *, timeout: float = 150.0,
-              local_world_size: int | None = None) -> dict[Hashable, list[Any]]:
+def run_cases(fn: Callable[..., Any], cases: Sequence[Hashable], world_size: int, *, timeout: float = 150.0,
+              local_world_size: int | None = None, star: bool = False) -> dict[Hashable, list[Any]]:
     """{case: [rank 0's fn(case), rank 1's, ...]} from one launch of `world_size` ranks, remembered per
     (fn, cases, world): a later call with the same arguments returns the same results (or raises the same
-    error) without launching. `timeout` bounds the whole launch (below pytest's 180 s per test)."""
+    error) without launching. star: each case is a tuple of fn's positional arguments, fn(*case).
+    `timeout` bounds the whole launch (below pytest's 180 s per test)."""
     cases = tuple(cases)
-    key = (fn, cases, world_size, local_world_size)
+    key = (fn, cases, world_size, local_world_size, star)
     if key not in _DONE:
         try:
-            per_rank = launch(_each_case, world_size, args=(fn, cases), timeout=timeout,
+            per_rank = launch(_each_case, world_size, args=(fn, cases, star), timeout=timeout,
                               local_world_size=local_world_size)
             _DONE[key] = {case: [rank[i] for rank in per_rank] for i, case in enumerate(cases)}
         except Exception as exc:  # noqa: BLE001 - remembered: every test of the group reports it
