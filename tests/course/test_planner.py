@@ -1,14 +1,15 @@
 """`fsdp_mini.course.planner`: parameter counts to the parameter, the MFU convention, the activation formula
 against what autograd saves, memory terms against hand computations, the published rows within tolerance, the
 fitted constants refitted, and the `plan` subcommand's flags, JSON, ranking and errors."""
+import contextlib
+import io
 import json
-import os
 import subprocess
-import sys
 
 import pytest
 
 from fsdp_mini.course.activations import measure_block
+from fsdp_mini.course.cli import main
 from fsdp_mini.course.models import GPT, GPTConfig
 from fsdp_mini.course.planner import GiB, Layout, get_gpu, get_model, plan
 from fsdp_mini.course.planner import calibration
@@ -214,14 +215,21 @@ def test_model_and_gpu_errors_name_the_value():
 
 # --- the command line ---------------------------------------------------------------------------------------
 
-ENV = dict(os.environ, OMP_NUM_THREADS="1")
 ROW = ["plan", "--model", "llama3-8b", "--gpu", "a100-80gb", "--gpus", "64", "--seq", "8192", "--local-batch", "1",
        "--ac", "selective-op"]
 
 
 def run(*args):
-    return subprocess.run([sys.executable, "-m", "fsdp_mini", *args], capture_output=True, text=True, timeout=120,
-                          env=ENV)
+    """`python -m fsdp_mini *args`, run in this process: `main` is all the entry point runs before exiting with
+    its code (tests/course/test_cli.py starts the entry point itself), and a new interpreter per call would
+    import torch again (seconds each on 2 cores) for a command that computes from tables."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as exc:  # argparse's usage errors exit with 2
+            code = exc.code
+    return subprocess.CompletedProcess(["fsdp_mini", *args], code or 0, out.getvalue(), err.getvalue())
 
 
 def test_plan_json_has_the_keys_automation_reads():
