@@ -1,15 +1,12 @@
 """`fsdp_mini.course.planner`: parameter counts to the parameter, the MFU convention, the activation formula
 against what autograd saves, memory terms against hand computations, the published rows within tolerance, the
 fitted constants refitted, and the `plan` subcommand's flags, JSON, ranking and errors."""
-import contextlib
-import io
 import json
-import subprocess
 
 import pytest
+from cli_in_process import run_main
 
 from fsdp_mini.course.activations import measure_block
-from fsdp_mini.course.cli import main
 from fsdp_mini.course.models import GPT, GPTConfig
 from fsdp_mini.course.planner import GiB, Layout, get_gpu, get_model, plan
 from fsdp_mini.course.planner import calibration
@@ -220,16 +217,7 @@ ROW = ["plan", "--model", "llama3-8b", "--gpu", "a100-80gb", "--gpus", "64", "--
 
 
 def run(*args):
-    """`python -m fsdp_mini *args`, run in this process: `main` is all the entry point runs before exiting with
-    its code (tests/course/test_cli.py starts the entry point itself), and a new interpreter per call would
-    import torch again (seconds each on 2 cores) for a command that computes from tables."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(list(args))
-        except SystemExit as exc:  # argparse's usage errors exit with 2
-            code = exc.code
-    return subprocess.CompletedProcess(["fsdp_mini", *args], code or 0, out.getvalue(), err.getvalue())
+    return run_main(*args)  # in this process: tests/cli_in_process.py
 
 
 def test_plan_json_has_the_keys_automation_reads():
