@@ -25,9 +25,10 @@ demo: setup
 test: setup
 	OMP_NUM_THREADS=1 $(PY) -m pytest
 
-# The development loop: the library's tests only (no lessons, site or course); CI runs `make test`.
+# The development loop: the library's tests only (no lessons, site or course), without the few that start
+# torchrun (marker `torchrun`, a quarter of the library's time); CI runs `make test`, which runs them all.
 test-fast: setup
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q tests/library
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not torchrun" tests/library
 
 bench: setup  # about 5 minutes on 2 cores; lessons/en/performance.md shows a run
 	mkdir -p build

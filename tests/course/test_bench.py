@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from cli_in_process import run_main
 
 from fsdp_mini.course import bench, simulate
 from fsdp_mini.course.cluster import Cluster
@@ -63,8 +64,8 @@ def test_bench_runs_on_a_tiny_setting_and_writes_json(smoke):
 
 def test_simulate_reads_the_bench_json(smoke):
     _, folder = smoke
-    out = run("simulate", str(folder / "bench.json"), "--nodes", "2", "--gpus-per-node", "4",
-              "--json", str(folder / "sim.json"), timeout=60)
+    out = run_main("simulate", str(folder / "bench.json"), "--nodes", "2", "--gpus-per-node", "4",
+                   "--json", str(folder / "sim.json"))  # in this process: tests/cli_in_process.py
     assert out.returncode == 0, out.stderr
     assert "prediction vs measurement" in out.stdout and "extrapolation: 2 nodes x 4 GPUs" in out.stdout
     sim = json.loads((folder / "sim.json").read_text())
@@ -75,9 +76,9 @@ def test_simulate_reads_the_bench_json(smoke):
 
 
 def test_bad_arguments_are_clear_usage_errors():
-    out = run("bench", "--sizes", "huge", timeout=60)
+    out = run_main("bench", "--sizes", "huge")  # usage errors, before any rank starts: in this process
     assert out.returncode == 2 and "unknown size" in out.stderr
-    out = run("bench", "--cases", "mini:FULL_SHARD:fast", timeout=60)
+    out = run_main("bench", "--cases", "mini:FULL_SHARD:fast")
     assert out.returncode == 2 and "unknown flags" in out.stderr
 
 

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from expect import error_text
+from launch_cases import run_cases
 from fsdp_mini import CommLog, launch
 from fsdp_mini.course.models import GPT, GPTConfig, make_batch
 from fsdp_mini.course.train import local_rows, train
@@ -57,6 +58,13 @@ def tp_mesh(tp):
 
 # --- TP alone, world 2: one process's losses, gradients and weights -------------------------------------
 
+# Each parity test runs for SGD and AdamW, and both optimizers' runs share one launch (tests/launch_cases.py);
+# on the 2 x 2 mesh, the run against PyTorch also trains ours (`_tp_fsdp`), so the test of ours alone reads
+# that launch's results instead of training it again. Launches of world 4 that train both optimizers get more
+# than pytest's default 180 s on a busy 2-core machine.
+OPTIMIZERS = ["sgd", "adamw"]
+
+
 def _tp_alone(opt_name):
     model = GPT(CFG)
     parallelize_module(model, tp_mesh(2), gpt_tp_plan(CFG, 2))
@@ -75,10 +83,11 @@ def _tp_alone(opt_name):
     return losses, grads, gather_tensor_parallel(model, model.state_dict()), kinds, shapes
 
 
-@pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
+@pytest.mark.parametrize("opt_name", OPTIMIZERS)
+@pytest.mark.timeout(360)
 def test_tensor_parallel_alone_matches_one_process(opt_name, no_orphans):
     losses, grads, weights = reference(opt_name)
-    for got_losses, got_grads, got_weights, kinds, shapes in launch(_tp_alone, 2, args=(opt_name,), timeout=90):
+    for got_losses, got_grads, got_weights, kinds, shapes in run_cases(_tp_alone, OPTIMIZERS, 2, timeout=300)[opt_name]:
         assert got_losses == pytest.approx(losses, rel=1e-5)
         for name in grads:
             torch.testing.assert_close(got_grads[name], grads[name], **TOL)
@@ -105,10 +114,11 @@ def _tp_fsdp(opt_name):
     return losses, gather_tensor_parallel(model, full_state_dict(model))
 
 
-@pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
+@pytest.mark.parametrize("opt_name", OPTIMIZERS)
+@pytest.mark.timeout(360)
 def test_tensor_parallel_with_fully_shard_on_a_2x2_mesh_matches_one_process(opt_name, no_orphans):
     losses, _, weights = reference(opt_name)
-    results = launch(_tp_fsdp, 4, args=(opt_name,), timeout=120)
+    results = [ours for _, ours in run_cases(_pytorch_2d, OPTIMIZERS, 4, timeout=300)[opt_name]]  # _tp_fsdp's
     for rank, (got_losses, got_weights) in enumerate(results):
         partner = results[rank ^ 2][0]  # the other dp rank of the same TP position: the other half of the batch
         assert [(a + b) / 2 for a, b in zip(got_losses, partner)] == pytest.approx(losses, rel=1e-5)
@@ -126,14 +136,15 @@ def _pytorch_2d(opt_name):
     return (losses, pytorch_gpt_full_state_dict(model, mesh)), _tp_fsdp(opt_name)
 
 
-@pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
+@pytest.mark.parametrize("opt_name", OPTIMIZERS)
+@pytest.mark.timeout(360)
 def test_matches_pytorch_parallelize_module_with_fully_shard_on_the_same_2x2_mesh(opt_name, no_orphans):
     """PyTorch's ColwiseParallel cuts a weight's rows into contiguous blocks and has no notion of q, k and v
     stacked in one Linear; on its side the fused qkv's rows are reordered [q_0; k_0; v_0; q_1; k_1; v_1]
     (`qkv_rows_for_pytorch`) before `parallelize_module`, an equivalent layout (Megatron's interleaved one)
     in which a contiguous cut gives each rank the same heads that `ColwiseParallel(stacked=3)` gives ours,
     and its final weights are put back in the course's [q; k; v] order to compare."""
-    for (torch_losses, torch_weights), (losses, weights) in launch(_pytorch_2d, 4, args=(opt_name,), timeout=150):
+    for (torch_losses, torch_weights), (losses, weights) in run_cases(_pytorch_2d, OPTIMIZERS, 4, timeout=300)[opt_name]:
         assert losses == pytest.approx(torch_losses, rel=1e-5)
         assert set(weights) == set(torch_weights)
         for name in torch_weights:
@@ -248,10 +259,11 @@ def _sp_alone(opt_name):
     return losses, grads, gather_tensor_parallel(model, model.state_dict())
 
 
-@pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
+@pytest.mark.parametrize("opt_name", OPTIMIZERS)
+@pytest.mark.timeout(360)
 def test_sequence_parallel_alone_matches_one_process(opt_name, no_orphans):
     losses, grads, weights = reference(opt_name)
-    for got_losses, got_grads, got_weights in launch(_sp_alone, 2, args=(opt_name,), timeout=90):
+    for got_losses, got_grads, got_weights in run_cases(_sp_alone, OPTIMIZERS, 2, timeout=300)[opt_name]:
         assert got_losses == pytest.approx(losses, rel=1e-5)
         for name in grads:
             torch.testing.assert_close(got_grads[name], grads[name], **TOL)
@@ -276,13 +288,14 @@ def _pytorch_sp_2d(opt_name):
     return (losses, pytorch_gpt_full_state_dict(model, mesh)), _sp_fsdp(opt_name)
 
 
-@pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
+@pytest.mark.parametrize("opt_name", OPTIMIZERS)
+@pytest.mark.timeout(360)
 def test_sequence_parallel_with_fully_shard_matches_one_process_and_pytorch_on_a_2x2_mesh(opt_name, no_orphans):
     """Ours (gpt_sp_plan, fully_shard) and PyTorch's (parallelize_module with SequenceParallel, ColwiseParallel
     (input_layouts=Shard(1)), RowwiseParallel(output_layouts=Shard(1)), PrepareModuleInput, then its fully_shard)
     on the same 2 x 2 mesh: both equal one process, and each other."""
     losses, _, weights = reference(opt_name)
-    results = launch(_pytorch_sp_2d, 4, args=(opt_name,), timeout=150)
+    results = run_cases(_pytorch_sp_2d, OPTIMIZERS, 4, timeout=300)[opt_name]
     for rank, ((torch_losses, torch_weights), (got_losses, got_weights)) in enumerate(results):
         partner = results[rank ^ 2][1][0]  # the other dp rank: the other half of the batch
         assert [(a + b) / 2 for a, b in zip(got_losses, partner)] == pytest.approx(losses, rel=1e-5)

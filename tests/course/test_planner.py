@@ -2,11 +2,9 @@
 against what autograd saves, memory terms against hand computations, the published rows within tolerance, the
 fitted constants refitted, and the `plan` subcommand's flags, JSON, ranking and errors."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
+from cli_in_process import run_main
 
 from fsdp_mini.course.activations import measure_block
 from fsdp_mini.course.models import GPT, GPTConfig
@@ -214,14 +212,12 @@ def test_model_and_gpu_errors_name_the_value():
 
 # --- the command line ---------------------------------------------------------------------------------------
 
-ENV = dict(os.environ, OMP_NUM_THREADS="1")
 ROW = ["plan", "--model", "llama3-8b", "--gpu", "a100-80gb", "--gpus", "64", "--seq", "8192", "--local-batch", "1",
        "--ac", "selective-op"]
 
 
 def run(*args):
-    return subprocess.run([sys.executable, "-m", "fsdp_mini", *args], capture_output=True, text=True, timeout=120,
-                          env=ENV)
+    return run_main(*args)  # in this process: tests/cli_in_process.py
 
 
 def test_plan_json_has_the_keys_automation_reads():

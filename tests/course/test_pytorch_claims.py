@@ -22,6 +22,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from fsdp_mini import launch
 from fsdp_mini.launch import LaunchTimeout
 from fsdp2_calls import FSDP2Calls
+from launch_cases import run_cases
 import inspect
 import textwrap
 from fsdp_mini.course.models import GPT, Block, GPTConfig, make_batch
@@ -417,7 +418,8 @@ def test_ddp_buckets_reverse_order_25_mib_default_a_1_mib_first_bucket_and_a_reb
     #       bucket holds only 1 MiB"
     # 03 · "Buckets always start in index order, on every rank"
     layer = 263_168
-    cap, iterations = launch(_ddp_buckets, 2, args=(None,), timeout=60)[0]
+    buckets = run_cases(_ddp_buckets, (None, 0.3), 2, timeout=120)  # the default cap and 0.3 MiB, one launch
+    cap, iterations = buckets[None][0]
     assert cap == 25 * MiB and dist._DEFAULT_FIRST_BUCKET_BYTES == MiB
     first, second, third = iterations
     assert len(first) == 1 and first[0][2] == 8 * layer  # iteration 1: everything in one bucket
@@ -425,7 +427,7 @@ def test_ddp_buckets_reverse_order_25_mib_default_a_1_mib_first_bucket_and_a_reb
     assert second[0][2] == 4 * layer and MiB <= 4 * layer < MiB + layer  # closed once it reached 1 MiB
     assert second[0][1][:2] == ["7.bias", "7.weight"] and second[1][1][-1] == "0.weight"  # last layer first
     # a cap of 0.3 MiB (not the default): the first bucket gets the same cap; buckets start in index order
-    cap, iterations = launch(_ddp_buckets, 2, args=(0.3,), timeout=60)[0]
+    cap, iterations = buckets[0.3][0]
     assert cap == int(0.3 * MiB)
     assert [b[0] for b in iterations[1]] == [0, 1, 2, 3]
     assert [b[1][-1] for b in iterations[1]] == ["6.weight", "4.weight", "2.weight", "0.weight"]
@@ -541,9 +543,10 @@ def test_pytorch_ddp_needs_find_unused_parameters_for_a_parameter_that_gets_no_g
     # 03 · "PyTorch's DDP copes with such a parameter only with `find_unused_parameters=True` (it then reduces
     #       zeros in its place, and leaves the `.grad` of a parameter that no rank used at `None`); by default
     #       the next iteration raises an error"
-    for outcome, detail in launch(_unused_parameter, 2, args=(False,), timeout=60):
+    runs = run_cases(_unused_parameter, (False, True), 2, timeout=120)  # without and with, one launch
+    for outcome, detail in runs[False]:
         assert outcome == "error" and "Expected to have finished reduction in the prior iteration" in detail
-    for outcome, grad in launch(_unused_parameter, 2, args=(True,), timeout=60):
+    for outcome, grad in runs[True]:
         assert outcome == "ok" and grad is None  # unused on every rank: its .grad is left alone
     on_rank_0, on_rank_1 = launch(_unused_on_rank_0, 2, timeout=60)  # used by rank 1 only
     own_1 = torch.full((4, 4), 2.0)  # d(sum of unused(ones(2, 4)))/dW on rank 1: 2 rows of ones
@@ -688,11 +691,11 @@ def test_06_shard_grad_op_holds_the_gathered_copy_and_the_shard_from_forward_to_
     # the optimizer step and in checkpoints) and holds the gathered copy *and* the shard from forward until
     # backward frees each unit"
     full = tuple(GPT(CFG).blocks[0].mlp.fc.weight.shape)
-    for (kind, shape, shards_kept), (after_backward, is_shard) in launch(_what_forward_leaves, 2, args=(False,),
-                                                                          timeout=90):
+    runs = run_cases(_what_forward_leaves, (False, True), 2, timeout=170)  # SHARD_GRAD_OP, FULL_SHARD: one launch
+    for (kind, shape, shards_kept), (after_backward, is_shard) in runs[False]:
         assert kind != "DTensor" and shape == full and shards_kept  # gathered copy and shard, both held
         assert is_shard  # backward freed the gathered copy: a shard at rest
-    for (kind, shape, _), _ in launch(_what_forward_leaves, 2, args=(True,), timeout=90):
+    for (kind, shape, _), _ in runs[True]:
         assert kind == "DTensor"  # FULL_SHARD: a block is a shard again right after its forward
 
 
@@ -826,8 +829,9 @@ def _accumulate(sync_first):
 def test_08_set_requires_gradient_sync_false_accumulates_without_reducing(no_orphans):
     # 08, "The map", gradient accumulation row: FSDP2's `model.set_requires_gradient_sync(False)` is FSDP1's and
     # fsdp_mini's `no_sync()`: no ReduceScatter in that micro-batch, and the same gradients in the end
-    (reduces, grads), _ = launch(_accumulate, 2, args=(False,), timeout=90)
-    (always, synced), _ = launch(_accumulate, 2, args=(True,), timeout=90)
+    runs = run_cases(_accumulate, (False, True), 2, timeout=170)  # both settings, one launch
+    (reduces, grads), _ = runs[False]
+    (always, synced), _ = runs[True]
     assert reduces[0] == 0 and reduces[1] > 0 and always[0] == always[1] == reduces[1]
     for name, grad in grads.items():
         torch.testing.assert_close(grad, synced[name], rtol=1e-5, atol=1e-7)
@@ -1035,6 +1039,10 @@ def test_09_the_cited_torch_lines_say_what_the_lesson_quotes():
     assert "mesh_info.mesh.mesh.view(-1, reshard_after_forward)" in _line(FSDP2_DIR / "_fsdp_init.py", 188)
 
 
+# (use_orig_params, by_policy): the two tests below read one launch of all four (tests/launch_cases.py)
+FSDP1_LORA = ((False, False), (False, True), (True, True), (True, False))
+
+
 def _fsdp1_lora(use_orig_params: bool, by_policy: bool):
     from torch.distributed.fsdp import FullyShardedDataParallel
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
@@ -1087,9 +1095,9 @@ def test_09_fsdp1_refuses_a_unit_of_frozen_and_trainable_parameters_with_use_ori
     # flat parameter's check (_flat_param.py:822) says "Must flatten tensors with uniform `requires_grad` when
     # `use_orig_params=False`"; wrapped by an auto-wrap policy, the policy's check (_wrap_utils.py:178) comes
     # first and says to wrap the frozen parameters separately (what LoRA recipes for FSDP1 do).
-    for result in launch(_fsdp1_lora, 2, args=(False, False), timeout=120):
+    for result in run_cases(_fsdp1_lora, FSDP1_LORA, 2, timeout=170, star=True)[(False, False)]:
         assert result == {"error": "Must flatten tensors with uniform `requires_grad` when `use_orig_params=False`"}
-    for result in launch(_fsdp1_lora, 2, args=(False, True), timeout=120):
+    for result in run_cases(_fsdp1_lora, FSDP1_LORA, 2, timeout=170, star=True)[(False, True)]:
         assert result["error"].startswith("blocks.0 has both parameters with requires_grad=True and False. FSDP "
                                           "does not support wrapping such modules when use_orig_params=False. "
                                           "If possible, wrap the frozen parameters with FSDP separately.")
@@ -1100,7 +1108,7 @@ def test_09_fsdp1_use_orig_params_true_keeps_one_flat_gradient_frozen_part_inclu
     # keeps one flat parameter, whose gradient covers the frozen part too, as its documentation warns
     # (fully_sharded_data_parallel.py:208-213)": the policy path warns with the numbers, and after backward
     # each rank's gradients live in storages the size of its whole flat shards, ~11 times the adapters'.
-    results = launch(_fsdp1_lora, 2, args=(True, True), timeout=120)
+    results = run_cases(_fsdp1_lora, FSDP1_LORA, 2, timeout=170, star=True)[(True, True)]
     for result in results:
         assert [w.split(" We do")[0] for w in result["warned"]] == [
             f"blocks.{i} has both parameters with requires_grad=True and False." for i in (0, 1)]
@@ -1109,7 +1117,7 @@ def test_09_fsdp1_use_orig_params_true_keeps_one_flat_gradient_frozen_part_inclu
         blocks = sorted(result["flat"])[-2:]
         assert result["grad_bytes"] == 4 * sum(blocks)
         assert result["grad_bytes"] > 10 * 4 * result["trainable"] / 2  # vs the adapters' share of a rank
-    by_hand = launch(_fsdp1_lora, 2, args=(True, False), timeout=120)
+    by_hand = run_cases(_fsdp1_lora, FSDP1_LORA, 2, timeout=170, star=True)[(True, False)]
     assert [r["grad_bytes"] for r in by_hand] == [r["grad_bytes"] for r in results] and not by_hand[0]["warned"]
 
 
@@ -1279,12 +1287,13 @@ def test_09_fsdp2_reshard_after_forward_int_gathers_backward_within_groups_of_k(
     # 09, "`reshard_after_forward=2`: a middle way": "An int k keeps a 1/k share of each gathered parameter
     # after forward, so backward gathers from k ranks only ... (ZeRO++'s hpZ; PyTorch's FSDP2 has the same
     # option)"; the groups are k consecutive ranks (_fsdp_init.py:188), a node when ranks are numbered by node.
-    for forward, backward in launch(_fsdp2_reshard, 4, args=(2, None), timeout=120):
+    runs = run_cases(_fsdp2_reshard, ((2, None), (True, None), (False, None)), 4, timeout=170, star=True)
+    for forward, backward in runs[(2, None)]:
         assert forward == [("all_gather", 4)] * 3  # root, blocks.0, blocks.1 over all four ranks
         assert backward == [("all_gather", 2)] * 2  # blocks.1, blocks.0 from the kept shares, within pairs
-    for forward, backward in launch(_fsdp2_reshard, 4, args=(True, None), timeout=120):
+    for forward, backward in runs[(True, None)]:
         assert forward == [("all_gather", 4)] * 3 and backward == [("all_gather", 4)] * 2
-    for forward, backward in launch(_fsdp2_reshard, 4, args=(False, None), timeout=120):
+    for forward, backward in runs[(False, None)]:
         assert forward == [("all_gather", 4)] * 3 and backward == []
 
 
@@ -1292,9 +1301,10 @@ def test_09_fsdp2_keeps_the_root_gathered_only_when_its_reshard_after_forward_is
     # 09, "`reshard_after_forward=2`: a middle way": "the root keeps its default, as in PyTorch, where the root
     # stays gathered from forward to backward only when `reshard_after_forward` is left unset
     # (_fsdp_state.py:205)": passed True explicitly, FSDP2 frees the root after forward and gathers it again.
-    for _, backward in launch(_fsdp2_reshard, 2, args=(True, True), timeout=120):
+    runs = run_cases(_fsdp2_reshard, ((True, True), (True, None)), 2, timeout=170, star=True)
+    for _, backward in runs[(True, True)]:
         assert len(backward) == 3  # blocks.1, blocks.0 and the root again
-    for _, backward in launch(_fsdp2_reshard, 2, args=(True, None), timeout=120):
+    for _, backward in runs[(True, None)]:
         assert len(backward) == 2
 
 
@@ -2073,8 +2083,8 @@ def test_12_pytorchs_colwise_parallel_cuts_contiguous_rows_and_knows_no_fused_qk
     # 12, "The same in PyTorch": "PyTorch's `ColwiseParallel` cuts a weight into contiguous blocks and has no
     # notion of a fused qkv. So on its side we first reorder qkv's rows as [q_0; k_0; v_0; q_1; k_1; v_1]"
     one_process = GPT(CFG)(*make_batch(CFG, 4)).item()
-    plain = launch(_torch_tp_loss, 2, args=(False,), timeout=60)[0]
-    reordered = launch(_torch_tp_loss, 2, args=(True,), timeout=60)[0]
+    runs = run_cases(_torch_tp_loss, (False, True), 2, timeout=120)  # as is, and reordered: one launch
+    plain, reordered = runs[False][0], runs[True][0]
     assert abs(plain - one_process) > 1e-4  # rank 0 computed all of q with half of k: wrong heads
     assert reordered == pytest.approx(one_process, rel=1e-5)
 
@@ -2129,10 +2139,11 @@ def test_12_pytorchs_sequence_parallel_splits_each_all_reduce_and_leaves_the_nor
     one_process = GPT(CFG)
     one_process(*make_batch(CFG, 4)).backward()
     want = one_process.blocks[0].ln_1.weight.grad
-    tp_counts = launch(_torch_sequence_parallel, 2, args=(False,), timeout=60)[0][0]
+    runs = run_cases(_torch_sequence_parallel, (False, True), 2, timeout=120)  # TP, then TP + SP: one launch
+    tp_counts = runs[False][0][0]
     per_direction = 2 * CFG.n_layer  # attention and MLP of each block: g forward, f backward
     assert tp_counts == [{"all_reduce": per_direction}] * 2
-    for counts, weight, grad, out, full_grad in launch(_torch_sequence_parallel, 2, args=(True,), timeout=60):
+    for counts, weight, grad, out, full_grad in runs[True]:
         assert counts == [{"all_gather_into_tensor": per_direction + 1, "reduce_scatter_tensor": per_direction}] * 2
         assert (weight, out, grad) == ("(Replicate(),)", "(Shard(dim=1),)", "(Partial(sum),)")
         torch.testing.assert_close(full_grad, want, rtol=1e-5, atol=1e-7)

@@ -5,6 +5,7 @@ import torch.distributed as dist
 
 from fsdp_mini import collectives as C
 from fsdp_mini import CommLog, launch
+from launch_cases import run_cases
 
 pytestmark = pytest.mark.usefixtures("no_orphans")
 
@@ -71,8 +72,10 @@ def test_ring_ops_equal_builtins(world_size):
 
 def test_ring_ops_on_subgroups():
     # 2x2: shard groups {0,1},{2,3} as hybrid sharding uses them, and replica groups {0,2},{1,3}.
-    assert launch(_compare_all, 4, args=([[0, 1], [2, 3]],)) == [[]] * 4
-    assert launch(_compare_all, 4, args=([[0, 2], [1, 3]],)) == [[]] * 4
+    shard_groups, replica_groups = ((0, 1), (2, 3)), ((0, 2), (1, 3))
+    runs = run_cases(_compare_all, (shard_groups, replica_groups), 4, timeout=120)  # both layouts, one launch
+    assert runs[shard_groups] == [[]] * 4
+    assert runs[replica_groups] == [[]] * 4
 
 
 def _async_in_order():

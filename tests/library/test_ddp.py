@@ -17,6 +17,7 @@ from fsdp_mini import CommLog, launch
 from fsdp_mini.ddp import DistributedDataParallel, all_reduce_gradients, plan_buckets
 from fsdp_mini.grad_buckets import MiB
 from small_model import TinyConfig, TinyLM, batch, rank_rows, train
+from launch_cases import run_cases
 
 CFG = TinyConfig()
 STEPS, BATCH = 4, 12  # 12 rows split evenly over 1, 2, 3 and 4 ranks
@@ -285,9 +286,12 @@ def _unused_worker(cap):
     return out
 
 
-@pytest.mark.parametrize("cap", [1e-9, 25])
+UNUSED_CAPS = [1e-9, 25]  # a bucket per parameter, one bucket for all
+
+
+@pytest.mark.parametrize("cap", UNUSED_CAPS)
 def test_unused_parameters_are_reduced_at_the_end_of_backward(cap, no_orphans):
-    results = launch(_unused_worker, 2, args=(cap,), timeout=60)
+    results = run_cases(_unused_worker, UNUSED_CAPS, 2, timeout=120)[cap]  # both caps, one launch
     for steps in results:
         for ours, theirs in steps:
             for n in ("a.weight", "a.bias", "b.weight", "b.bias"):  # b: rank 0's gradient / 2

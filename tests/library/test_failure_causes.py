@@ -58,6 +58,7 @@ def _notes(stderr: str) -> dict[int, list[str]]:
 
 
 @pytest.mark.timeout(400)  # six torchrun jobs at once: about 70 s on a busy 2-core machine
+@pytest.mark.torchrun
 def test_under_torchrun_each_note_and_diagnose_name_the_cause_and_a_run_that_ends_well_leaves_no_folder(tmp_path):
     """All six runs at once (a torchrun costs seconds to start): each its own TMPDIR, so its own folder
     under TMPDIR/fsdp_mini_flight. The note's first line is the cause, and `diagnose` on the folder says

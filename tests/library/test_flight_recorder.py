@@ -214,6 +214,7 @@ def test_diagnose_reads_one_run_and_names_the_stale_files_of_an_earlier_one(tmp_
         "(no record of rank 3; this run had 4 ranks)"]
 
 
+@pytest.mark.torchrun
 def test_flight_dir_chooses_the_folder_and_diagnose_names_the_divergence(tmp_path, no_orphans):
     script = tmp_path / "hang.py"
     script.write_text(textwrap.dedent("""
@@ -283,6 +284,7 @@ def _processes_running(script) -> list:
     return found
 
 
+@pytest.mark.torchrun
 def test_a_torchrun_hang_prints_the_verdict_within_the_timeout_with_nothing_set(tmp_path, no_orphans):
     """Two torchrun ranks, one skips an FSDP unit, `init(timeout=5)`, no environment variable: the ranks
     record into a folder of their run (under the temporary directory, here tmp_path), and a rank whose

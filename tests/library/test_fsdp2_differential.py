@@ -20,6 +20,7 @@ import torch.nn as nn
 import fsdp_mini
 from fsdp_mini import launch
 from fsdp2_calls import FSDP2Calls
+from launch_cases import run_cases
 
 IMPLS = ("fsdp_mini", "torch")
 
@@ -64,6 +65,19 @@ def _params(model):
 def _both(scenario):
     """Run `scenario(impl_name)` for both implementations on this rank: {impl: result}."""
     return {name: scenario(name) for name in IMPLS}
+
+
+def _both_with(case):
+    """One case of a parametrized scenario on this rank: case = (scenario, keyword, value)."""
+    scenario, keyword, value = case
+    return _both(functools.partial(scenario, **{keyword: value}))
+
+
+def _both_cases(scenario, keyword, values, world_size=2, **kwargs):
+    """{value: per-rank {impl: result}} of `scenario(impl, keyword=value)` for every value, in one launch
+    (tests/launch_cases.py): the parametrized tests of a scenario share it, each asserting its own value."""
+    results = run_cases(_both_with, [(scenario, keyword, v) for v in values], world_size, **kwargs)
+    return {value: results[(scenario, keyword, value)] for value in values}
 
 
 def _assert_same(results, compare):
@@ -270,9 +284,12 @@ def _containers(name, kind):
     return _grads(model)
 
 
-@pytest.mark.parametrize("kind", ["namedtuple", "dataclass"])
+KINDS = ["namedtuple", "dataclass"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_namedtuple_and_dataclass_activations_between_units(kind, no_orphans):
-    _assert_same(launch(lambda: {n: _containers(n, kind) for n in IMPLS}, 2, timeout=120), _same_tensors)
+    _assert_same(_both_cases(_containers, "kind", KINDS)[kind], _same_tensors)
 
 
 # --- API a user of FSDP2 reaches for -----------------------------------------------------------------
@@ -379,7 +396,10 @@ def _root_reshard(name, root_value):
     return gathers, _grads(model)
 
 
-@pytest.mark.parametrize("root_value, gathers", [("default", 7), (True, 8), (False, 7)])
+ROOT_VALUES = [("default", 7), (True, 8), (False, 7)]
+
+
+@pytest.mark.parametrize("root_value, gathers", ROOT_VALUES)
 def test_the_root_keeps_its_parameters_by_default_and_frees_them_when_told(root_value, gathers, no_orphans):
     # FSDP2: reshard_after_forward=None (the default) is True for every unit but the root; an explicit True
     # on the root frees it after forward too, and backward gathers it again (torch/distributed/fsdp/
@@ -388,8 +408,7 @@ def test_the_root_keeps_its_parameters_by_default_and_frees_them_when_told(root_
         assert a[0] == b[0] == gathers  # three layers twice, the root once (twice when freed)
         _same_tensors(a[1], b[1])
 
-    _assert_same(launch(_both, 2, args=(functools.partial(_root_reshard, root_value=root_value),),
-                        timeout=120), compare)
+    _assert_same(_both_cases(_root_reshard, "root_value", [v for v, _ in ROOT_VALUES])[root_value], compare)
 
 
 def _partly_sharded():
@@ -421,11 +440,14 @@ def _divided(factor):
     return _grads(model)
 
 
+DIVIDED = (None, 8.0)  # the default average, and a divide factor
+
+
 def test_gradient_divide_factor_divides_the_sum(no_orphans):
     # FSDP2's set_gradient_divide_factor needs ReduceOp.PREMUL_SUM, which gloo lacks (shared/NOTES.md): the
     # expectation is computed from the default average instead, sum = average x world
-    averaged = launch(_divided, 2, args=(None,), timeout=120)[0]
-    divided = launch(_divided, 2, args=(8.0,), timeout=120)[0]
+    runs = run_cases(_divided, DIVIDED, 2)  # one launch, shared with the forced-sum tests below
+    averaged, divided = runs[None][0], runs[8.0][0]
     _same_tensors(divided, {k: v * 2 / 8.0 for k, v in averaged.items()})
 
 
@@ -539,7 +561,7 @@ def test_set_reshard_after_forward_decides_whether_backward_gathers_again(value,
         assert len(gathers[:a[1]]) == len(_mlp())  # forward: one per layer
         assert len(gathers[a[1]:]) == (len(_mlp()) if value else 0)
 
-    _assert_same(launch(_both, 2, args=(functools.partial(_reshard_after_forward_set, value=value),), timeout=120), compare)
+    _assert_same(_both_cases(_reshard_after_forward_set, "value", [True, False])[value], compare)
 
 
 def _backward_prefetch_set(name, how):
@@ -558,7 +580,10 @@ def _backward_prefetch_set(name, how):
     return _issued(log)[log.marks["forward end"]:], _grads(model)
 
 
-@pytest.mark.parametrize("how", ["none", "all at once"])
+PREFETCH = ["none", "all at once"]
+
+
+@pytest.mark.parametrize("how", PREFETCH)
 def test_set_modules_to_backward_prefetch_orders_the_gathers(how, no_orphans):
     """Backward's collectives, call by call: with the last layer prefetching both others, all three
     AllGathers come first, as FSDP2 issues them. An empty list is where the two differ: fsdp_mini reads it
@@ -576,7 +601,7 @@ def test_set_modules_to_backward_prefetch_orders_the_gathers(how, no_orphans):
             assert a[0] == b[0]
             assert ops == ["all_gather"] * n + ["reduce_scatter"] * n
 
-    _assert_same(launch(_both, 2, args=(functools.partial(_backward_prefetch_set, how=how),), timeout=120), compare)
+    _assert_same(_both_cases(_backward_prefetch_set, "how", PREFETCH)[how], compare)
 
 
 # --- round two (issue 31 §3): the order of collectives, the root, the API ---------------------------------
@@ -727,7 +752,7 @@ def test_a_chunked_head_unit_used_standalone(how, no_orphans):
         assert a[0] == b[0]
         _same_tensors(a[1], b[1])
 
-    _assert_same(launch(lambda: {n: _chunked(n, how) for n in IMPLS}, 2, timeout=120), compare)
+    _assert_same(_both_cases(_chunked, "how", CHUNKED)[how], compare)
 
 
 def _reshard_int(name, value):
@@ -744,7 +769,10 @@ def _reshard_int(name, value):
     return _issued(log), _grads(model), warned
 
 
-@pytest.mark.parametrize("value, keeps", [(1, True), (2, False)])
+RESHARD_INTS = [(1, True), (2, False)]
+
+
+@pytest.mark.parametrize("value, keeps", RESHARD_INTS)
 def test_reshard_after_forward_int_1_keeps_and_the_group_size_frees(value, keeps, no_orphans):
     # FSDP2 reads an int as the group size to reshard to: 1 is False (with a warning), the shard group's size
     # is True (torch/distributed/fsdp/_fully_shard/_fsdp_init.py, _get_post_forward_mesh_info)
@@ -755,7 +783,7 @@ def test_reshard_after_forward_int_1_keeps_and_the_group_size_frees(value, keeps
         _same_tensors(a[1], b[1])
         assert a[2] == (value == 1)  # fsdp_mini warns (FSDP2 logs the same words)
 
-    _assert_same(launch(_both, 2, args=(functools.partial(_reshard_int, value=value),), timeout=120), compare)
+    _assert_same(_both_cases(_reshard_int, "value", [v for v, _ in RESHARD_INTS])[value], compare)
 
 
 class _Generating(nn.Module):
@@ -810,8 +838,7 @@ def test_the_root_stays_gathered_after_a_no_grad_generate(calls_forward, no_orph
         assert sum(op == "all_gather" for op, _, _ in a[2]) == 6 + calls_forward
         _same_tensors(a[3], b[3])
 
-    _assert_same(launch(_both, 2, args=(functools.partial(_generate_then_train, calls_forward=calls_forward),),
-                        timeout=120), compare)
+    _assert_same(_both_cases(_generate_then_train, "calls_forward", [False, True])[calls_forward], compare)
 
 
 class _Embedded(nn.Module):
@@ -913,10 +940,11 @@ def test_reset_iter_state_recovers_from_an_exception_mid_step(where, no_orphans)
         assert a[2] == b[2]
         _same_tensors(a[3], b[3])
 
-    results = launch(_both, 2, args=(functools.partial(_recover, where=where),), timeout=120)
+    runs = _both_cases(_recover, "where", ["forward", "backward", "skip"])  # "skip": no failed step at all
+    results = runs[where]
     _assert_same(results, compare)
     # the failed step counts for nothing: the same as two good steps
-    clean = launch(_both, 2, args=(functools.partial(_recover, where="skip"),), timeout=120)
+    clean = runs["skip"]
     _same_tensors(results[0]["fsdp_mini"][1], clean[0]["fsdp_mini"][1], rtol=1e-5, atol=1e-6)
 
 
@@ -954,8 +982,7 @@ def test_reset_iter_state_drops_the_accumulated_micro_batches(where, no_orphans)
     # the gradients that backward had produced before it failed. Neither is visible to the caller
     # (zero_grad() clears the sharded gradients only). fsdp_mini drops both, as the docstring says: the
     # next step is a fresh one.
-    runs = {w: launch(_both, 2, args=(functools.partial(_reset_while_accumulating, where=w),), timeout=120)
-            for w in (where, "none", "fresh")}
+    runs = _both_cases(_reset_while_accumulating, "where", ["forward", "backward", "none", "fresh"])
     for rank in range(2):
         fresh, accumulated = runs["fresh"][rank], runs["none"][rank]
         assert _same(accumulated["fsdp_mini"], accumulated["torch"]) and _same(fresh["fsdp_mini"], fresh["torch"])
@@ -1002,7 +1029,14 @@ def _summed(name, factor, deprecated_name=False):
     return _issued(log), _grads(model), warned
 
 
-@pytest.mark.parametrize("factor, deprecated_name", [(None, False), (8.0, False), (8.0, True)])
+FORCED_SUMS = [(None, False), (8.0, False), (8.0, True)]
+
+
+def _summed_case(name, case):
+    return _summed(name, factor=case[0], deprecated_name=case[1])
+
+
+@pytest.mark.parametrize("factor, deprecated_name", FORCED_SUMS)
 def test_forced_sums_and_a_divide_factor_match_pytorch_on_gloo(factor, deprecated_name, no_orphans):
     # with sums forced, FSDP2 reduce-scatters with SUM and divides afterwards, by the world or the factor
     # (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, _get_gradient_divide_factors)
@@ -1011,10 +1045,9 @@ def test_forced_sums_and_a_divide_factor_match_pytorch_on_gloo(factor, deprecate
         _same_tensors(a[1], b[1])
         assert a[2] == b[2] == deprecated_name
 
-    results = launch(_both, 2, args=(functools.partial(_summed, factor=factor, deprecated_name=deprecated_name),),
-                     timeout=120)
+    results = _both_cases(_summed_case, "case", FORCED_SUMS)[(factor, deprecated_name)]
     _assert_same(results, compare)
-    averaged = launch(_divided, 2, args=(None,), timeout=120)[0]
+    averaged = run_cases(_divided, DIVIDED, 2)[None][0]  # the launch test_gradient_divide_factor_... shares
     _same_tensors(results[0]["fsdp_mini"][1], {k: v * 2 / (factor or 2) for k, v in averaged.items()})
 
 
@@ -1089,7 +1122,7 @@ def test_shard_placement_fn_shards_along_dim_1_like_pytorch(opt_name, no_orphans
         _same_tensors(a[3], b[3])
         _same_tensors(a[4], b[4], rtol=1e-5, atol=1e-6)
 
-    _assert_same(launch(_both, 2, args=(functools.partial(_placed, opt_name=opt_name),), timeout=120), compare)
+    _assert_same(_both_cases(_placed, "opt_name", ["sgd", "adamw"])[opt_name], compare)
 
 
 ROUND_TWO_METHODS = ["set_unshard_in_backward", "reset_iter_state", "set_reduce_scatter_divide_factor",

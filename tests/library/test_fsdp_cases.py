@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from fsdp_mini import FSDP, CommLog, MixedPrecision, launch
 from small_model import Block, TinyConfig, TinyLM, batch, rank_rows, train
+from launch_cases import run_cases
 
 TOL = dict(rtol=1e-5, atol=1e-6)
 SGD = partial(torch.optim.SGD, lr=0.1, momentum=0.9)
@@ -195,7 +196,14 @@ def _no_sync_worker(strategy, micro):
     return model.full_state_dict()
 
 
-@pytest.mark.parametrize("strategy", ["NO_SHARD", "SHARD_GRAD_OP", "FULL_SHARD"])
+NO_SYNC_STRATEGIES = ["NO_SHARD", "SHARD_GRAD_OP", "FULL_SHARD"]
+
+
+def _no_sync_three_micro_batches(strategy):
+    return _no_sync_worker(strategy, 3)
+
+
+@pytest.mark.parametrize("strategy", NO_SYNC_STRATEGIES)
 def test_no_sync_accumulation_equals_one_big_batch(strategy, no_orphans):
     cfg = TinyConfig()
     ref = TinyLM(cfg)
@@ -205,7 +213,8 @@ def test_no_sync_accumulation_equals_one_big_batch(strategy, no_orphans):
         ref(x, y).backward()
         opt.step()
         opt.zero_grad()
-    sd = launch(_no_sync_worker, 2, args=(strategy, 3), timeout=60)[0]
+    # the three strategies in one launch (tests/launch_cases.py), each test asserting its own
+    sd = run_cases(_no_sync_three_micro_batches, NO_SYNC_STRATEGIES, 2, timeout=150)[strategy][0]
     for k, v in ref.state_dict().items():
         torch.testing.assert_close(sd[k], v, **TOL)
 
@@ -224,18 +233,25 @@ def _clip_worker(max_norm, impl):
     return norm, inf_norm, losses, model.full_state_dict(), clip_records
 
 
-@pytest.mark.parametrize("impl", ["builtin", "ring"])
+CLIP_MAX_NORM, CLIP_IMPLS = 0.05, ["builtin", "ring"]
+
+
+def _clip_at_the_test_norm(impl):
+    return _clip_worker(CLIP_MAX_NORM, impl)
+
+
+@pytest.mark.parametrize("impl", CLIP_IMPLS)
 def test_clip_grad_norm_equals_single_process_clipping(impl, no_orphans):
     """Both norms equal torch's on the unsharded model, and each is one logged AllReduce of one number
     (SUM of |g|^2, MAX for the infinity norm) through the chosen impl."""
-    cfg, max_norm = TinyConfig(), 0.05
+    cfg, max_norm = TinyConfig(), CLIP_MAX_NORM
     ref = TinyLM(cfg)
     ref(*batch(cfg, 12, 0)).backward()
     ref_norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), max_norm).item()
     ref_inf = torch.nn.utils.clip_grad_norm_(ref.parameters(), float("inf")).item()
     ref.zero_grad()
     ref_losses = train(ref, SGD(ref.parameters()), cfg, 4, 12, max_norm=max_norm)
-    results = launch(_clip_worker, 3, args=(max_norm, impl), timeout=60)
+    results = run_cases(_clip_at_the_test_norm, CLIP_IMPLS, 3, timeout=150)[impl]  # both impls, one launch
     mean_losses = torch.tensor([r[2] for r in results]).mean(0)
     torch.testing.assert_close(mean_losses, torch.tensor(ref_losses), **TOL)
     for norm, inf_norm, _, sd, clip_records in results:
@@ -406,13 +422,21 @@ def _unseeded_flat(strategy, sync):
     return model.full_state_dict()
 
 
+UNSEEDED = [(strategy, sync) for strategy in ("NO_SHARD", "FULL_SHARD") for sync in (False, True)]
+
+
+def _unseeded_case(case):
+    return _unseeded_flat(*case)
+
+
 @pytest.mark.parametrize("strategy", ["NO_SHARD", "FULL_SHARD"])
 def test_ranks_that_start_differently_are_named_or_synced_from_rank_0(strategy, no_orphans):
     seeded = [dict(TinyLM(seed=rank).named_parameters()) for rank in (0, 1)]
     first = next(name for name, p in seeded[0].items() if not torch.equal(p, seeded[1][name]))
-    messages = launch(_unseeded_flat, 3, args=(strategy, False), timeout=60)
+    runs = run_cases(_unseeded_case, UNSEEDED, 3, timeout=150)  # both strategies, with and without sync
+    messages = runs[(strategy, False)]
     assert len(set(messages)) == 1 and messages[0].startswith(
         f"ranks [1, 2] start from different values than rank 0 (first differing: {first})")
-    for sd in launch(_unseeded_flat, 3, args=(strategy, True), timeout=60):
+    for sd in runs[(strategy, True)]:
         for k, v in TinyLM(seed=0).state_dict().items():
             torch.testing.assert_close(sd[k], v, rtol=0, atol=0)

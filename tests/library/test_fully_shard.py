@@ -17,6 +17,7 @@ from fsdp_mini.fully_shard import (FSDPModule, full_state_dict, fully_shard, gat
                                    register_fsdp_forward_method, state_of)
 from fsdp_mini.mixed_precision import MixedPrecisionPolicy
 from small_model import Block, TinyConfig, TinyLM, batch, rank_rows, train
+from launch_cases import run_cases
 
 CFG = TinyConfig()
 STEPS, BATCH = 3, 12
@@ -551,10 +552,11 @@ def _unseeded(sync):
 def test_ranks_that_start_differently_are_named_or_synced_from_rank_0(no_orphans):
     seeded = [dict(TinyLM(CFG, seed=rank).blocks[0].named_parameters()) for rank in (0, 1)]
     first = next(name for name, p in seeded[0].items() if not torch.equal(p, seeded[1][name]))
-    messages = launch(_unseeded, 3, args=(False,), timeout=60)
+    runs = run_cases(_unseeded, (False, True), 3, timeout=120)  # without and with sync_module_states, one launch
+    messages = runs[False]
     assert messages[0].startswith("ranks [1, 2] start from different values than rank 0 (first differing: "
                                   f"{first} of the Block passed to fully_shard)") and len(set(messages)) == 1
-    synced = launch(_unseeded, 3, args=(True,), timeout=60)
+    synced = runs[True]
     for k, v in TinyLM(CFG, seed=0).state_dict().items():
         for sd in synced:
             torch.testing.assert_close(sd[k], v, rtol=0, atol=0)

@@ -273,6 +273,7 @@ print("never printed: finish() does not return")
 """
 
 
+@pytest.mark.torchrun
 def test_same_worker_runs_under_torchrun_and_as_a_plain_script(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
@@ -314,6 +315,7 @@ while True:  # training that never ends by itself
 """
 
 
+@pytest.mark.torchrun
 def test_killing_the_torchrun_agent_leaves_no_rank_running_and_diagnose_calls_the_run_interrupted(tmp_path):
     """torchrun starts each rank in a session of its own, so a killed agent (SIGKILL: no clean-up) used to
     leave its ranks training; `init()` asks Linux to kill a rank when its parent dies, as `launch` does.

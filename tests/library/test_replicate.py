@@ -23,6 +23,7 @@ from fsdp_mini.fully_shard import FSDPModule, fully_shard
 from fsdp_mini.replicate import ReplicateModule, replicate, replicated_parameters
 from expect import error_text
 from small_model import TinyConfig, TinyLM, batch, rank_rows, train
+from launch_cases import run_cases
 
 CFG = TinyConfig()
 STEPS, BATCH = 3, 12  # 12 rows split evenly over 2 and 3 ranks
@@ -271,8 +272,8 @@ def test_gradient_accumulation_without_sync_matches_one_process_and_pytorch(no_o
             ref(*batch(CFG, BATCH, step * MICRO + micro)).backward()
         opt.step()
         opt.zero_grad()
-    ours = launch(_accumulate, 2, args=("ours",), timeout=120)
-    theirs = launch(_accumulate, 2, args=("pytorch",), timeout=120)
+    runs = run_cases(_accumulate, ("ours", "pytorch"), 2, timeout=170)  # ours and PyTorch's, one launch
+    ours, theirs = runs["ours"], runs["pytorch"]
     alone = launch(_only_replicate_paused, 2, timeout=120)
     for rank in range(2):
         steps, weights = ours[rank]

@@ -12,6 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from expect import error_text
+from launch_cases import run_cases
 from fsdp_mini import CommLog, launch
 from fsdp_mini.fully_shard import full_state_dict, fully_shard
 from fsdp_mini.tensor_parallel import (ColumnParallelLinear, ColwiseParallel, ParallelDims, RowwiseParallel, TPShard,
@@ -101,6 +102,9 @@ def test_f_sums_gradients_in_backward_and_g_sums_outputs_in_forward(no_orphans):
 
 
 # --- parity with one process -----------------------------------------------------------------------------
+# Each test below runs for SGD and AdamW; both optimizers' runs share one launch (tests/launch_cases.py).
+OPTIMIZERS = ["sgd", "adamw"]
+
 
 def _tp_alone(opt_name):
     from torch.distributed.device_mesh import init_device_mesh
@@ -112,10 +116,10 @@ def _tp_alone(opt_name):
     return losses, gather_tensor_parallel(model, model.state_dict()), kinds, shapes
 
 
-@pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
+@pytest.mark.parametrize("opt_name", OPTIMIZERS)
 def test_tensor_parallel_alone_matches_one_process(opt_name, no_orphans):
     losses, weights = one_process(opt_name)
-    for got_losses, got_weights, kinds, shapes in launch(_tp_alone, 2, args=(opt_name,), timeout=60):
+    for got_losses, got_weights, kinds, shapes in run_cases(_tp_alone, OPTIMIZERS, 2, timeout=120)[opt_name]:
         assert got_losses == pytest.approx(losses, rel=1e-5)
         for name in weights:
             torch.testing.assert_close(got_weights[name], weights[name], **TOL)
@@ -133,10 +137,10 @@ def _tp_fsdp(opt_name):
     return losses, gather_tensor_parallel(model, full_state_dict(model))
 
 
-@pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
+@pytest.mark.parametrize("opt_name", OPTIMIZERS)
 def test_tensor_parallel_with_fully_shard_on_a_2x2_mesh_matches_one_process(opt_name, no_orphans):
     losses, weights = one_process(opt_name)
-    results = launch(_tp_fsdp, 4, args=(opt_name,), timeout=90)
+    results = run_cases(_tp_fsdp, OPTIMIZERS, 4, timeout=150)[opt_name]
     for rank, (got_losses, got_weights) in enumerate(results):
         partner = results[rank ^ 2][0]  # the other dp rank: the other half of the batch
         assert [(a + b) / 2 for a, b in zip(got_losses, partner)] == pytest.approx(losses, rel=1e-5)
@@ -345,10 +349,10 @@ def _sp_alone(opt_name):
         model, model.state_dict()), kinds
 
 
-@pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
+@pytest.mark.parametrize("opt_name", OPTIMIZERS)
 def test_tensor_and_sequence_parallel_alone_matches_one_process(opt_name, no_orphans):
     losses, weights = seq_one_process(opt_name)
-    for got_losses, got_weights, kinds in launch(_sp_alone, 2, args=(opt_name,), timeout=60):
+    for got_losses, got_weights, kinds in run_cases(_sp_alone, OPTIMIZERS, 2, timeout=120)[opt_name]:
         assert got_losses == pytest.approx(losses, rel=1e-5)
         for name in weights:
             torch.testing.assert_close(got_weights[name], weights[name], **TOL)
@@ -365,10 +369,10 @@ def _sp_fsdp(opt_name):
     return losses, gather_tensor_parallel(model, full_state_dict(model))
 
 
-@pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
+@pytest.mark.parametrize("opt_name", OPTIMIZERS)
 def test_tensor_and_sequence_parallel_with_fully_shard_on_a_2x2_mesh_matches_one_process(opt_name, no_orphans):
     losses, weights = seq_one_process(opt_name)
-    results = launch(_sp_fsdp, 4, args=(opt_name,), timeout=90)
+    results = run_cases(_sp_fsdp, OPTIMIZERS, 4, timeout=150)[opt_name]
     for rank, (got_losses, got_weights) in enumerate(results):
         partner = results[rank ^ 2][0]  # the other dp rank: the other half of the batch
         assert [(a + b) / 2 for a, b in zip(got_losses, partner)] == pytest.approx(losses, rel=1e-5)
