@@ -133,7 +133,7 @@ class FSDP(GradientSync, nn.Module):
     `bucket_cap_mb`: NO_SHARD only, the size of its gradient buckets, as in PyTorch's DDP.
     Every rank must start from the same values: by default this is checked (a ValueError names the ranks
     and the first differing parameter); `sync_module_states=True` gives every rank rank 0's instead.
-    Public state: `units` (root first), each with its `handles`; `groups`; `memory` (the tracker of
+    Public state: `units` (root first), each with its `handles`; `mesh_info` (its process groups); `memory` (the tracker of
     gathered bytes); `state_dict_keys`; `forward_order` / `backward_order` (prefetch).
     """
 
