@@ -8,10 +8,12 @@ The library, bottom up (a module imports only from its own layer or the ones bef
   1. one process, no collective: torch_internals (every private PyTorch name used, with its reason),
      runtime (init / finish / get_device, torchrun's environment), strategy (what each strategy
      implies), ring_model (bytes a ring sends), flat_param (flatten, pad, cut into shards), plan (which
-     modules become units), nested (tensors in nested outputs), mixed_precision, memory (estimates and
-     the tracker of gathered bytes), flight_recorder (each rank's last collectives, and the first one
+     modules become units), nested (tensors in nested outputs), mixed_precision, memory (the tracker of
+     gathered bytes, byte counts), flight_recorder (each rank's last collectives, and the first one
      where ranks diverged), replaced_params (an optimizer built before wrapping fails loudly),
      gathered_storage (gathered parameters freed and refilled), full_state (what a full state dict is)
+  beside the engines, never imported by them (analysis and measuring tools): estimates (the ZeRO paper's
+     arithmetic per strategy: `estimate_memory`), saved_activations (bytes autograd keeps for backward)
   2. processes and messages: launch (start N ranks and fail fast, from the caller), comm_log (every
      collective, logged), collectives (ring by hand and torch's builtins), groups (shard and replica
      process groups), grad_reduction (a gradient's ReduceScatter then replica AllReduce, in flight)
@@ -31,7 +33,7 @@ The library, bottom up (a module imports only from its own layer or the ones bef
 """
 from fsdp_mini import collectives, comm_log, flat_param, memory, plan, strategy
 from fsdp_mini.comm_log import CommLog, CommRecord, scope
-from fsdp_mini.memory import MemoryEstimate, MemoryTracker, estimate_memory, format_bytes
+from fsdp_mini.memory import MemoryTracker, format_bytes
 from fsdp_mini.mixed_precision import MixedPrecision, MixedPrecisionPolicy
 from fsdp_mini.strategy import ZERO1, ShardingStrategy, as_strategy, shard_group_size, sharded_states
 from fsdp_mini.runtime import finish, get_device, init, under_torchrun
@@ -53,3 +55,15 @@ __all__ = [
     "ZERO1", "as_strategy", "sharded_states", "shard_group_size",
     "collectives", "comm_log", "flat_param", "memory", "plan", "strategy",
 ]
+
+_ANALYSIS = {"estimate_memory": "fsdp_mini.estimates", "MemoryEstimate": "fsdp_mini.estimates"}
+
+
+def __getattr__(name: str):
+    """`fsdp_mini.estimate_memory` and `MemoryEstimate` load on first use: they are analysis, which the
+    engines never import, so `import fsdp_mini.fsdp` or `fsdp_mini.fully_shard` does not load them."""
+    if name in _ANALYSIS:
+        import importlib
+
+        return getattr(importlib.import_module(_ANALYSIS[name]), name)
+    raise AttributeError(f"module 'fsdp_mini' has no attribute {name!r}")

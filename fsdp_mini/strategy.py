@@ -52,7 +52,7 @@ __all__ = [
 ZERO1 = "ZERO1"
 """ZeRO stage 1: only optimizer states are sharded. Not a PyTorch FSDP strategy (FSDP has none that
 shards the optimizer but not the gradients); fsdp_mini implements it as `fsdp_mini.zero`. Accepted,
-case-insensitively, by `sharded_states`, `is_hybrid` and `fsdp_mini.memory.estimate_memory` only,
+case-insensitively, by `sharded_states`, `is_hybrid` and `fsdp_mini.estimates.estimate_memory` only,
 so that lessons can compare all four ZeRO stages side by side."""
 
 MODEL_STATES = frozenset({"params", "grads", "optimizer"})

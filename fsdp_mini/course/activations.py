@@ -7,7 +7,7 @@ that stores its s x s probabilities, and 2-byte tensors. The course's GPT (`fsdp
 has none of the dropout, stores fp32 (4 bytes), and calls `F.scaled_dot_product_attention`, whose CPU
 kernel (flash attention) keeps q, k, v, the output and one log-sum-exp per row instead of the s x s
 matrix. `course_terms` lists what is left, op by op; `measure_block` counts what autograd really saves
-(`fsdp_mini.memory.SavedActivations`), so a lesson can set one beside the other.
+(`fsdp_mini.saved_activations.SavedActivations`), so a lesson can set one beside the other.
 
 `Checkpointed(block)` runs a block under `torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`:
 forward keeps only the block's input, backward recomputes the block's forward first. Put around an FSDP
@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from fsdp_mini.course.models import Block, CausalSelfAttention, GPTConfig
-from fsdp_mini.memory import SavedActivations
+from fsdp_mini.saved_activations import SavedActivations
 
 __all__ = ["megatron_bytes", "course_terms", "course_bytes", "measure_block", "Checkpointed", "checkpoint_blocks",
            "recomputations", "PyTorchGathers", "SelectiveAttention", "checkpoint_attention_core", "sdpa_saved",

@@ -55,7 +55,7 @@ from fsdp_mini.course.planner import Layout, get_gpu, get_model
 from fsdp_mini.course.planner import Plan as PlannerPlan
 from fsdp_mini.course.planner import plan as planner_plan
 from fsdp_mini.course.simulate import flops_seconds
-from fsdp_mini.memory import MemoryEstimate, estimate_memory
+from fsdp_mini.estimates import MemoryEstimate, estimate_memory
 from fsdp_mini.ring_model import ring_model_sent
 from fsdp_mini.strategy import check_shard_size
 

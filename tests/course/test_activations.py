@@ -1,5 +1,5 @@
 """`fsdp_mini.course.activations`: the formula lesson 11 gives for what one block of the course's GPT keeps
-for backward equals what autograd saves (`measure_block`, through `fsdp_mini.memory.SavedActivations`).
+for backward equals what autograd saves (`measure_block`, through `fsdp_mini.saved_activations.SavedActivations`).
 Moved from tests/library/test_activation_checkpointing.py: it is about the course's model and formula."""
 from fsdp_mini.course.activations import course_bytes, measure_block
 from fsdp_mini.course.models import GPT, GPTConfig

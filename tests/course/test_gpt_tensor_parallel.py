@@ -354,10 +354,10 @@ def test_sequence_parallel_sends_what_tensor_parallel_sends_in_the_blocks(no_orp
 
 
 def _saved_by_norms(sequence_parallel: bool):
-    """What autograd keeps inside each LayerNorm's forward, per rank (fsdp_mini.memory.SavedActivations), and
+    """What autograd keeps inside each LayerNorm's forward, per rank (fsdp_mini.saved_activations.SavedActivations), and
     what the rest of the forward keeps, on one batch, TP or TP + SP over 2 ranks."""
     from fsdp_mini.course.tensor_parallel_plan import gpt_sp_plan
-    from fsdp_mini.memory import SavedActivations
+    from fsdp_mini.saved_activations import SavedActivations
 
     model = GPT(CFG)
     parallelize_module(model, tp_mesh(2), (gpt_sp_plan if sequence_parallel else gpt_tp_plan)(CFG, 2))

@@ -7,7 +7,7 @@ from fsdp_mini.course.planner import Layout, get_gpu, get_model, plan
 from fsdp_mini.course.planner.activations import block_saved
 from fsdp_mini.course.planner.layout import Checkpointing
 from fsdp_mini.course.planner.memory import saved_bytes
-from fsdp_mini.memory import SavedActivations
+from fsdp_mini.saved_activations import SavedActivations
 
 
 def test_held_after_forward_counts_what_is_alive_and_nothing_freed():

@@ -57,7 +57,7 @@ from fsdp_mini.course.activations import (
 )
 from fsdp_mini.course.pytorch_equivalent import pytorch_full_state_dict
 from fsdp_mini.course.train import train
-from fsdp_mini.memory import SavedActivations
+from fsdp_mini.saved_activations import SavedActivations
 
 
 # ============================== lessons 00-04 =====================================================

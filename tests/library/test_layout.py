@@ -351,3 +351,14 @@ def test_the_layer_docstring_names_every_library_module():
     modules = sorted(p.stem for p in Path(fsdp_mini.__file__).parent.glob("*.py") if not p.stem.startswith("_"))
     missing = [m for m in modules if not re.search(rf"\b{m}\b", fsdp_mini.__doc__)]
     assert not missing, f"modules missing from fsdp_mini/__init__.py's layer list: {missing}"
+
+
+def test_the_engines_load_no_analysis_module():
+    """`import fsdp_mini.fsdp` / `fsdp_mini.fully_shard` (and the package they sit in) loads neither the
+    estimates nor the activation meter nor anything of the course: those sit beside the engines."""
+    code = ("import sys, fsdp_mini.fsdp, fsdp_mini.fully_shard; "
+            "print([m for m in sys.modules if m in ('fsdp_mini.estimates', 'fsdp_mini.saved_activations') "
+            "or m.startswith('fsdp_mini.course')])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

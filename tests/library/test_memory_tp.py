@@ -5,7 +5,8 @@ import itertools
 
 import pytest
 
-from fsdp_mini.memory import estimate_memory, format_bytes
+from fsdp_mini.memory import format_bytes
+from fsdp_mini.estimates import estimate_memory
 from fsdp_mini.strategy import ZERO1, ShardingStrategy as S
 
 EVERY = [S.NO_SHARD, ZERO1, S.SHARD_GRAD_OP, S.FULL_SHARD, S.HYBRID_SHARD, S._HYBRID_SHARD_ZERO2]

@@ -2,7 +2,7 @@
 import torch
 import torch.nn as nn
 
-from fsdp_mini.memory import SavedActivations
+from fsdp_mini.saved_activations import SavedActivations
 from small_model import TinyLM, batch
 
 

@@ -7,7 +7,8 @@ import inspect
 import pytest
 
 import fsdp_mini.strategy as strategy_module
-from fsdp_mini.memory import MemoryEstimate, estimate_memory, format_bytes
+from fsdp_mini.memory import format_bytes
+from fsdp_mini.estimates import MemoryEstimate, estimate_memory
 from fsdp_mini.strategy import (
     MODEL_STATES,
     ZERO1,

@@ -381,8 +381,8 @@ def test_tensor_and_sequence_parallel_with_fully_shard_on_a_2x2_mesh_matches_one
 
 
 def _norm_saved(model, x):
-    """Bytes autograd keeps for backward inside each norm's forward (fsdp_mini.memory.SavedActivations)."""
-    from fsdp_mini.memory import SavedActivations
+    """Bytes autograd keeps for backward inside each norm's forward (fsdp_mini.saved_activations.SavedActivations)."""
+    from fsdp_mini.saved_activations import SavedActivations
 
     saved, handles = {}, []
     for name in ("block.norm", "norm_f"):

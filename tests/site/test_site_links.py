@@ -115,7 +115,7 @@ def test_math_in_a_paragraph_stays_whole_but_its_prose_links():
     ("fsdp_mini.launch", "", "", "autoref:fsdp_mini.launch.launch"),  # the export, as Python binds it
     ("fsdp_mini.launch(fn, world_size)", "", "", "autoref:fsdp_mini.launch.launch"),
     ("ShardingStrategy.FULL_SHARD", "", "", "autoref:fsdp_mini.strategy.ShardingStrategy.FULL_SHARD"),
-    ("estimate_memory", "", "", "autoref:fsdp_mini.memory.estimate_memory"),
+    ("estimate_memory", "", "", "autoref:fsdp_mini.estimates.estimate_memory"),
     ("CommLog", "", "", "autoref:fsdp_mini.comm_log.CommLog"),
     ("fsdp_mini/ddp.py", "", "", "autoref:fsdp_mini.ddp"),
     ("fsdp_mini.course.cost.predict", "", "", "autoref:fsdp_mini.course.cost.predict"),
@@ -310,7 +310,7 @@ def test_lesson_mentions_in_prose_are_links_to_that_lesson(site):
 
 # a few names a learner meets early: each must link to its heading in the reference of the page's language
 NAMED_API = {"FSDP": "fsdp_mini.fsdp.FSDP", "fully_shard": "fsdp_mini.fully_shard.fully_shard",
-             "CommLog": "fsdp_mini.comm_log.CommLog", "fsdp_mini.estimate_memory": "fsdp_mini.memory.estimate_memory",
+             "CommLog": "fsdp_mini.comm_log.CommLog", "fsdp_mini.estimate_memory": "fsdp_mini.estimates.estimate_memory",
              "fsdp_mini.launch": "fsdp_mini.launch.launch", "fsdp_mini.collectives": "fsdp_mini.collectives"}
 
 

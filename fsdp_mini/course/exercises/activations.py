@@ -29,7 +29,7 @@ from fsdp_mini.course.cluster import Cluster
 from fsdp_mini.course.cost import ring_all_gather
 from fsdp_mini.course.exercise import CodeExercise, Verdict
 from fsdp_mini.course.language import num, size, tr
-from fsdp_mini.memory import SavedActivations
+from fsdp_mini.saved_activations import SavedActivations
 
 __all__ = ["CHOOSE_CHECKPOINTED", "TOKENS_TO_HIDE", "choose_checkpointed", "tokens_to_hide", "uneven_model",
            "BUDGET_CASES", "CLUSTER_CASES"]
