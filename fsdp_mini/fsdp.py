@@ -44,6 +44,7 @@ import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -71,7 +72,7 @@ from fsdp_mini.states import TrainingState
 from fsdp_mini.strategy import ShardingStrategy, as_strategy, is_hybrid, reshard_after_forward, shard_group_size
 from fsdp_mini.torch_internals import queue_after_backward, set_registered_buffer, unregister_parameter
 
-__all__ = ["FSDP", "FSDPUnit", "ExecutionOrder"]
+__all__ = ["FSDP", "FSDPUnit", "ExecutionOrder", "materialise_by_name"]
 
 
 class FSDPUnit:
@@ -127,9 +128,11 @@ class FSDP(GradientSync, nn.Module):
     """Fully Sharded Data Parallel over all ranks of the default process group (see the module doc).
 
     `wrap`: module classes that become their own unit. `shard_size`: ranks per shard group for the
-    hybrid strategies (default LOCAL_WORLD_SIZE: one node). `param_init_fn(name, tensor)`: fills a
-    parameter or buffer in place by its name, required for a model built on the meta device, which is
-    materialised one unit at a time. `impl`: "builtin" (torch.distributed) or "ring" (fsdp_mini's own).
+    hybrid strategies (default LOCAL_WORLD_SIZE: one node). `param_init_fn(module)`, PyTorch FSDP1's: for
+    a model built on the meta device, called on every module of a unit (breadth first from the unit's
+    module, stopping at other units) to put that module's own tensors on the device and fill them, e.g.
+    `lambda m: m.to_empty(device=fsdp_mini.get_device(), recurse=False)` then an init; units are
+    materialised one at a time, so at most one is ever whole on a rank. `impl`: "builtin" (torch.distributed) or "ring" (fsdp_mini's own).
     `bucket_cap_mb`: NO_SHARD only, the size of its gradient buckets, as in PyTorch's DDP.
     Every rank must start from the same values: by default this is checked (a ValueError names the ranks
     and the first differing parameter); `sync_module_states=True` gives every rank rank 0's instead.
@@ -220,28 +223,27 @@ class FSDP(GradientSync, nn.Module):
     def _materialise(self, plan: Plan, init_fn, initial_values: list) -> list[FSDPUnit]:
         """Build each unit's shards one unit at a time: at most one unit is ever whole on this rank."""
         units = []
+        unit_modules = {id(u.module) for u in plan.units}
         for u in plan.units:
-            unit = FSDPUnit(u.name, u.module, [self._handle(fp, init_fn, initial_values) for fp in u.flat_params], u.is_root)
+            if init_fn is not None:
+                for module in _modules_of_unit(u.module, unit_modules):  # FSDP1's _get_modules_to_materialize
+                    init_fn(module)
+            unit = FSDPUnit(u.name, u.module, [self._handle(fp, initial_values) for fp in u.flat_params], u.is_root)
             unit.reshard()
             units.append(unit)
         for name, buf in list(self.module.named_buffers()):
-            owner, _, attr = name.rpartition(".")
-            mod = self.module.get_submodule(owner)
             if buf.is_meta:
-                if init_fn is None:
-                    raise ValueError(f"buffer {name} is on the meta device: pass param_init_fn to materialise it")
-                real = torch.empty_like(buf, device=self.device)
-                init_fn(name, real)
-                set_registered_buffer(mod, attr, real)
-            else:
-                set_registered_buffer(mod, attr, buf.to(self.device))
+                raise ValueError(f"buffer {name} is on the meta device: pass a param_init_fn that materialises "
+                                 f"its module")
+            owner, _, attr = name.rpartition(".")
+            set_registered_buffer(self.module.get_submodule(owner), attr, buf.to(self.device))
         return units
 
-    def _handle(self, fp: FlatParamPlan, init_fn, initial_values: list) -> FlatParamHandle:
+    def _handle(self, fp: FlatParamPlan, initial_values: list) -> FlatParamHandle:
         """One flat parameter, built whole, synced from rank 0 or fingerprinted into `initial_values`
         (checked across ranks once every unit is built), then sharded."""
         layout = fp.layout(self.mesh_info.shard_mesh_size)
-        full = _full_flat(fp, layout, self.device, init_fn)
+        full = _full_flat(fp, layout, self.device)
         if self.sync_module_states:
             broadcast_from_rank0([full])
         else:
@@ -510,13 +512,46 @@ class FSDP(GradientSync, nn.Module):
             return getattr(inner, name)
 
 
-def _full_flat(fp: FlatParamPlan, layout, device, init_fn) -> torch.Tensor:
-    """The unit's whole flat buffer: copied from the parameters, or built by `init_fn` on meta ones."""
-    if not any(p.param.is_meta for p in fp.params):
-        return flatten([p.param.detach() for p in fp.params], layout, dtype=fp.dtype, device=device)
-    if init_fn is None:
-        raise ValueError(f"parameter {fp.params[0].names[0]} is on the meta device: pass param_init_fn")
-    full = torch.zeros(layout.padded_numel, dtype=fp.dtype, device=device)
-    for p, info in zip(fp.params, layout.params):
-        init_fn(p.names[0], full[info.offset:info.offset + info.numel].view(info.shape))
-    return full
+def _full_flat(fp: FlatParamPlan, layout, device) -> torch.Tensor:
+    """The unit's whole flat buffer, copied from the parameters as their first owner holds them now
+    (`param_init_fn` may have replaced a meta parameter by a new one)."""
+    params = [getattr(module, name) for module, name in (p.owners[0] for p in fp.params)]
+    for p, now in zip(fp.params, params):
+        if now.is_meta:
+            raise ValueError(f"parameter {p.names[0]} is on the meta device: pass a param_init_fn that "
+                             f"materialises its module")
+    return flatten([t.detach() for t in params], layout, dtype=fp.dtype, device=device)
+
+
+def _modules_of_unit(root: nn.Module, unit_modules: set[int]) -> list[nn.Module]:
+    """The modules a unit materialises, breadth first from its module, stopping at other units' modules
+    (PyTorch FSDP1's `_get_modules_to_materialize`, torch/distributed/fsdp/_init_utils.py)."""
+    found, queue, seen = [], [root], {id(root)}
+    while queue:
+        module = queue.pop(0)
+        found.append(module)
+        for child in module.children():
+            if id(child) not in seen and id(child) not in unit_modules:
+                seen.add(id(child))
+                queue.append(child)
+    return found
+
+
+def materialise_by_name(model: nn.Module, init: Callable[[str, torch.Tensor], None]) -> Callable[[nn.Module], None]:
+    """A `param_init_fn(module)` for a model whose initial values are a function of each tensor's name
+    (the course's GPT: `init(name, tensor)` fills `tensor` in place): the module's own parameters and
+    buffers go to this rank's device (`to_empty(recurse=False)`) and each is filled under its full name."""
+    names = {id(m): prefix for prefix, m in model.named_modules()}
+    device = get_device()
+
+    def param_init_fn(module: nn.Module) -> None:
+        if not any(t.is_meta for t in [*module.parameters(recurse=False), *module.buffers(recurse=False)]):
+            return
+        module.to_empty(device=device, recurse=False)
+        prefix = names[id(module)]
+        for name, tensor in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
+            with torch.no_grad():
+                init(f"{prefix}.{name}" if prefix else name, tensor)
+
+    return param_init_fn
+

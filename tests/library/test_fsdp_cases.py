@@ -9,6 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from fsdp_mini import FSDP, CommLog, MixedPrecision, launch
+from fsdp_mini.fsdp import materialise_by_name
 from small_model import Block, TinyConfig, TinyLM, batch, rank_rows, train
 from launch_cases import run_cases
 
@@ -266,9 +267,57 @@ def _meta_worker():
     cfg = TinyConfig(depth=3)
     with torch.device("meta"):
         meta = TinyLM(cfg, seed=7)
-    model = FSDP(meta, "FULL_SHARD", wrap=(Block,), param_init_fn=meta.init_parameter)
+    model = FSDP(meta, "FULL_SHARD", wrap=(Block,), param_init_fn=materialise_by_name(meta, meta.init_parameter))
     unit_bytes = [sum(h.nbytes for h in u.handles) for u in model.units]
     return model.full_state_dict(), model.memory.peak, unit_bytes, model.memory_stats()["params"]
+
+
+def _modules_given_to_param_init_fn():
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP1
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    def calls(wrap):
+        with torch.device("meta"):
+            meta = TinyLM(TinyConfig(depth=2), seed=7)
+        names, seen = {id(m): n for n, m in meta.named_modules()}, []
+        init = materialise_by_name(meta, meta.init_parameter)
+
+        def record(module):
+            seen.append(names[id(module)])
+            init(module)
+        wrap(meta, record)
+        return seen
+
+    ours = calls(lambda m, fn: FSDP(m, "FULL_SHARD", wrap=(Block,), param_init_fn=fn))
+    theirs = calls(lambda m, fn: FSDP1(m, auto_wrap_policy=ModuleWrapPolicy({Block}), param_init_fn=fn,
+                                       device_id=torch.device("cpu"), use_orig_params=True))
+    try:
+        with torch.device("meta"):
+            left = TinyLM(TinyConfig(depth=2))
+        FSDP(left, "FULL_SHARD", wrap=(Block,), param_init_fn=lambda module: None)
+        error = None
+    except ValueError as e:
+        error = str(e)
+    return ours, theirs, error
+
+
+def test_param_init_fn_takes_each_module_of_a_unit_as_fsdp1_does(no_orphans):
+    """PyTorch FSDP1's `param_init_fn(module)`: called on every module of a unit, breadth first from the
+    unit's module and stopping at other units; FSDP1 builds the inner units first, fsdp_mini the root
+    first, so the calls are compared unit by unit. A param_init_fn that leaves a parameter on the meta
+    device is a ValueError naming it."""
+    ours, theirs, error = launch(_modules_given_to_param_init_fn, 2, timeout=120)[0]
+    units = {"", "blocks.0", "blocks.1"}
+
+    def by_unit(seen):
+        out, current = {}, None
+        for name in seen:
+            current = name if name in units else current
+            out.setdefault(current, []).append(name)
+        return out
+    assert by_unit(ours) == by_unit(theirs) and len(ours) == len(theirs)
+    assert ours[:5] == ["", "embed", "blocks", "norm", "head"]  # the root's own modules, not its blocks
+    assert error == ("parameter pos is on the meta device: pass a param_init_fn that materialises its module")
 
 
 def test_meta_init_materialises_one_unit_at_a_time(no_orphans):
