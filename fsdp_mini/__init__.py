@@ -56,14 +56,15 @@ __all__ = [
     "collectives", "comm_log", "flat_param", "memory", "plan", "strategy",
 ]
 
-_ANALYSIS = {"estimate_memory": "fsdp_mini.estimates", "MemoryEstimate": "fsdp_mini.estimates"}
+# exports that load on first use (module-level __getattr__): analysis the engines never import
+LAZY_EXPORTS = {"estimate_memory": "fsdp_mini.estimates", "MemoryEstimate": "fsdp_mini.estimates"}
 
 
 def __getattr__(name: str):
     """`fsdp_mini.estimate_memory` and `MemoryEstimate` load on first use: they are analysis, which the
     engines never import, so `import fsdp_mini.fsdp` or `fsdp_mini.fully_shard` does not load them."""
-    if name in _ANALYSIS:
+    if name in LAZY_EXPORTS:
         import importlib
 
-        return getattr(importlib.import_module(_ANALYSIS[name]), name)
+        return getattr(importlib.import_module(LAZY_EXPORTS[name]), name)
     raise AttributeError(f"module 'fsdp_mini' has no attribute {name!r}")

@@ -172,6 +172,10 @@ def library_names() -> dict[str, str]:
                 if target in full:
                     names[f"fsdp_mini.{alias.asname or alias.name}"] = target
                     names[alias.asname or alias.name] = target
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["LAZY_EXPORTS"]:
+            for name, module in ast.literal_eval(node.value).items():  # exports loaded on first use
+                if f"{module}.{name}" in full:
+                    names[f"fsdp_mini.{name}"] = names[name] = f"{module}.{name}"
     return names
 
 
