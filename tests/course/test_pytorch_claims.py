@@ -36,6 +36,7 @@ from fsdp_mini.course.train import local_rows, train
 import functools
 import pickle
 import re
+from fsdp_mini.course.activation_runs import checkpoint_then_shard
 from fsdp_mini.course.flight_records import dump_trace, first_finding, fr_trace, record_both
 import torch.utils.checkpoint as tuc
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
@@ -1784,14 +1785,8 @@ def _ac_worker():
         calls = []
         for block in model.blocks:
             block.register_forward_pre_hook(lambda *_: calls.append(1))
-        if order == "ac":
-            apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, Block))
-        units = [m for m in model.modules() if isinstance(m, CheckpointWrapper)] or list(model.blocks)
-        for unit in units:
-            torch_fully_shard(unit)
-        if order == "fsdp":
-            apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, Block))
-        torch_fully_shard(model)
+        # the lesson's own wrapping: "ac" wraps the blocks then shards the wrappers, "fsdp" the other way
+        checkpoint_then_shard(model, {"none": "none", "ac": "inside", "fsdp": "around"}[order])
         with PyTorchGathers() as gathers:
             train(model, torch.optim.SGD(model.parameters(), lr=0.1), CFG4, steps=STEPS, batch_size=8)
         out[order] = {"counts": sorted(v // STEPS for v in gathers.counts.values()),
