@@ -74,7 +74,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from fsdp_mini.torch_internals import DCP_METADATA_GLOBALS, storage_location
 
 __all__ = ["CheckpointError", "CorruptCheckpointError", "IncompleteCheckpointError", "UnsafeCheckpointError",
-           "SaveStep", "ChecksummingWriter", "OpenedCheckpoint", "WeightsOnlyLoadPlanner", "save_atomically",
+           "SaveStep", "ChecksummingWriter", "OpenedCheckpoint", "InPlaceLoadPlanner", "WeightsOnlyLoadPlanner", "save_atomically",
            "open_checkpoint", "verify_pieces",
            "crc32_of_ranges", "staging_path", "replaced_path", "MANIFEST", "METADATA"]
 
@@ -421,22 +421,26 @@ class _OpenedReader(dcp.FileSystemReader):
         return metadata
 
 
-class WeightsOnlyLoadPlanner(DefaultLoadPlanner):
-    """DCP's default load planner, but a non-tensor item (`optim.param_groups`, `extra_state`, an
+class InPlaceLoadPlanner(DefaultLoadPlanner):
+    """DCP's default load planner restricted to what fsdp_mini's loads need: a flat state dict, loaded in
+    place. With flatten_sharded_tensors, DefaultLoadPlanner loads into a copy of the dict, so an item would
+    never reach the caller's dict (DCP's default planner has that trap too when flatten_state_dict is
+    False); asking for either is a ValueError naming the planner."""
+
+    def __init__(self, flatten_state_dict: bool = False, flatten_sharded_tensors: bool = False,
+                 allow_partial_load: bool = False):
+        if flatten_state_dict or flatten_sharded_tensors:
+            raise ValueError(f"{type(self).__name__} loads a flat state dict in place: flatten_state_dict and "
+                             "flatten_sharded_tensors must be False")
+        super().__init__(False, False, allow_partial_load)
+
+
+class WeightsOnlyLoadPlanner(InPlaceLoadPlanner):
+    """DCP's default load planner (flat, in place), but a non-tensor item (`optim.param_groups`, `extra_state`, an
     optimizer's plain value) is unpickled with `torch.load(weights_only=True)` instead of
     `weights_only=False`: plain containers, numbers, strings and tensors load, anything that could run
     code is an UnsafeCheckpointError naming the item and the global (allow a class of your own with
     `torch.serialization.add_safe_globals`)."""
-
-    def __init__(self, flatten_state_dict: bool = False, flatten_sharded_tensors: bool = False,
-                 allow_partial_load: bool = False):
-        # Flat dicts only, loaded in place: with flatten_sharded_tensors, DefaultLoadPlanner loads into a
-        # copy of the dict, so an item would never reach the caller's dict (DCP's default planner has that
-        # trap too when flatten_state_dict is False).
-        if flatten_state_dict or flatten_sharded_tensors:
-            raise ValueError("WeightsOnlyLoadPlanner loads a flat state dict in place: flatten_state_dict and "
-                             "flatten_sharded_tensors must be False")
-        super().__init__(False, False, allow_partial_load)
 
     def load_bytes(self, read_item, value: io.BytesIO) -> None:
         key = read_item.dest_index.fqn

@@ -23,12 +23,13 @@ import math
 from typing import Any, NamedTuple
 
 import torch
-from torch.distributed.checkpoint.default_planner import (DefaultLoadPlanner, DefaultSavePlanner,
-                                                          create_default_local_load_plan)
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner, create_default_local_load_plan
 from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, MetadataIndex, TensorProperties,
                                                    TensorStorageMetadata)
 from torch.distributed.checkpoint.planner import LoadPlan, SavePlan, TensorWriteData, WriteItem, WriteItemType
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+
+from fsdp_mini.checkpoint_integrity import InPlaceLoadPlanner
 
 __all__ = ["Box", "BoxedTensor", "BoxesSavePlanner", "BoxesLoadPlanner"]
 
@@ -117,17 +118,10 @@ class BoxesSavePlanner(DefaultSavePlanner):
         return super().lookup_object(index)
 
 
-class BoxesLoadPlanner(DefaultLoadPlanner):
-    """DCP's default load planner, plus `BoxedTensor` values, each box filled in place from the overlapping
-    parts of the saved chunks, whatever boxes saved them. Flat dicts only, loaded in place (as
-    `fsdp_mini.checkpoint_integrity.WeightsOnlyLoadPlanner`)."""
-
-    def __init__(self, flatten_state_dict: bool = False, flatten_sharded_tensors: bool = False,
-                 allow_partial_load: bool = False):
-        if flatten_state_dict or flatten_sharded_tensors:
-            raise ValueError("BoxesLoadPlanner loads a flat state dict in place: flatten_state_dict and "
-                             "flatten_sharded_tensors must be False")
-        super().__init__(False, False, allow_partial_load)
+class BoxesLoadPlanner(InPlaceLoadPlanner):
+    """DCP's default load planner (flat dicts, loaded in place: `InPlaceLoadPlanner`), plus `BoxedTensor`
+    values, each box filled in place from the overlapping parts of the saved chunks, whatever boxes saved
+    them."""
 
     def set_up_planner(self, state_dict, metadata=None, is_coordinator: bool = False) -> None:
         # DCP's own set-up walks the dict and puts None in place of any value it does not know (torch 2.13,
