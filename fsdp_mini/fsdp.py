@@ -182,7 +182,8 @@ class FSDP(GradientSync, nn.Module):
             check_same_fingerprints(initial_values + [(n, fingerprint(b)) for n, b in buffers], device=self.device)
         # FSDP1 computes with floating-point buffers in `buffer_dtype` and saves them in their own dtype
         self._buffer_dtypes = {name: b.dtype for name, b in module.named_buffers(remove_duplicate=False)}
-        self._cast_buffers(self.mixed_precision.buffer_dtype)
+        if self.mixed_precision.buffer_dtype is not None:
+            self._cast_buffers(self.mixed_precision.buffer_dtype)
         self._flat_params = nn.ParameterList([h.shard for h in self.handles])
         mark_replaced(originals)  # an optimizer built before wrapping fails at its first step
         mark_wrapped(module, "FSDP")  # fully_shard on one of its modules is refused
@@ -284,13 +285,12 @@ class FSDP(GradientSync, nn.Module):
         """An inner unit's forward pre-hook under `MixedPrecision(cast_forward_inputs=True)`."""
         return self.mixed_precision.cast_inputs(args, kwargs, root=False)
 
-    def _cast_buffers(self, dtype: torch.dtype | None) -> None:
-        """Floating-point buffers in `dtype` (None: each in its own dtype, as the model was built)."""
+    def _cast_buffers(self, dtype: torch.dtype) -> None:
+        """Floating-point buffers in `dtype` (`MixedPrecision.buffer_dtype`), computed with from now on."""
         for name, buf in self.module.named_buffers():
             if buf.is_floating_point():
                 owner, _, attr = name.rpartition(".")
-                set_registered_buffer(self.module.get_submodule(owner), attr,
-                                      buf.to(dtype or self._buffer_dtypes[name]))
+                set_registered_buffer(self.module.get_submodule(owner), attr, buf.to(dtype))
 
     def _refuse_sharded_use(self, name: str, module, args) -> None:
         """A forward pre-hook on the wrapped module and on the modules holding the root unit's parameters:

@@ -73,18 +73,12 @@ def import_block(cell) -> str | None:
     tree = _parse(_source(cell))
     if not tree or not tree.body or cell.get("outputs"):
         return None
-    body = [n for n in tree.body if not _sets_language(n)]  # the imports cell ends with set_language("..")
-    imports = sum(isinstance(n, (ast.Import, ast.ImportFrom)) for n in body)
+    imports = sum(isinstance(n, (ast.Import, ast.ImportFrom)) for n in tree.body)
     small_def = lambda n: isinstance(n, ast.FunctionDef) and n.end_lineno - n.lineno < 5  # a helper
-    if not body or imports * 2 < len(body) or not all(
-            isinstance(n, (ast.Import, ast.ImportFrom, ast.Assign)) or small_def(n) for n in body):
+    if imports * 2 < len(tree.body) or not all(
+            isinstance(n, (ast.Import, ast.ImportFrom, ast.Assign)) or small_def(n) for n in tree.body):
         return None
-    return "imports" if imports == len(body) else "setup"
-
-
-def _sets_language(node) -> bool:
-    return (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
-            and getattr(node.value.func, "id", None) == "set_language")
+    return "imports" if imports == len(tree.body) else "setup"
 
 
 def listed_objects(code: str) -> list[str]:
