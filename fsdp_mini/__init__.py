@@ -6,14 +6,15 @@ Two floors. This package is the library, what an engineer imports to train a mod
 
 The library, bottom up (a module imports only from its own layer or the ones before it in this list):
   1. one process, no collective: torch_internals (every private PyTorch name used, with its reason),
-     runtime (init / finish / get_device, torchrun's environment), strategy (what each strategy
-     implies), ring_model (bytes a ring sends), flat_param (flatten, pad, cut into shards), plan (which
-     modules become units), nested (tensors in nested outputs), mixed_precision, memory (the tracker of
+     runtime (init / finish / get_device, torchrun's environment), strategy (the strategies, and what
+     the engines ask of one), ring_model (bytes a ring sends), flat_param (flatten, pad, cut into
+     shards), plan (which modules become units), nested (tensors in nested outputs), mixed_precision, memory (the tracker of
      gathered bytes, byte counts), flight_recorder (each rank's last collectives, and the first one
      where ranks diverged), replaced_params (an optimizer built before wrapping fails loudly),
      gathered_storage (gathered parameters freed and refilled), full_state (what a full state dict is)
-  beside the engines, never imported by them (analysis and measuring tools): estimates (the ZeRO paper's
-     arithmetic per strategy: `estimate_memory`), saved_activations (bytes autograd keeps for backward)
+  beside the engines, never imported by them (analysis and measuring tools): strategy_facts (what each
+     ZeRO stage shards and gathers, `ZERO1` included), estimates (the ZeRO paper's arithmetic per strategy:
+     `estimate_memory`), saved_activations (bytes autograd keeps for backward)
   2. processes and messages: launch (start N ranks and fail fast, from the caller), comm_log (every
      collective, logged), collectives (ring by hand and torch's builtins), groups (shard and replica
      process groups), grad_reduction (a gradient's ReduceScatter then replica AllReduce, in flight)
@@ -35,7 +36,7 @@ from fsdp_mini import collectives, comm_log, flat_param, memory, plan, strategy
 from fsdp_mini.comm_log import CommLog, CommRecord, scope
 from fsdp_mini.memory import MemoryTracker, format_bytes
 from fsdp_mini.mixed_precision import MixedPrecision, MixedPrecisionPolicy
-from fsdp_mini.strategy import ZERO1, ShardingStrategy, as_strategy, shard_group_size, sharded_states
+from fsdp_mini.strategy import ShardingStrategy, as_strategy, shard_group_size
 from fsdp_mini.runtime import finish, get_device, init, under_torchrun
 from fsdp_mini.launch import LaunchError, LaunchTimeout, launch
 from fsdp_mini.fsdp import FSDP
@@ -57,12 +58,14 @@ __all__ = [
 ]
 
 # exports that load on first use (module-level __getattr__): analysis the engines never import
-LAZY_EXPORTS = {"estimate_memory": "fsdp_mini.estimates", "MemoryEstimate": "fsdp_mini.estimates"}
+LAZY_EXPORTS = {"estimate_memory": "fsdp_mini.estimates", "MemoryEstimate": "fsdp_mini.estimates",
+                "ZERO1": "fsdp_mini.strategy_facts", "sharded_states": "fsdp_mini.strategy_facts"}
 
 
 def __getattr__(name: str):
-    """`fsdp_mini.estimate_memory` and `MemoryEstimate` load on first use: they are analysis, which the
-    engines never import, so `import fsdp_mini.fsdp` or `fsdp_mini.fully_shard` does not load them."""
+    """`fsdp_mini.estimate_memory`, `MemoryEstimate`, `ZERO1` and `sharded_states` load on first use: they
+    are analysis, which the engines never import, so `import fsdp_mini.fsdp` or `fsdp_mini.fully_shard`
+    does not load them."""
     if name in LAZY_EXPORTS:
         import importlib
 

@@ -23,7 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fsdp_mini.memory import format_bytes
-from fsdp_mini.strategy import StrategyLike, check_shard_size, is_hybrid, shard_group_size, sharded_states
+from fsdp_mini.strategy import StrategyLike, check_shard_size
+from fsdp_mini.strategy_facts import facts, shard_group_size
 
 __all__ = ["MemoryEstimate", "estimate_memory"]
 
@@ -66,7 +67,7 @@ def estimate_memory(
     `strategy` is a `ShardingStrategy` (or its name) or `ZERO1`. A sharded state is split over all
     `world_size` ranks, except for the hybrid strategies, which split it over a shard group of
     `shard_size` ranks and replicate it across the `world_size // shard_size` groups; `shard_size`
-    follows `fsdp_mini.strategy.shard_group_size` (default: one node), and is rejected for the others.
+    follows `fsdp_mini.strategy_facts.shard_group_size` (default: one node), and is rejected for the others.
 
     `tp` is the tensor-parallel degree of a 2-D mesh (tp x dp). Tensor parallelism splits every weight
     matrix over the tp ranks of its group for the whole step, so each TP rank owns ceil(num_params / tp)
@@ -91,8 +92,8 @@ def estimate_memory(
     if world_size % tp:
         raise ValueError(f"world_size={world_size} is not a multiple of tp={tp}: a 2-D mesh of tp x dp ranks "
                          f"needs world_size = tp * dp")
-    sharded = sharded_states(strategy)
-    if tp > 1 and is_hybrid(strategy):
+    sharded = facts(strategy).sharded
+    if tp > 1 and facts(strategy).hybrid:
         dp = world_size // tp
         if shard_size is None:
             raise ValueError(f"with tp={tp} a hybrid strategy needs shard_size, in data-parallel ranks (a divisor "

@@ -1,4 +1,4 @@
-"""What each sharding strategy splits across ranks, and what it keeps whole.
+"""The sharding strategies, under PyTorch FSDP's names, and what the engines ask of one.
 
 Data-parallel training keeps three *model states* per parameter: the parameter itself, its gradient and
 the optimizer state (for mixed-precision Adam: fp32 master copy, momentum, variance). Plain DDP
@@ -16,47 +16,26 @@ every use, ZeRO-2 only once per step. The hybrid strategies apply a stage inside
 (typically one node, with fast links) and replicate across groups, so the expensive all-gathers stay
 on the fast links.
 
-Everything a strategy implies lives here, and only here: which states it shards, whether a unit's
-parameters are freed after forward, how many AllGathers of a unit one step makes, and over how many
-ranks it shards (`shard_group_size`, with torchrun's LOCAL_WORLD_SIZE as the hybrids' default). The
-engine, the memory estimate, the cost model and the PyTorch equivalents all ask this module.
+What the engines ask of a strategy lives here, and only here: whether a unit's parameters are freed
+after forward (`reshard_after_forward`), whether it is hybrid, and over how many ranks it shards
+(`shard_group_size`, with torchrun's LOCAL_WORLD_SIZE as the hybrids' default). What a strategy costs
+(which model states it shards, AllGathers per step, ZeRO-1 beside the FSDP strategies) is analysis, in
+`fsdp_mini.strategy_facts`, which the engines never import.
 
 `ShardingStrategy` mirrors PyTorch's member names exactly, so code written against fsdp_mini reads
 the same as code written against `torch.distributed.fsdp`, and `as_strategy` accepts either enum.
-ZeRO-1 is not an FSDP strategy: fsdp_mini implements it separately (`fsdp_mini.zero`), and only the
-functions here that describe memory accept the extra name `ZERO1`.
+ZeRO-1 is not an FSDP strategy: fsdp_mini implements it separately (`fsdp_mini.zero`), and `as_strategy`
+says so when given its name.
 """
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 from typing import Union
 
 from fsdp_mini.runtime import local_world_size
 
-__all__ = [
-    "ShardingStrategy",
-    "ZERO1",
-    "MODEL_STATES",
-    "StrategyFacts",
-    "as_strategy",
-    "facts",
-    "sharded_states",
-    "is_hybrid",
-    "reshard_after_forward",
-    "all_gathers_per_step",
-    "shard_group_size",
-    "check_shard_size",
-]
-
-ZERO1 = "ZERO1"
-"""ZeRO stage 1: only optimizer states are sharded. Not a PyTorch FSDP strategy (FSDP has none that
-shards the optimizer but not the gradients); fsdp_mini implements it as `fsdp_mini.zero`. Accepted,
-case-insensitively, by `sharded_states`, `is_hybrid` and `fsdp_mini.estimates.estimate_memory` only,
-so that lessons can compare all four ZeRO stages side by side."""
-
-MODEL_STATES = frozenset({"params", "grads", "optimizer"})
-"""The three per-parameter model states that a strategy may shard (activations are not model states)."""
+__all__ = ["ShardingStrategy", "StrategyLike", "as_strategy", "is_hybrid", "reshard_after_forward",
+           "shard_group_size", "check_shard_size"]
 
 
 class ShardingStrategy(enum.Enum):
@@ -87,35 +66,6 @@ class ShardingStrategy(enum.Enum):
     and experimental there."""
 
 
-@dataclass(frozen=True)
-class StrategyFacts:
-    """What one strategy does, as data.
-
-    `sharded`: the model states split over the shard group (the rest is replicated on each of its ranks).
-    `reshard_after_forward`: a unit's gathered parameters are freed after its forward and gathered again
-    for backward (ZeRO-3); otherwise they stay whole from forward until the end of backward (ZeRO-2).
-    `all_gathers_per_step`: AllGathers of one (non-root) unit per training step, 2, 1 or 0.
-    `hybrid`: shard inside a group of ranks (a node) and replicate across groups.
-    `one_rank_per_shard_group`: nothing is split: every rank holds everything (DDP).
-    """
-
-    sharded: frozenset[str]
-    reshard_after_forward: bool
-    all_gathers_per_step: int
-    hybrid: bool
-    one_rank_per_shard_group: bool = False
-
-
-_FACTS = {
-    ShardingStrategy.NO_SHARD: StrategyFacts(frozenset(), False, 0, hybrid=False, one_rank_per_shard_group=True),
-    # ZeRO-1: gradients are reduce-scattered, the shard stepped, the updated parameters all-gathered once.
-    ZERO1: StrategyFacts(frozenset({"optimizer"}), False, 1, hybrid=False),
-    ShardingStrategy.SHARD_GRAD_OP: StrategyFacts(frozenset({"grads", "optimizer"}), False, 1, hybrid=False),
-    ShardingStrategy._HYBRID_SHARD_ZERO2: StrategyFacts(frozenset({"grads", "optimizer"}), False, 1, hybrid=True),
-    ShardingStrategy.FULL_SHARD: StrategyFacts(MODEL_STATES, True, 2, hybrid=False),
-    ShardingStrategy.HYBRID_SHARD: StrategyFacts(MODEL_STATES, True, 2, hybrid=True),
-}
-
 StrategyLike = Union[ShardingStrategy, enum.Enum, str]
 
 
@@ -135,53 +85,36 @@ def as_strategy(value: StrategyLike) -> ShardingStrategy:
             if member.name.lower() == name.lower():
                 return member
     valid = ", ".join(member.name for member in ShardingStrategy)
-    hint = " (ZeRO-1 is not an FSDP strategy: see fsdp_mini.zero)" if _is_zero1(name) else ""
+    hint = " (ZeRO-1 is not an FSDP strategy: see fsdp_mini.zero)" if _names_zero1(name) else ""
     raise ValueError(f"unknown sharding strategy {value!r}{hint}; valid names: {valid}")
 
 
-def facts(strategy: StrategyLike) -> StrategyFacts:
-    """Everything `strategy` implies (see `StrategyFacts`); `ZERO1` is accepted."""
-    return _FACTS[_as_strategy_or_zero1(strategy)]
-
-
-def sharded_states(strategy: StrategyLike) -> frozenset[str]:
-    """The model states (a subset of `MODEL_STATES`) that `strategy` shards; `ZERO1` is accepted.
-
-    The states not returned are replicated in full on every rank of the (shard) group.
-    """
-    return facts(strategy).sharded
-
-
 def is_hybrid(strategy: StrategyLike) -> bool:
-    """True if `strategy` shards within a shard group and replicates across groups; `ZERO1` is accepted."""
-    return facts(strategy).hybrid
+    """True if `strategy` shards within a shard group and replicates across groups (HYBRID_SHARD and
+    _HYBRID_SHARD_ZERO2)."""
+    return as_strategy(strategy) in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2)
 
 
 def reshard_after_forward(strategy: StrategyLike) -> bool:
-    """True if a unit's parameters are freed after forward and gathered again for backward (ZeRO-3);
-    PyTorch FSDP2's `fully_shard(reshard_after_forward=...)` takes exactly this value."""
-    return facts(strategy).reshard_after_forward
-
-
-def all_gathers_per_step(strategy: StrategyLike) -> int:
-    """AllGathers of one unit's parameters per training step: 2 (ZeRO-3), 1 (ZeRO-2, ZeRO-1) or 0 (DDP)."""
-    return facts(strategy).all_gathers_per_step
+    """True if a unit's parameters are freed after forward and gathered again for backward (ZeRO-3:
+    FULL_SHARD and HYBRID_SHARD); PyTorch FSDP2's `fully_shard(reshard_after_forward=...)` takes exactly
+    this value."""
+    return as_strategy(strategy) in (ShardingStrategy.FULL_SHARD, ShardingStrategy.HYBRID_SHARD)
 
 
 def shard_group_size(strategy: StrategyLike, world_size: int, shard_size: int | None = None) -> int:
     """How many ranks share one copy of the model, i.e. split each sharded state between them.
 
-    NO_SHARD: 1 (every rank holds everything). FULL_SHARD, SHARD_GRAD_OP and ZeRO-1: the whole world.
+    NO_SHARD: 1 (every rank holds everything). FULL_SHARD and SHARD_GRAD_OP: the whole world.
     The hybrids: `shard_size`, by default one node (torchrun's LOCAL_WORLD_SIZE; the whole world when it
     is not set). `shard_size` is an error for the others, and must divide the world: a clear ValueError
     before any process group exists.
     """
-    f = facts(strategy)
-    if not f.hybrid:
+    strategy = as_strategy(strategy)
+    if not is_hybrid(strategy):
         if shard_size is not None:
-            name = ZERO1 if _is_zero1(strategy) else as_strategy(strategy).name
-            raise ValueError(f"shard_size applies to the hybrid strategies only, not to {name}")
-        return 1 if f.one_rank_per_shard_group else world_size
+            raise ValueError(f"shard_size applies to the hybrid strategies only, not to {strategy.name}")
+        return 1 if strategy is ShardingStrategy.NO_SHARD else world_size
     if shard_size is None:
         shard_size = local_world_size(default=world_size)
     check_shard_size(shard_size, world_size)
@@ -196,9 +129,5 @@ def check_shard_size(shard_size, ranks: int, of: str | None = None) -> None:
         raise ValueError(f"shard_size={shard_size!r} must be a positive divisor of {of or f'the world size {ranks}'}")
 
 
-def _is_zero1(value: object) -> bool:
-    return isinstance(value, str) and value.upper() == ZERO1
-
-
-def _as_strategy_or_zero1(value: StrategyLike) -> ShardingStrategy | str:
-    return ZERO1 if _is_zero1(value) else as_strategy(value)
+def _names_zero1(value: object) -> bool:
+    return isinstance(value, str) and value.upper() == "ZERO1"

@@ -55,7 +55,8 @@ from fsdp_mini.course.cost import predict
 from fsdp_mini.grad_buckets import MiB, assign_buckets
 from fsdp_mini.groups import grid
 from fsdp_mini.ring_model import ring_model_sent
-from fsdp_mini.strategy import StrategyLike, all_gathers_per_step, as_strategy, is_hybrid, shard_group_size
+from fsdp_mini.strategy import StrategyLike, as_strategy, is_hybrid, shard_group_size
+from fsdp_mini.strategy_facts import all_gathers_per_step
 
 __all__ = ["Cluster", "Collective", "StepComm", "step_communication", "compare_strategies"]
 

@@ -353,12 +353,17 @@ def test_the_layer_docstring_names_every_library_module():
     assert not missing, f"modules missing from fsdp_mini/__init__.py's layer list: {missing}"
 
 
+# The library's analysis modules: beside the engines, never imported by them (fsdp_mini/__init__.py's map)
+ANALYSIS = ("estimates", "saved_activations", "strategy_facts")
+
+
 def test_the_engines_load_no_analysis_module():
     """`import fsdp_mini.fsdp` / `fsdp_mini.fully_shard` (and the package they sit in) loads neither the
-    estimates nor the activation meter nor anything of the course: those sit beside the engines."""
+    estimates, nor what a strategy costs, nor the activation meter, nor anything of the course: those sit
+    beside the engines."""
+    analysis = tuple(f"fsdp_mini.{m}" for m in ANALYSIS)
     code = ("import sys, fsdp_mini.fsdp, fsdp_mini.fully_shard; "
-            "print([m for m in sys.modules if m in ('fsdp_mini.estimates', 'fsdp_mini.saved_activations') "
-            "or m.startswith('fsdp_mini.course')])")
+            f"print([m for m in sys.modules if m in {analysis!r} or m.startswith('fsdp_mini.course')])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

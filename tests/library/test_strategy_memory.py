@@ -9,18 +9,9 @@ import pytest
 import fsdp_mini.strategy as strategy_module
 from fsdp_mini.memory import format_bytes
 from fsdp_mini.estimates import MemoryEstimate, estimate_memory
-from fsdp_mini.strategy import (
-    MODEL_STATES,
-    ZERO1,
-    ShardingStrategy,
-    all_gathers_per_step,
-    as_strategy,
-    facts,
-    is_hybrid,
-    reshard_after_forward,
-    shard_group_size,
-    sharded_states,
-)
+from fsdp_mini.strategy import ShardingStrategy, as_strategy, is_hybrid, reshard_after_forward, shard_group_size
+from fsdp_mini.strategy_facts import MODEL_STATES, ZERO1, all_gathers_per_step, facts, sharded_states
+from fsdp_mini import strategy_facts
 
 S = ShardingStrategy
 HYBRIDS = [(S.HYBRID_SHARD, S.FULL_SHARD), (S._HYBRID_SHARD_ZERO2, S.SHARD_GRAD_OP)]  # (hybrid, its stage)
@@ -82,7 +73,7 @@ def test_sharded_states_follow_the_zero_stages():
 
 def test_is_hybrid():
     assert {m for m in ShardingStrategy if is_hybrid(m)} == {h for h, _ in HYBRIDS}
-    assert not is_hybrid(ZERO1) and is_hybrid("hybrid_shard")
+    assert is_hybrid("hybrid_shard") and not facts(ZERO1).hybrid
 
 
 def test_sharded_states_rejects_unknown_names():
@@ -205,6 +196,16 @@ def test_strategy_facts_match_pytorch_and_the_zero_stages():
     assert {m: (reshard_after_forward(m), all_gathers_per_step(m)) for m in S} == {
         S.FULL_SHARD: (True, 2), S.HYBRID_SHARD: (True, 2), S.SHARD_GRAD_OP: (False, 1),
         S._HYBRID_SHARD_ZERO2: (False, 1), S.NO_SHARD: (False, 0)}
-    assert all_gathers_per_step(ZERO1) == 1 and not reshard_after_forward(ZERO1)
-    assert [shard_group_size(m, 8) for m in (S.NO_SHARD, S.SHARD_GRAD_OP, S.FULL_SHARD, ZERO1)] == [1, 8, 8, 8]
+    assert {m: (facts(m).reshard_after_forward, facts(m).hybrid) for m in S} == {
+        m: (reshard_after_forward(m), is_hybrid(m)) for m in S}  # the engines' rule, not a second copy of it
+    assert all_gathers_per_step(ZERO1) == 1 and not facts(ZERO1).reshard_after_forward
+    assert [shard_group_size(m, 8) for m in (S.NO_SHARD, S.SHARD_GRAD_OP, S.FULL_SHARD)] == [1, 8, 8]
+    assert [strategy_facts.shard_group_size(m, 8) for m in (S.NO_SHARD, S.FULL_SHARD, ZERO1)] == [1, 8, 8]
     assert facts("full_shard") == facts(S.FULL_SHARD) and facts(S.FULL_SHARD).sharded == MODEL_STATES
+
+
+@pytest.mark.parametrize("engines_rule", [is_hybrid, reshard_after_forward, lambda s: shard_group_size(s, 8)])
+def test_the_engines_rules_refuse_zero1_which_only_the_analysis_knows(engines_rule):
+    """ZeRO-1 is no FSDP strategy: the engines' questions about a strategy send it to fsdp_mini.zero."""
+    with pytest.raises(ValueError, match="ZeRO-1 is not an FSDP strategy: see fsdp_mini.zero"):
+        engines_rule(ZERO1)
