@@ -7,7 +7,7 @@ the engine will build (`FSDP` and `fsdp_mini.course.viz.shards` both call `plan_
     plan = plan_units(GPT(cfg), wrap_classes(Block, model))
     plan.units[1].name                    # "blocks.0"
     plan.units[1].flat_params[0].label    # "blocks.0"  (its trainable fp32 parameters)
-    plan.layouts(4)["blocks.0"]           # the FlatLayout over shard groups of 4 ranks
+    plan.units[1].flat_params[0].layout(4)   # its FlatLayout over shard groups of 4 ranks
 
 The rules:
 - every module whose class is in `wrap` becomes a unit named by its path; the parameters left over form
@@ -29,7 +29,7 @@ import torch.nn as nn
 from fsdp_mini.flat_param import FlatLayout
 
 __all__ = ["PlannedParam", "FlatParamPlan", "UnitPlan", "Plan", "wrap_classes", "plan_units", "unit_label",
-           "unit_of_label", "ROOT_LABEL"]
+           "ROOT_LABEL"]
 
 ROOT_LABEL = "root"
 FROZEN_SUFFIX = " (frozen)"
@@ -83,10 +83,6 @@ class Plan:
     units: tuple[UnitPlan, ...]
     state_dict_keys: tuple[str, ...]
 
-    def layouts(self, n: int) -> dict[str, FlatLayout]:
-        """Flat layouts over shard groups of `n` ranks, keyed by flat-parameter label, in build order."""
-        return {fp.label: fp.layout(n) for unit in self.units for fp in unit.flat_params}
-
     def signature(self) -> tuple:
         """What must agree across ranks for their shards to fit together (names, shapes, dtypes)."""
         return tuple((u.name, tuple((fp.label, fp.requires_grad, str(fp.dtype),
@@ -97,11 +93,6 @@ class Plan:
 def unit_label(name: str) -> str:
     """How a unit is labelled in CommLog scopes, memory events and plots: its path, or "root"."""
     return name or ROOT_LABEL
-
-
-def unit_of_label(label: str) -> str:
-    """The unit label inside a flat-parameter label: "blocks.0 (frozen)" -> "blocks.0"."""
-    return label.split(" (", 1)[0]
 
 
 def wrap_classes(wrap, module: nn.Module) -> tuple[type, ...]:

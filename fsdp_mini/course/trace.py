@@ -38,9 +38,15 @@ import torch.nn as nn
 
 from fsdp_mini.memory import MemoryChange
 from fsdp_mini.nested import tensors_in
-from fsdp_mini.plan import unit_of_label
 
-__all__ = ["Span", "MemoryEvent", "Trace", "compute_modules", "issue_order", "sequence", "by_unit", "event_name"]
+__all__ = ["Span", "MemoryEvent", "Trace", "compute_modules", "issue_order", "sequence", "by_unit", "event_name",
+           "unit_of_label"]
+
+
+def unit_of_label(label: str) -> str:
+    """The unit label inside a flat-parameter label (`fsdp_mini.plan` appends " (frozen)" or " (<dtype>)"
+    to the unit's): "blocks.0 (frozen)" -> "blocks.0", so a timeline folds a unit's flat parameters into one row."""
+    return label.split(" (", 1)[0]
 
 
 @dataclass(frozen=True)

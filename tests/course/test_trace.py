@@ -3,10 +3,13 @@ leaves the model as it found it; issue_order / sequence / by_unit put a step's e
 import pytest
 import torch
 import torch.distributed as dist
+import torch.nn as nn
 
 from fsdp_mini import FSDP, CommLog, CommRecord, launch
 from fsdp_mini.course.models import GPT, Block, GPTConfig, make_batch
-from fsdp_mini.course.trace import MemoryEvent, Span, Trace, by_unit, compute_modules, issue_order, sequence
+from fsdp_mini.course.trace import (MemoryEvent, Span, Trace, by_unit, compute_modules, issue_order, sequence,
+                                   unit_of_label)
+from fsdp_mini.plan import plan_units
 from fsdp_mini.course.train import local_rows, train
 
 CFG = GPTConfig(n_layer=3)
@@ -130,3 +133,14 @@ def test_sequence_merges_runs_of_one_unit_and_folds_frozen_labels():
                    ("forward", "u"), ("free", "u")]
     assert by_unit(seq) == [("root", ["all_gather", "forward"]), ("u", ["all_gather", "all_gather", "forward", "free"])]
     assert by_unit([]) == []
+
+
+def test_unit_of_label_folds_every_flat_parameter_label_back_to_its_unit():
+    """The plan labels a unit's frozen and per-dtype flat parameters after the unit ("inner (frozen) (float32)");
+    a timeline's row is the unit's."""
+    model = nn.Sequential(nn.Linear(3, 3), nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3).double()))
+    model[1][0].bias.requires_grad_(False)
+    plan = plan_units(model, nn.Sequential)
+    labels = {fp.label: unit.label for unit in plan.units for fp in unit.flat_params}
+    assert len(labels) == 4 and len(set(labels.values())) == 2  # three flat parameters in one unit
+    assert {label: unit_of_label(label) for label in labels} == labels

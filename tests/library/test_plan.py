@@ -10,7 +10,7 @@ import torch.nn as nn
 from fsdp_mini import FSDP, launch
 from fsdp_mini.fsdp import ExecutionOrder
 from fsdp_mini.states import ReduceStage, ShardedState, TrainingState
-from fsdp_mini.plan import plan_units, unit_label, unit_of_label, wrap_classes
+from fsdp_mini.plan import plan_units, unit_label, wrap_classes
 from small_model import Block, TinyConfig, TinyLM, batch, rank_rows
 
 
@@ -31,18 +31,17 @@ def test_the_plan_puts_the_root_first_then_the_blocks_and_labels_them():
     root_names = [p.names for p in plan.units[0].flat_params[0].params]
     assert ("embed.weight", "head.weight") in root_names  # tied: one tensor, both names
     assert plan.state_dict_keys == tuple(model.state_dict())
-    assert sum(layout.numel for layout in plan.layouts(3).values()) == sum(p.numel() for p in model.parameters())
+    assert sum(fp.layout(3).numel for u in plan.units for fp in u.flat_params) == sum(p.numel() for p in model.parameters())
 
 
-def test_labels_name_frozen_and_dtype_groups_and_fold_back_to_the_unit():
+def test_labels_name_frozen_and_dtype_groups_after_the_units_label():
     plan = plan_units(TwoDtypes(), nn.Sequential)
     inner = plan.units[1]
     assert [fp.label for fp in inner.flat_params] == ["inner (float32)", "inner (float64)", "inner (frozen) (float32)"]
     assert [(fp.requires_grad, fp.dtype) for fp in inner.flat_params] == [
         (True, torch.float32), (True, torch.float64), (False, torch.float32)]
     assert [fp.label for fp in plan.units[0].flat_params] == ["root"]
-    assert {unit_of_label(fp.label) for fp in inner.flat_params} == {"inner"}
-    assert unit_label("") == "root" and unit_of_label("blocks.0 (frozen)") == "blocks.0"
+    assert unit_label("") == "root" and inner.label == "inner"
 
 
 def test_bad_plans_are_clear_errors():

@@ -23,7 +23,7 @@ def unit_layouts(model, wrap, n: int) -> dict[str, FlatLayout]:
     """The flat layouts FSDP builds for `model` wrapped with `wrap` over shard groups of `n` ranks, keyed
     by the label the engine gives each flat parameter ("root", "blocks.0", "blocks.0 (frozen)", ...),
     in the engine's order: the engine's own plan (`fsdp_mini.plan`). Pure: no process group needed."""
-    return plan_units(model, wrap).layouts(n)
+    return {fp.label: fp.layout(n) for unit in plan_units(model, wrap).units for fp in unit.flat_params}
 
 
 def describe_pieces(layout: FlatLayout, rank: int) -> list[str]:

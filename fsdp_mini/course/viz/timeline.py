@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fsdp_mini.course.language import get_language, tr
-from fsdp_mini.plan import unit_of_label
+from fsdp_mini.course.trace import unit_of_label
 from fsdp_mini.course.viz import figure
 from fsdp_mini.course.viz.style import SMALL, TEXT, TITLE
 
