@@ -1,28 +1,28 @@
 """The ring's arithmetic: how many steps a ring collective takes and how many bytes each rank sends.
 
-One home for the numbers that CommLog counts, the cost model prices and the cluster model adds up. A
+One home for the numbers that CommLog counts, the course's cost model prices and its cluster model adds
+up (their bus factor, nccl-tests' busbw / algbw, is the course's: `fsdp_mini.course.cost.bus_factor`). A
 ring over n ranks cuts the full tensor S into n equal chunks (the last padded) and moves one chunk per
 rank per step:
 
-    op               steps       bytes each rank sends         busbw / algbw (nccl-tests)
-    all_reduce       2(n-1)      2(n-1) * ceil(numel/n) elems   2(n-1)/n
-    reduce_scatter   n-1         (n-1) * numel/n elems          (n-1)/n
-    all_gather       n-1         (n-1) * numel/n elems          (n-1)/n
+    op               steps       bytes each rank sends
+    all_reduce       2(n-1)      2(n-1) * ceil(numel/n) elems
+    reduce_scatter   n-1         (n-1) * numel/n elems
+    all_gather       n-1         (n-1) * numel/n elems
 
 S is always the full tensor: an all-reduce's tensor, a reduce-scatter's input, an all-gather's output
 (there numel is a multiple of n by construction). Pure arithmetic, no torch.
 """
 from __future__ import annotations
 
-__all__ = ["RING_OPS", "ring_steps", "chunk_numel", "ring_model_sent", "bus_factor"]
+__all__ = ["RING_OPS", "ring_steps", "chunk_numel", "ring_model_sent"]
 
 RING_OPS = ("all_reduce", "reduce_scatter", "all_gather")
-_BUS_OPS = RING_OPS + ("broadcast", "reduce")
 
 
-def _check(op: str, n: int, valid=RING_OPS) -> None:
-    if op not in valid:
-        raise ValueError(f"unknown op {op!r}; valid: {', '.join(valid)}")
+def _check(op: str, n: int) -> None:
+    if op not in RING_OPS:
+        raise ValueError(f"unknown op {op!r}; valid: {', '.join(RING_OPS)}")
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n (group size) must be an integer >= 1, got {n!r}")
 
@@ -43,15 +43,3 @@ def ring_model_sent(op: str, numel: int, element_size: int, n: int) -> int:
     exactly as the ring sends it: an all-reduce of 5 elements over 2 ranks sends 2 chunks of 3."""
     return ring_steps(op, n) * chunk_numel(numel, n) * element_size
 
-
-def bus_factor(op: str, n: int) -> float:
-    """nccl-tests' busbw / algbw ratio: the fraction of S that each rank's link must carry.
-
-    all_reduce 2(n-1)/n; reduce_scatter and all_gather (n-1)/n; broadcast and reduce 1. The formulas
-    are used literally, as nccl-tests does, so for n == 1 the first three are 0 (no byte crosses a
-    link, so busbw is 0) while broadcast and reduce stay 1.
-    """
-    _check(op, n, _BUS_OPS)
-    if op in ("broadcast", "reduce"):
-        return 1.0
-    return ring_steps(op, n) / n

@@ -25,14 +25,14 @@ network across) and protocol overheads. Use it to reason about trends and to fit
 `fit_alpha_beta`; trust a benchmark over it for absolute numbers.
 
 `bus_factor`, `algbw` and `busbw` follow nccl-tests' conventions, so our benchmarks and theirs compare.
-`ring_steps` and `bus_factor` are the library's ring arithmetic (`fsdp_mini.ring_model`), used here.
+`ring_steps` is the library's ring arithmetic (`fsdp_mini.ring_model`, what CommLog counts), used here.
 """
 from __future__ import annotations
 
 from typing import Callable, NamedTuple, Sequence
 
 from fsdp_mini.ring_model import RING_OPS as _OPS
-from fsdp_mini.ring_model import bus_factor, ring_steps
+from fsdp_mini.ring_model import ring_steps
 
 __all__ = [
     "ring_all_reduce",
@@ -96,6 +96,7 @@ _MODELS: dict[tuple[str, str], Callable[[float, int, float, float], float]] = {
     ("all_gather", "ring"): ring_all_gather,
 }
 _ALGORITHMS = ("ring", "naive", "tree")
+_BUS_OPS = _OPS + ("broadcast", "reduce")
 
 
 def predict(
@@ -108,6 +109,20 @@ def predict(
     if (op, algorithm) not in _MODELS:
         raise ValueError(f"algorithm {algorithm!r} is modelled for all_reduce only, not {op!r}")
     return _MODELS[op, algorithm](nbytes, n, alpha, bandwidth)
+
+
+def bus_factor(op: str, n: int) -> float:
+    """nccl-tests' busbw / algbw ratio: the fraction of S that each rank's link must carry.
+
+    all_reduce 2(n-1)/n; reduce_scatter and all_gather (n-1)/n; broadcast and reduce 1. The formulas
+    are used literally, as nccl-tests does, so for n == 1 the first three are 0 (no byte crosses a
+    link, so busbw is 0) while broadcast and reduce stay 1.
+    """
+    _check_op(op, _BUS_OPS)
+    _check_n(n)
+    if op in ("broadcast", "reduce"):
+        return 1.0
+    return ring_steps(op, n) / n
 
 
 def algbw(nbytes: float, seconds: float) -> float:
