@@ -57,7 +57,7 @@ import torch.distributed as dist
 
 from fsdp_mini.torch_internals import in_backward
 
-__all__ = ["Entry", "FlightRecorder", "RECORDER", "find_divergence", "diagnose", "load_records", "load_run", "Run",
+__all__ = ["Entry", "FlightRecorder", "RECORDER", "find_divergence", "diagnose", "load_run", "Run",
            "record_path", "new_run_id", "default_folder", "install_verdict_hook", "failure_note", "FLIGHT_DIR_ENV",
            "CAPACITY", "Ending", "End", "recorded", "raised_in_a_collective", "remove_if_ended_well", "FLIGHT_ROOT"]
 
@@ -380,11 +380,6 @@ def load_run(folder: str) -> Run:
     chosen = runs[newest]
     return Run(newest, chosen["world"], {int(name[4:-7]): e for name, e in chosen["files"].items()}, stale,
                chosen["ends"], frozenset(chosen["gone"]))
-
-
-def load_records(folder: str) -> dict[int, list[Entry]]:
-    """Every rank's record of the newest run in `folder` (see `load_run`), each in issue order."""
-    return load_run(folder).records
 
 
 def _ranks(ranks) -> str:

@@ -37,7 +37,7 @@ from multiprocessing import get_context
 import torch
 import torch.distributed as dist
 
-from fsdp_mini.flight_recorder import RECORDER, find_divergence, load_records, record_path
+from fsdp_mini.flight_recorder import RECORDER, find_divergence, load_run, record_path
 
 __all__ = ["BUFFER_ENV", "dump_trace", "record_both", "fsdp_mini_verdict", "fr_trace", "first_finding"]
 
@@ -114,7 +114,7 @@ def record_both(fn, world: int, folder: str, timeout_s: float = 3.0, buffer_size
 
 def fsdp_mini_verdict(folder: str, world: int) -> str | None:
     """fsdp_mini's verdict on the run recorded in `folder` (lesson 10's table prints the same)."""
-    return find_divergence(load_records(os.path.join(folder, "fsdp_mini")), world=world)
+    return find_divergence(load_run(os.path.join(folder, "fsdp_mini")).records, world=world)
 
 
 def fr_trace(folder: str) -> str:

@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from fsdp_mini import collectives as C
 from fsdp_mini.comm_log import scope
-from fsdp_mini.flight_recorder import RECORDER, Entry, find_divergence, load_records, record_path
+from fsdp_mini.flight_recorder import RECORDER, Entry, find_divergence, load_run, record_path
 from fsdp_mini.fsdp import FSDP
 from fsdp_mini.launch import LaunchError, launch
 from fsdp_mini.course.exercise import CodeExercise, NotYet, Verdict
@@ -237,7 +237,7 @@ def recorded_runs(seed: int = SEED) -> tuple[tuple[str, dict[int, list[Entry]]],
             launch(_record_all, WORLD, args=(plan, folder), timeout=60)
         except LaunchError:  # a rank that failed harder than a timeout: its files still hold its record
             pass
-        return tuple((name, load_records(os.path.join(folder, name))) for name, _, _ in plan)
+        return tuple((name, load_run(os.path.join(folder, name)).records) for name, _, _ in plan)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
