@@ -29,8 +29,7 @@ from fsdp_mini.comm_log import PendingRecord
 from fsdp_mini.flight_recorder import RECORDER
 from fsdp_mini.ring_model import ring_model_sent
 
-__all__ = ["ring_reduce_scatter", "ring_all_gather", "ring_all_reduce", "naive_all_reduce",
-           "all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "IMPLS", "SUM", "AVG", "MAX",
+__all__ = ["ring_reduce_scatter", "ring_all_gather", "ring_all_reduce", "all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "IMPLS", "SUM", "AVG", "MAX",
            "check_impl", "torch_all_gather_into_tensor", "torch_reduce_scatter_tensor"]
 
 SUM, AVG, MAX = dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MAX
@@ -231,7 +230,8 @@ def ring_all_reduce(tensor: torch.Tensor, op=SUM, group=None, async_op=False):
     Any size: the tensor is padded to n equal chunks of ceil(numel/n) elements (zeros do not change a
     sum). Step by step: the n-1 reduce-scatter steps leave rank r with the sum of chunk r, the n-1
     all-gather steps hand every finished chunk around the ring. Each rank sends 2(n-1)·ceil(numel/n)
-    elements, about 2(n-1)/n·S: nearly independent of n, unlike `naive_all_reduce`.
+    elements, about 2(n-1)/n·S: nearly independent of n, unlike the naive all-reduce through rank 0,
+    whose root sends (n-1)·S.
     """
     _check_op(op, (SUM, AVG, MAX))
     g = _group(group)
@@ -255,35 +255,6 @@ def ring_all_reduce(tensor: torch.Tensor, op=SUM, group=None, async_op=False):
             tensor.copy_(flat.view_as(tensor))
 
     return _run(body, pending, async_op, n)
-
-
-def naive_all_reduce(tensor: torch.Tensor, op=SUM, group=None) -> None:
-    """All-reduce the obvious way, for contrast: every rank sends its tensor to rank 0, which sums and
-    sends the result back to each. Rank 0 receives and sends (n-1)·S bytes, so its link is the
-    bottleneck and the time grows linearly with n; the others send S each.
-    """
-    _check_op(op)
-    g = _group(group)
-    flat = _flat(tensor, "tensor")
-    pending = _issue("all_reduce", "naive", flat.numel() * flat.element_size(), g, (flat,))
-
-    def body():
-        if g.rank == 0:
-            tmp = _buffer(0, flat.numel(), flat)
-            for src in range(1, g.size):  # sequential: the root's one link carries everything
-                dist.recv(tmp, group=g.pg, group_src=src)
-                flat.add_(tmp)
-            if op == AVG:
-                flat.div_(g.size)
-            for dst in range(1, g.size):
-                dist.send(flat, group=g.pg, group_dst=dst)
-                pending.sent += flat.numel() * flat.element_size()
-        else:
-            dist.send(flat, group=g.pg, group_dst=0)
-            pending.sent += flat.numel() * flat.element_size()
-            dist.recv(flat, group=g.pg, group_src=0)
-
-    _run(body, pending, False, g.size)
 
 
 # --- logged wrappers with torch's signatures ------------------------------------------------------

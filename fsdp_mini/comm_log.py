@@ -59,9 +59,9 @@ def scope(label: str):
 
 
 class PendingRecord:
-    """One collective in flight: created by `fsdp_mini.collectives` when it issues the op (the issue time
-    and the caller's `scope` are taken then), counted up in `sent` while a hand-written ring runs, and
-    appended to every active CommLog as a `CommRecord` by `finish()` when the op is complete."""
+    """One collective in flight: created when the op is issued, by `fsdp_mini.collectives` or any other
+    hand-written collective (the issue time and the caller's `scope` are taken then), counted up in `sent`
+    while it sends, and appended to every active CommLog as a `CommRecord` by `finish()` when it is complete."""
 
     __slots__ = ("op", "impl", "nbytes", "group_size", "rank", "start", "label", "sent", "flight")
 
@@ -70,7 +70,7 @@ class PendingRecord:
         self.sent = sent
         self.start = time.time()
         self.label = getattr(_scope, "label", "")
-        self.flight = None  # the flight recorder's entry for this collective (set by fsdp_mini.collectives)
+        self.flight = None  # the flight recorder's entry for this collective (set by whoever issues it)
 
     def finish(self) -> None:
         if self.flight is not None:

@@ -15,8 +15,9 @@ import torch.distributed as dist
 
 from fsdp_mini.course import bench_collectives, cost, simulate
 from fsdp_mini.course.bench import command as bench_command
+from fsdp_mini.course.naive_collectives import naive_all_reduce
 from fsdp_mini.course.planner.layout import Checkpointing
-from fsdp_mini.collectives import naive_all_reduce, ring_all_reduce
+from fsdp_mini.collectives import ring_all_reduce
 from fsdp_mini.comm_log import CommLog
 from fsdp_mini.flight_recorder import diagnose
 from fsdp_mini.launch import launch

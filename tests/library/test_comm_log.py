@@ -18,7 +18,6 @@ def _log_each_op(numel):
                 C.all_reduce(torch.ones(numel), impl=impl)
                 C.reduce_scatter_tensor(torch.empty(numel), torch.ones(n * numel), impl=impl)
                 C.all_gather_into_tensor(torch.empty(n * numel), torch.ones(numel), impl=impl)
-        C.naive_all_reduce(torch.ones(numel))
         with CommLog() as inner:  # nested logs both see what happens inside
             C.ring_all_reduce(torch.ones(numel), async_op=True).wait()
     return r, [(x.op, x.impl, x.nbytes, x.sent, x.group_size, x.rank, x.label, x.end >= x.start)
@@ -35,11 +34,10 @@ def test_bytes_are_exact_for_each_op(world_size, numel):
             expected += [("all_reduce", impl, numel * f, 2 * (n - 1) * chunk * f),
                          ("reduce_scatter", impl, n * numel * f, (n - 1) * numel * f),
                          ("all_gather", impl, n * numel * f, (n - 1) * numel * f)]
-        naive = (n - 1) * numel * f if r == 0 else (numel * f if n > 1 else 0)  # the root sends n-1 copies
-        expected += [("all_reduce", "naive", numel * f, naive), ("all_reduce", "ring", numel * f, 2 * (n - 1) * chunk * f)]
+        expected += [("all_reduce", "ring", numel * f, 2 * (n - 1) * chunk * f)]
         assert [rec[:4] for rec in records] == expected
         assert {rec[4] for rec in records} == {n} and {rec[5] for rec in records} == {r}
-        assert [rec[6] for rec in records] == ["step 1"] * 6 + ["", ""] and all(rec[7] for rec in records)
+        assert [rec[6] for rec in records] == ["step 1"] * 6 + [""] and all(rec[7] for rec in records)
         assert inner == 1
         assert summary[("all_reduce", "ring")] == {"calls": 2, "nbytes": 2 * numel * f, "sent": 4 * (n - 1) * chunk * f}
         assert total == sum(e[3] for e in expected)
