@@ -215,6 +215,50 @@ def design_crossings(root: Path, package: str, designs: dict[str, set[str]]) -> 
     return out
 
 
+def _names_used(tree: ast.AST, skip: ast.AST | None = None) -> set[str]:
+    """Every name a module reads (`x`, `obj.x`, `from m import x`), outside the statement `skip`."""
+    out = set()
+    for top in getattr(tree, "body", [tree]):
+        if top is skip:
+            continue
+        for node in ast.walk(top):
+            if isinstance(node, ast.Name):
+                out.add(node.id)
+            elif isinstance(node, ast.Attribute):
+                out.add(node.attr)
+            elif isinstance(node, ast.alias):
+                out.add(node.name.rsplit(".", 1)[-1])
+    return out
+
+
+def course_only_names(root: Path, package: str, entries: tuple[str, ...], beside: tuple[str, ...]) -> list[str]:
+    """`module.name` for each public top-level name (def, class, assignment) of a module that the `entries`
+    load, directly or not, which the library itself never reads: no other library module outside `beside`
+    (the analysis modules) and the course, and its own module nowhere outside the name's definition. Such a
+    name serves only the course or the analysis, so it belongs there, not in the engines' modules."""
+    known = modules(root, package)
+    graph = import_graph(root, package)
+    loaded = set().union(*(closure(graph, f"{package}.{e}") for e in entries))
+    readers = [m for m in known if not is_course(m, package) and m.removeprefix(f"{package}.") not in beside]
+    trees = {m: ast.parse(known[m].read_text(), filename=str(known[m])) for m in known}
+    used = {m: _names_used(trees[m]) for m in readers}
+    out = []
+    for module in sorted(m for m in loaded - {package} if not is_course(m, package)):
+        for node in trees[module].body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                names = [node.name]
+            elif isinstance(node, ast.Assign):
+                names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+            else:
+                continue
+            for name in names:
+                if name.startswith("_") or name in _names_used(trees[module], skip=node):
+                    continue
+                if not any(name in used[m] for m in readers if m != module):
+                    out.append(f"{module.removeprefix(package + '.')}.{name}")
+    return sorted(out)
+
+
 # --- a package with one violation of each kind: every check must find its own ----------------------
 
 def _write(root: Path, files: dict[str, str]) -> None:
@@ -280,6 +324,29 @@ def test_the_design_check_finds_a_design_reaching_the_other(bad_package):
     assert design_crossings(bad_package, "pkg", designs) == ["flat reaches pkg.per_param"]
     (bad_package / "pkg/flat.py").write_text("from pkg import helpers\n")
     assert design_crossings(bad_package, "pkg", designs) == []
+
+
+def test_the_course_only_check_finds_a_helper_only_the_course_reads(bad_package):
+    _write(bad_package, {"pkg/__init__.py": "from pkg import engine\nfrom pkg.engine import run\n",
+                         "pkg/helpers.py": """
+        def _internal():
+            return used_here()
+
+        def used_here():
+            return 1
+
+        def for_the_plots():
+            return 2
+
+        def for_the_estimate():
+            return 3
+        """,
+        "pkg/estimate.py": "from pkg.helpers import for_the_estimate\n",
+        "pkg/course/plots.py": "from pkg.helpers import for_the_plots\n"})
+    assert course_only_names(bad_package, "pkg", ("engine",), beside=("estimate",)) == [
+        "helpers.for_the_estimate", "helpers.for_the_plots"]
+    (bad_package / "pkg/state.py").write_text("from pkg import cyc_a\nfrom pkg.helpers import for_the_plots\n")
+    assert course_only_names(bad_package, "pkg", ("engine",), beside=("estimate",)) == ["helpers.for_the_estimate"]
 
 
 def test_the_light_import_check_sees_a_heavy_import(bad_package):
@@ -355,6 +422,23 @@ def test_the_layer_docstring_names_every_library_module():
 
 # The library's analysis modules: beside the engines, never imported by them (fsdp_mini/__init__.py's map)
 ANALYSIS = ("estimates", "saved_activations", "strategy_facts")
+
+
+# Public names of the modules the engines load that no library module reads: tools for the user, each
+# for its reason. Any other name there that only the course or an analysis module reads belongs with them.
+USER_TOOLS = {
+    "flight_recorder.diagnose": "the verdict on a failed run's record files (`python -m fsdp_mini diagnose DIR`)",
+    "fsdp.materialise_by_name": "a param_init_fn for a model whose initial values are a function of the name",
+    "fully_shard.memory_stats": "this rank's bytes under fully_shard, as FSDP.memory_stats reports them",
+}
+
+
+def test_the_engines_modules_hold_nothing_that_only_the_course_or_the_analysis_reads():
+    """Teaching baselines, the lessons' helpers and the analysis' facts live on the course floor or in an
+    analysis module (ANALYSIS), not in a module `fsdp_mini.fsdp` or `fsdp_mini.fully_shard` loads."""
+    found = course_only_names(ROOT, "fsdp_mini", ("fsdp", "fully_shard"), beside=ANALYSIS)
+    assert sorted(set(found) - set(USER_TOOLS)) == []
+    assert set(USER_TOOLS) <= set(found), "a user tool the library now reads itself: drop it from USER_TOOLS"
 
 
 def test_the_engines_load_no_analysis_module():
