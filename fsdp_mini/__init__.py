@@ -11,7 +11,8 @@ The library, bottom up (a module imports only from its own layer or the ones bef
      shards), plan (which modules become units), nested (tensors in nested outputs), mixed_precision, memory (the tracker of
      gathered bytes, byte counts), flight_recorder (each rank's last collectives, and the first one
      where ranks diverged), replaced_params (an optimizer built before wrapping fails loudly),
-     gathered_storage (gathered parameters freed and refilled), full_state (what a full state dict is)
+     gathered_storage (gathered parameters freed and refilled), full_state (what a full state dict is),
+     weak_hooks (gradient hooks that let a dropped model be freed)
   beside the engines, never imported by them (analysis and measuring tools): strategy_facts (what each
      ZeRO stage shards and gathers, `ZERO1` included), estimates (the ZeRO paper's arithmetic per strategy:
      `estimate_memory`), saved_activations (bytes autograd keeps for backward)

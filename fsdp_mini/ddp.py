@@ -37,7 +37,6 @@ it puts in buckets, by the same rule.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 import torch.nn as nn
@@ -48,6 +47,7 @@ from fsdp_mini.data_parallel import GradientSync, broadcast_from_rank0, check_sa
 from fsdp_mini.grad_buckets import MiB, assign_buckets, check_bucket_cap_mb
 from fsdp_mini.runtime import get_device, require_distributed
 from fsdp_mini.torch_internals import queue_after_backward
+from fsdp_mini.weak_hooks import weak_hook
 
 __all__ = ["DistributedDataParallel", "Bucket", "plan_buckets", "all_reduce_gradients"]
 
@@ -133,7 +133,7 @@ class DistributedDataParallel(GradientSync, nn.Module):
         self._reset()
         for i, params in enumerate(self._bucket_params):
             for j, p in enumerate(params):
-                p.register_post_accumulate_grad_hook(partial(self._on_grad, i, j))
+                p.register_post_accumulate_grad_hook(weak_hook(self._on_grad, i, j))
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)

@@ -71,6 +71,7 @@ from fsdp_mini.runtime import get_device, require_distributed
 from fsdp_mini.states import TrainingState
 from fsdp_mini.strategy import ShardingStrategy, as_strategy, is_hybrid, reshard_after_forward, shard_group_size
 from fsdp_mini.torch_internals import queue_after_backward, set_registered_buffer, unregister_parameter
+from fsdp_mini.weak_hooks import weak_hook
 
 __all__ = ["FSDP", "FSDPUnit", "ExecutionOrder", "materialise_by_name"]
 
@@ -211,8 +212,8 @@ class FSDP(GradientSync, nn.Module):
                 unit.module.register_forward_pre_hook(partial(self._pre_forward, unit))
                 unit.module.register_forward_hook(partial(self._post_forward, unit))
             for h in unit.handles:
-                for leaf in (h.leaves if h.requires_grad else []):
-                    leaf.register_post_accumulate_grad_hook(partial(self._on_grad, h))
+                for leaf in (h.leaves if h.requires_grad else []):  # by index: a handle holds its leaves
+                    leaf.register_post_accumulate_grad_hook(weak_hook(self._on_grad, self.handles.index(h)))
 
     @property
     def handles(self) -> list[FlatParamHandle]:
@@ -342,9 +343,10 @@ class FSDP(GradientSync, nn.Module):
         self._prefetch_after(unit, self.backward_order)
         unit.wait_for_unshard()
 
-    def _on_grad(self, handle: FlatParamHandle, leaf) -> None:
-        """Once all of a handle's gradients are accumulated: start the reductions now due, in
+    def _on_grad(self, index: int, leaf) -> None:
+        """Once all of handle `index`'s gradients are accumulated: start the reductions now due, in
         `_reduce_order` (see `_start_reductions`), and free the handle's gathered parameters."""
+        handle = self.handles[index]
         handle.grads_ready += 1
         if handle.grads_ready == len(handle.leaves):  # every parameter's gradient is complete
             self._complete.add(id(handle))

@@ -20,7 +20,6 @@ ones only.
 """
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -34,6 +33,7 @@ from fsdp_mini.groups import MeshInfo
 from fsdp_mini.memory import MemoryTracker
 from fsdp_mini.states import ReduceStage, ShardedState, TrainingState
 from fsdp_mini.torch_internals import chunk_cat_into
+from fsdp_mini.weak_hooks import weak_hook
 
 __all__ = ["FSDPParamGroup"]
 
@@ -233,7 +233,7 @@ class FSDPParamGroup:
             offset += length
             p.to_unsharded()
             if p.requires_grad and not p.grad_hooked:
-                p.unsharded.register_post_accumulate_grad_hook(_grad_hook(self, p))
+                p.unsharded.register_post_accumulate_grad_hook(weak_hook(self._on_grad, self.params.index(p)))
                 p.grad_hooked = True
         self.sharded_state = ShardedState.UNSHARDED
 
@@ -267,7 +267,9 @@ class FSDPParamGroup:
 
     # --- gradients -----------------------------------------------------------------------------------
 
-    def _on_grad(self, p: FSDPParam) -> None:
+    def _on_grad(self, index: int, _tensor) -> None:
+        """The post-accumulate-grad hook of parameter `index` (by index: `weak_hook`)."""
+        p = self.params[index]
         if not p.grad_ready:
             p.grad_ready = True
             self.grads_ready += 1
@@ -427,19 +429,6 @@ class FSDPParamGroup:
 
     def __repr__(self) -> str:
         return f"FSDPParamGroup({self.label}, {len(self.params)} params, {self.sharded_state.name})"
-
-
-def _grad_hook(group: FSDPParamGroup, param: FSDPParam):
-    """The gathered parameter's post-accumulate-grad hook, holding the group and the parameter weakly: the
-    hook lives in C++ with the tensor, which views of it (copy-out's) keep alive from C++ too, a cycle that
-    Python's garbage collector cannot see; strong references here would keep a dropped model alive."""
-    group_ref, param_ref = weakref.ref(group), weakref.ref(param)
-
-    def hook(_tensor) -> None:
-        group, param = group_ref(), param_ref()
-        if group is not None and param is not None:
-            group._on_grad(param)
-    return hook
 
 
 def _key(params: list[FSDPParam]) -> tuple[int, ...]:

@@ -48,6 +48,7 @@ from fsdp_mini.flat_param import FlatLayout, flatten, unflatten_views
 from fsdp_mini.memory import optimizer_state_bytes
 from fsdp_mini.runtime import require_distributed
 from fsdp_mini.torch_internals import version_of
+from fsdp_mini.weak_hooks import weak_hook
 
 __all__ = ["ZeroRedundancyOptimizer", "FlatShard", "GradientState"]
 
@@ -197,7 +198,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                 shard = flatten([p.detach() for p in ps], layout)[lo:hi].clone()
             self.flat_shards.append(FlatShard(index, ps, layout, nn.Parameter(shard)))
             for p in ps:  # it only notes p.grad's version, for step(): no communication in backward
-                p.register_post_accumulate_grad_hook(self._on_gradient_accumulated)
+                p.register_post_accumulate_grad_hook(weak_hook(self._on_gradient_accumulated))
 
     def _shards_of(self, index: int) -> list[nn.Parameter]:
         return [fs.shard for fs in self.flat_shards if fs.group == index]
