@@ -22,8 +22,10 @@ $(VENV)/.installed: pyproject.toml Makefile
 demo: setup
 	OMP_NUM_THREADS=1 $(PY) -m fsdp_mini demo
 
+# Two workers (pytest-xdist), each test file on one worker: a notebook's cells share one kernel, a file its
+# module fixtures. Most of a test's time is one process (a kernel, an import, mkdocs), so two halve the wall time.
 test: setup
-	OMP_NUM_THREADS=1 $(PY) -m pytest
+	OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist loadfile
 
 # The development loop: the library's tests only (no lessons, site or course), without the few that start
 # torchrun (marker `torchrun`, a quarter of the library's time); CI runs `make test`, which runs them all.

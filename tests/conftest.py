@@ -8,6 +8,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from filelock import FileLock
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,13 +24,24 @@ def no_orphans():
 
 @pytest.fixture(scope="session")
 def site(tmp_path_factory):
-    """Build the site once per session; return (its folder, everything mkdocs printed)."""
-    out = tmp_path_factory.mktemp("site")
-    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")  # mkdocs-material's end-of-life notice
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=420)  # ~80 s here, more on a loaded CI machine
-    log = proc.stdout + proc.stderr
-    if proc.returncode != 0:
+    """Build the site once per test run; return (its folder, everything mkdocs printed). Under
+    pytest-xdist (`make test` runs two workers) every worker asks for it: the first builds it under a
+    lock in the run's shared temporary folder, the others wait and reuse that build."""
+    shared = tmp_path_factory.getbasetemp().parent if "PYTEST_XDIST_WORKER" in os.environ \
+        else tmp_path_factory.getbasetemp()
+    out, log_file = shared / "site", shared / "site-build.log"
+    with FileLock(str(shared / "site.lock")):
+        if log_file.exists():
+            log, returncode = log_file.read_text(encoding="utf-8"), int((shared / "site-build.rc").read_text())
+        else:
+            env = dict(os.environ, NO_MKDOCS_2_WARNING="1")  # mkdocs-material's end-of-life notice
+            proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+                                  cwd=ROOT, env=env, capture_output=True, text=True,
+                                  timeout=420)  # ~80 s here, more on a loaded CI machine
+            log, returncode = proc.stdout + proc.stderr, proc.returncode
+            (shared / "site-build.rc").write_text(str(returncode))
+            log_file.write_text(log, encoding="utf-8")
+    if returncode != 0:
         why = [line for line in log.splitlines() if re.match(r"\s*(WARNING|ERROR)\b", line)]
         pytest.fail("mkdocs build --strict failed:\n" + "\n".join(why or log.splitlines()[-30:]),
                     pytrace=False)

@@ -7,6 +7,10 @@ The lessons print such values only at the precision they are stable to. This tes
 every lesson whose code computes in reduced precision with the kernels limited as on other CPUs: ATen's
 portable kernels (`ATEN_CPU_CAPABILITY=default`, which changes the course GPT's bf16 loss here) and
 oneDNN capped at AVX2 (`ONEDNN_MAX_CPU_ISA=AVX2`). `make kernels` runs every lesson under both.
+
+The English twin is enough: the Russian one runs the same code (tests/course/test_code_cells.py: the
+twins differ only in their `set_language` line) and prints the same values at the same precision, only
+with a decimal comma, so a digit that moves under other kernels moves in the English output too.
 """
 import json
 import os
@@ -43,7 +47,7 @@ def test_the_scan_finds_the_mixed_precision_lesson_in_both_languages():
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("setting", sorted(SETTINGS))
 def test_reduced_precision_lessons_keep_their_outputs_under_other_cpu_kernels(setting):
-    paths = [str(p.relative_to(ROOT)) for p in reduced_precision_lessons()]
+    paths = [str(p.relative_to(ROOT)) for p in reduced_precision_lessons() if p.parent.name == "en"]
     env = dict(os.environ, OMP_NUM_THREADS="1", **SETTINGS[setting])
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *paths],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=840)
