@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from fsdp_mini.memory import format_bytes
 from fsdp_mini.strategy import StrategyLike, check_shard_size
-from fsdp_mini.strategy_facts import facts, shard_group_size
+from fsdp_mini.strategy_facts import facts, shard_group_size_with_zero1
 
 __all__ = ["MemoryEstimate", "estimate_memory"]
 
@@ -67,7 +67,7 @@ def estimate_memory(
     `strategy` is a `ShardingStrategy` (or its name) or `ZERO1`. A sharded state is split over all
     `world_size` ranks, except for the hybrid strategies, which split it over a shard group of
     `shard_size` ranks and replicate it across the `world_size // shard_size` groups; `shard_size`
-    follows `fsdp_mini.strategy_facts.shard_group_size` (default: one node), and is rejected for the others.
+    follows `fsdp_mini.strategy_facts.shard_group_size_with_zero1` (default: one node), and is rejected for the others.
 
     `tp` is the tensor-parallel degree of a 2-D mesh (tp x dp). Tensor parallelism splits every weight
     matrix over the tp ranks of its group for the whole step, so each TP rank owns ceil(num_params / tp)
@@ -99,7 +99,7 @@ def estimate_memory(
             raise ValueError(f"with tp={tp} a hybrid strategy needs shard_size, in data-parallel ranks (a divisor "
                              f"of world_size // tp = {dp}): the one-node default counts GPUs")
         check_shard_size(shard_size, dp, f"the {dp} data-parallel ranks (world_size {world_size} // tp {tp})")
-    group = shard_group_size(strategy, world_size // tp, shard_size)
+    group = shard_group_size_with_zero1(strategy, world_size // tp, shard_size)
     # -(-a // b) is ceil(a / b) in exact integer arithmetic (a float division would round).
     per_tp_rank = -(-num_params // tp)  # tensor parallelism splits the weights first
 

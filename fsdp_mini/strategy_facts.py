@@ -22,10 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fsdp_mini.strategy import ShardingStrategy, StrategyLike, as_strategy, is_hybrid, reshard_after_forward
-from fsdp_mini.strategy import shard_group_size as engines_shard_group_size
+from fsdp_mini.strategy import shard_group_size
 
 __all__ = ["ZERO1", "MODEL_STATES", "StrategyFacts", "facts", "sharded_states", "all_gathers_per_step",
-           "shard_group_size"]
+           "shard_group_size_with_zero1"]
 
 ZERO1 = "ZERO1"
 """ZeRO stage 1: only optimizer states are sharded. Not a PyTorch FSDP strategy (FSDP has none that
@@ -87,14 +87,14 @@ def all_gathers_per_step(strategy: StrategyLike) -> int:
     return facts(strategy).all_gathers_per_step
 
 
-def shard_group_size(strategy: StrategyLike, world_size: int, shard_size: int | None = None) -> int:
+def shard_group_size_with_zero1(strategy: StrategyLike, world_size: int, shard_size: int | None = None) -> int:
     """The engines' rule (`fsdp_mini.strategy.shard_group_size`) with `ZERO1` accepted: ZeRO-1 shards the
     optimizer over the whole world, and `shard_size` is an error for it as for every non-hybrid strategy."""
     if _is_zero1(strategy):
         if shard_size is not None:
             raise ValueError(f"shard_size applies to the hybrid strategies only, not to {ZERO1}")
         return world_size
-    return engines_shard_group_size(strategy, world_size, shard_size)
+    return shard_group_size(strategy, world_size, shard_size)
 
 
 def _is_zero1(value: object) -> bool:

@@ -200,7 +200,7 @@ def test_strategy_facts_match_pytorch_and_the_zero_stages():
         m: (reshard_after_forward(m), is_hybrid(m)) for m in S}  # the engines' rule, not a second copy of it
     assert all_gathers_per_step(ZERO1) == 1 and not facts(ZERO1).reshard_after_forward
     assert [shard_group_size(m, 8) for m in (S.NO_SHARD, S.SHARD_GRAD_OP, S.FULL_SHARD)] == [1, 8, 8]
-    assert [strategy_facts.shard_group_size(m, 8) for m in (S.NO_SHARD, S.FULL_SHARD, ZERO1)] == [1, 8, 8]
+    assert [strategy_facts.shard_group_size_with_zero1(m, 8) for m in (S.NO_SHARD, S.FULL_SHARD, ZERO1)] == [1, 8, 8]
     assert facts("full_shard") == facts(S.FULL_SHARD) and facts(S.FULL_SHARD).sharded == MODEL_STATES
 
 

@@ -231,7 +231,7 @@ def who_holds_what(world_size: int = 4, shard_size: int = 2) -> dict[str, dict]:
     (start, end) of the whole state that the rank holds, as fractions, and `travels`: the collectives of one
     step as (op, state, times, group kind, fraction of the state per call)."""
     from fsdp_mini.strategy import ShardingStrategy
-    from fsdp_mini.strategy_facts import ZERO1, facts, shard_group_size
+    from fsdp_mini.strategy_facts import ZERO1, facts, shard_group_size_with_zero1
 
     strategies = {"DDP": (ShardingStrategy.NO_SHARD, None), "ZeRO-1": (ZERO1, None),
                   "ZeRO-2": (ShardingStrategy.SHARD_GRAD_OP, None), "FSDP": (ShardingStrategy.FULL_SHARD, None),
@@ -239,7 +239,7 @@ def who_holds_what(world_size: int = 4, shard_size: int = 2) -> dict[str, dict]:
     out = {}
     for name, (strategy, size) in strategies.items():
         f = facts(strategy)
-        group = shard_group_size(strategy, world_size, size)
+        group = shard_group_size_with_zero1(strategy, world_size, size)
         held = {rank: {state: ((rank % group) / group, (rank % group + 1) / group) if state in f.sharded else (0.0, 1.0)
                        for state in _STATES} for rank in range(world_size)}
         if group == 1:
