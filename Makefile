@@ -23,7 +23,7 @@ demo: setup
 	OMP_NUM_THREADS=1 $(PY) -m fsdp_mini demo
 
 # Two workers (pytest-xdist), each test file on one worker: a notebook's cells share one kernel, a file its
-# module fixtures. Most of a test's time is one process (a kernel, an import, mkdocs), so two halve the wall time.
+# module fixtures. Most tests keep one core busy (a kernel, an import, mkdocs), so two cores run two at once.
 test: setup
 	OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist loadfile
 
