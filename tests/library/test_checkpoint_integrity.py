@@ -317,6 +317,36 @@ def test_a_crash_at_any_point_of_an_overwrite_leaves_the_old_or_the_new_checkpoi
         assert sorted(os.listdir(os.path.dirname(path))) == ["ckpt"]
 
 
+def _save_with_a_failing_checksum(path):
+    """Save, then save again over it while rank 1 cannot read back what it wrote: DCP's write step fails
+    there, and DCP reports that on every rank (no rank waits for another). The old checkpoint is untouched."""
+    model = _model("flat")
+    save_checkpoint(path, model, extra_state={"step": 1})
+    real = integrity._crc32s
+
+    def failing(file, ranges):
+        if dist.get_rank() == 1:
+            raise OSError("injected read error")
+        return real(file, ranges)
+
+    integrity._crc32s = failing
+    try:
+        save_checkpoint(path, model, overwrite=True, extra_state={"step": 2})
+        error = None
+    except Exception as exc:  # noqa: BLE001 - the test reads type and message
+        error = (type(exc), str(exc))
+    finally:
+        integrity._crc32s = real
+    return error, load_checkpoint(path, _model("flat", seed=1))
+
+
+def test_a_checksum_that_fails_on_one_rank_fails_the_save_on_every_rank(tmp_path):
+    for error, extra in launch(_save_with_a_failing_checksum, 2, args=(str(tmp_path / "ckpt"),), timeout=TIMEOUT):
+        assert error is not None and issubclass(error[0], RuntimeError), error
+        assert "saving the checkpoint" in error[1] and "OSError: injected read error" in error[1], error
+        assert extra == {"step": 1}  # nothing was committed
+
+
 # --- the training state travels in the checkpoint -------------------------------------------------------
 
 def _save_training_state(path, design):
