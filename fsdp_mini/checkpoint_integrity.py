@@ -38,6 +38,7 @@ import json
 import mmap
 import os
 import pickle
+import re
 import shutil
 import zlib
 from dataclasses import dataclass, replace
@@ -94,19 +95,20 @@ def _reached(step: SaveStep) -> None:
 
 def staging_path(path: str | os.PathLike) -> Path:
     """Where a save into `path` writes before it commits: a hidden sibling, on the same file system."""
-    return Path(os.path.abspath(path)).with_name(f".{Path(os.path.abspath(path)).name}.saving")
+    path = Path(os.path.abspath(path))
+    return path.with_name(f".{path.name}.saving")
 
 
 def replaced_path(path: str | os.PathLike) -> Path:
     """Where the old checkpoint waits, during a commit, between being renamed away and being deleted."""
-    return Path(os.path.abspath(path)).with_name(f".{Path(os.path.abspath(path)).name}.replaced")
+    path = Path(os.path.abspath(path))
+    return path.with_name(f".{path.name}.replaced")
 
 
 def _entries(directory: Path) -> tuple[list[str], list[str]]:
     """(files DCP or this module writes, other entries) of `directory`; both empty when it does not exist."""
     names = sorted(os.listdir(directory)) if directory.is_dir() else []
-    ours = [n for n in names if n.endswith((".distcp", METADATA, f"{METADATA}.tmp"))  # DCP's (__0.metadata too)
-            or n in (MANIFEST, f"{MANIFEST}.tmp")]
+    ours = [n for n in names if re.fullmatch(r".*\.distcp|(__\d+)?\.metadata(\.tmp)?|manifest\.json(\.tmp)?", n)]
     return ours, [n for n in names if n not in ours]
 
 
@@ -344,20 +346,6 @@ class _MetadataUnpickler(pickle.Unpickler):
             "to). PyTorch's own DCP reader would unpickle it")
 
 
-def _missing(path: Path) -> Exception:
-    """Why there is no checkpoint directory at `path`, as precisely as the leftovers of a save tell."""
-    staging, replaced = staging_path(path), replaced_path(path)
-    if _entries(replaced)[0]:
-        return IncompleteCheckpointError(
-            f"no checkpoint at {path}: a save_checkpoint(overwrite=True) was interrupted between its two renames. "
-            f"The previous checkpoint is whole in {replaced}; the next save to {path} puts it back first, or "
-            f"rename it to {path} yourself")
-    if staging.exists():
-        return IncompleteCheckpointError(f"no checkpoint at {path}: the save into it was interrupted before it "
-                                         f"committed (its partial files are in {staging})")
-    return FileNotFoundError(f"no checkpoint directory at {path}")
-
-
 def open_checkpoint(path: str | os.PathLike, verify: bool = True) -> OpenedCheckpoint:
     """Read a checkpoint's manifest and metadata, checking both (no collective: every rank reads them).
 
@@ -367,8 +355,16 @@ def open_checkpoint(path: str | os.PathLike, verify: bool = True) -> OpenedCheck
     CheckpointError for a checkpoint without a manifest (plain `dcp.save`'s) unless not `verify`.
     """
     path = Path(os.path.abspath(path))
-    if not path.is_dir():
-        raise _missing(path)
+    if not path.is_dir():  # as precisely as the leftovers of a save tell
+        if _entries(replaced_path(path))[0]:
+            raise IncompleteCheckpointError(
+                f"no checkpoint at {path}: a save_checkpoint(overwrite=True) was interrupted between its two renames. "
+                f"The previous checkpoint is whole in {replaced_path(path)}; the next save to {path} puts it back "
+                f"first, or rename it to {path} yourself")
+        if staging_path(path).exists():
+            raise IncompleteCheckpointError(f"no checkpoint at {path}: the save into it was interrupted before it "
+                                            f"committed (its partial files are in {staging_path(path)})")
+        raise FileNotFoundError(f"no checkpoint directory at {path}")
     has_manifest, has_metadata = (path / MANIFEST).exists(), (path / METADATA).exists()
     if not has_manifest and not has_metadata:
         raise IncompleteCheckpointError(f"no complete checkpoint at {path}: it has no {METADATA} and no {MANIFEST} "
@@ -380,10 +376,10 @@ def open_checkpoint(path: str | os.PathLike, verify: bool = True) -> OpenedCheck
     if not has_metadata:
         raise CorruptCheckpointError(f"checkpoint {path} is damaged: its {METADATA} is missing")
     data = (path / METADATA).read_bytes()
-    found, saved = {"size": len(data), "crc32": f"{zlib.crc32(data):08x}"}, (manifest or {}).get("metadata")
-    if manifest is not None and found != saved:
-        raise CorruptCheckpointError(f"checkpoint {path} is damaged: its {METADATA} is {found['size']} bytes with "
-                                     f"CRC-32 {found['crc32']}, the save wrote {saved['size']} with {saved['crc32']}")
+    crc, saved = f"{zlib.crc32(data):08x}", manifest and manifest["metadata"]
+    if saved and (len(data), crc) != (saved["size"], saved["crc32"]):
+        raise CorruptCheckpointError(f"checkpoint {path} is damaged: its {METADATA} is {len(data)} bytes with "
+                                     f"CRC-32 {crc}, the save wrote {saved['size']} with {saved['crc32']}")
     try:
         metadata = _MetadataUnpickler(io.BytesIO(data)).load()
         if not isinstance(metadata, dcp_metadata.Metadata):
@@ -409,9 +405,8 @@ def _check_file(path: Path, name: str, items: list, listed: dict[str, Any] | Non
                 f"({'truncated' if size < listed['size'] else 'grown'})"]
     saved = {(p["at"], p["bytes"]): p["crc32"] for p in listed["pieces"]}
     crcs = _crc32s(path / name, [(at, length) for _, at, length in items])
-    return [f"{name}, piece {index.fqn!r}{'' if index.offset is None else f' (box at {tuple(index.offset)})'} "
-            f"at bytes {at}-{at + length}: "
-            f"CRC-32 {crc}, the save wrote {saved.get((at, length), 'no such piece')}"
+    return [f"{name}, piece {index.fqn!r}{'' if index.offset is None else f' (box at {tuple(index.offset)})'} at "
+            f"bytes {at}-{at + length}: CRC-32 {crc}, the save wrote {saved.get((at, length), 'no such piece')}"
             for (index, at, length), crc in zip(items, crcs) if saved.get((at, length)) != crc]
 
 
