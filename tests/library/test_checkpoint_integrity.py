@@ -317,34 +317,39 @@ def test_a_crash_at_any_point_of_an_overwrite_leaves_the_old_or_the_new_checkpoi
         assert sorted(os.listdir(os.path.dirname(path))) == ["ckpt"]
 
 
-def _save_with_a_failing_checksum(path):
-    """Save, then save again over it while rank 1 cannot read back what it wrote: DCP's write step fails
-    there, and DCP reports that on every rank (no rank waits for another). The old checkpoint is untouched."""
+def _save_failing_on_one_rank(path, where):
+    """Save, then save again over it while one rank fails: rank 1 cannot read back what it wrote (where=
+    "checksum": DCP's write step fails there, and DCP reports that on every rank), or rank 0 cannot write the
+    manifest (where="commit": rank 0 tells the others). Then load what is at `path`."""
     model = _model("flat")
     save_checkpoint(path, model, extra_state={"step": 1})
-    real = integrity._crc32s
+    name, failing_rank = {"checksum": ("_crc32s", 1), "commit": ("_write_manifest", 0)}[where]
+    real = getattr(integrity, name)
 
-    def failing(file, ranges):
-        if dist.get_rank() == 1:
-            raise OSError("injected read error")
-        return real(file, ranges)
+    def failing(*args):
+        if dist.get_rank() == failing_rank:
+            raise OSError("injected failure")
+        return real(*args)
 
-    integrity._crc32s = failing
+    setattr(integrity, name, failing)
     try:
         save_checkpoint(path, model, overwrite=True, extra_state={"step": 2})
         error = None
     except Exception as exc:  # noqa: BLE001 - the test reads type and message
         error = (type(exc), str(exc))
     finally:
-        integrity._crc32s = real
+        setattr(integrity, name, real)
     return error, load_checkpoint(path, _model("flat", seed=1))
 
 
-def test_a_checksum_that_fails_on_one_rank_fails_the_save_on_every_rank(tmp_path):
-    for error, extra in launch(_save_with_a_failing_checksum, 2, args=(str(tmp_path / "ckpt"),), timeout=TIMEOUT):
-        assert error is not None and issubclass(error[0], RuntimeError), error
-        assert "saving the checkpoint" in error[1] and "OSError: injected read error" in error[1], error
-        assert extra == {"step": 1}  # nothing was committed
+@pytest.mark.parametrize("where", ["checksum", "commit"])
+def test_a_save_that_fails_on_one_rank_fails_on_every_rank_and_commits_nothing(tmp_path, where):
+    results = launch(_save_failing_on_one_rank, 2, args=(str(tmp_path / "ckpt"), where), timeout=TIMEOUT)
+    for rank, (error, extra) in enumerate(results):
+        assert error is not None and "OSError: injected failure" in f"{error[0].__name__}: {error[1]}", (rank, error)
+        if where == "commit" and rank == 1:
+            assert issubclass(error[0], CheckpointError) and "failed on rank 0" in error[1], error
+        assert extra == {"step": 1}  # the old checkpoint, untouched
 
 
 # --- the training state travels in the checkpoint -------------------------------------------------------
