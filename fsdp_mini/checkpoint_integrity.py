@@ -1,14 +1,16 @@
 """A checkpoint directory is either complete and exactly as written, or loading it says what is wrong.
 
 DCP (torch.distributed.checkpoint) writes one `.distcp` file per rank, then rank 0 writes `.metadata`: which
-piece of which tensor lies at which bytes of which file. Alone, DCP leaves its user exposed (each case is
-tried in tests/library/test_checkpoint_integrity.py): flipped bytes in a piece load silently as wrong weights
-(16 bytes flipped in one shard: a loss of 964 instead of 4.55); a truncated or deleted file fails only when
-the read reaches it, after DCP has filled the tensors read before (a truncated one with a bare EOFError); a
-damaged `.metadata` with a bare UnpicklingError; a crash of a save in place, after the data files but before
-`.metadata`, leaves the old metadata over the new data, which loads silently. And DCP unpickles `.metadata`
-with plain `pickle.load`, the non-tensor items (`optim.param_groups`, `extra_state`) with
-`torch.load(weights_only=False)`: a crafted checkpoint runs its author's code when it is loaded.
+piece of which tensor lies at which bytes of which file. Alone, it leaves its user exposed. Flipped bytes in
+a piece load silently as wrong weights (16 bytes flipped in one shard: a loss of 964 instead of 4.55). A
+truncated or deleted file fails only when the read reaches it, and `FileSystemReader.read_data` fills each
+tensor as it reads it (torch 2.13, filesystem.py), so the model may be half loaded by then; a truncated one
+fails with a bare EOFError, a damaged `.metadata` with a bare UnpicklingError. A save in place over an older
+checkpoint that crashes before `.metadata` (written last, `FileSystemWriter.finish`) leaves the old metadata
+over the files rewritten so far, which load without an error. And DCP unpickles `.metadata` with plain
+`pickle.load`, the non-tensor items (`optim.param_groups`, `extra_state`) with `torch.load(weights_only=False)`:
+a crafted checkpoint runs its author's code (tests/library/test_checkpoint_integrity.py runs DCP on both:
+the flipped bytes and the crafted pickles).
 
 1. `save_atomically`: every rank writes into a fresh sibling, `.NAME.saving`, through `ChecksummingWriter`
    (DCP's file writer, which also takes the CRC-32 of every piece this rank wrote). Rank 0 writes
@@ -137,9 +139,10 @@ def _crc32s(file: Path, ranges: list[tuple[int, int]]) -> list[str]:
 
 class ChecksummingWriter(dcp.FileSystemWriter):
     """DCP's file writer (files synced to disk) that also takes the CRC-32 of every piece this rank wrote,
-    read back from the page cache: what is in the file, not what was meant to go there. A failure to do so
-    fails DCP's write step, which DCP reports on every rank. `files`: the manifest's entry of each file this
-    rank wrote, {"size", "pieces": [{key, box offsets, byte offset "at", "bytes", "crc32"}]}."""
+    read back from the page cache: what is in the file, not what was meant to go there. Inside DCP's write
+    step, so a failure is reported by DCP on every rank; it lengthens the save by about a second per 1-2 GB
+    this rank wrote (zlib's CRC-32 here). `files`: the manifest's entry of each file this rank wrote,
+    {"size", "pieces": [{key, box offsets, byte offset "at", "bytes", "crc32"}]}."""
 
     def __init__(self, path: str | os.PathLike):
         super().__init__(path, overwrite=False)
