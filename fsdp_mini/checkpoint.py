@@ -81,7 +81,7 @@ from torch.distributed.tensor import DTensor
 
 from fsdp_mini.checkpoint_integrity import (CheckpointError, CorruptCheckpointError, IncompleteCheckpointError,
                                             UnsafeCheckpointError, WeightsOnlyLoadPlanner, open_checkpoint,
-                                            save_atomically, verify_pieces)
+                                            save_atomically, verify_pieces, weights_only_refusal)
 from fsdp_mini.flight_recorder import recorded
 from fsdp_mini.fully_shard import FSDPModule
 from fsdp_mini.runtime import require_distributed
@@ -423,11 +423,10 @@ def _check_loadable(what: str, value) -> None:
     try:
         torch.load(buffer, weights_only=True)
     except pickle.UnpicklingError as exc:
-        why = next((line.strip() for line in str(exc).splitlines() if "Unsupported" in line), str(exc))
         raise TypeError(f"{what} would not load back: load_checkpoint reads pickled items with "
                         f"torch.load(weights_only=True), so that a checkpoint cannot run code, and it refuses this "
-                        f"one ({why}). Keep to tensors, numbers, strings and containers, or allow the class with "
-                        "torch.serialization.add_safe_globals (in the loading process too)") from exc
+                        f"one ({weights_only_refusal(exc)}). Keep to tensors, numbers, strings and containers, or allow "
+                        "the class with torch.serialization.add_safe_globals (in the loading process too)") from exc
 
 
 def save_checkpoint(path: str | os.PathLike, model, optimizer=None, *, overwrite: bool = False,

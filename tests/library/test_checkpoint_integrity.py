@@ -141,7 +141,7 @@ def _damage(src, dst):
     cases["interrupted"] = (IncompleteCheckpointError, ["no complete checkpoint", "interrupted"])
     d = copy("no_manifest")
     os.remove(os.path.join(d, MANIFEST))
-    cases["no_manifest"] = (CheckpointError, ["no manifest.json", "cannot be verified", "verify=False"])
+    cases["no_manifest"] = (CheckpointError, ["has no manifest.json", "cannot be verified", "verify=False"])
     return cases
 
 
@@ -205,20 +205,20 @@ def test_damage_is_named_before_anything_is_loaded(tmp_path, design):
 
 def test_opening_names_a_directory_that_holds_no_complete_checkpoint(tmp_path):
     # No collective: every rank reads these itself, so they fail before any.
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with pytest.raises(FileNotFoundError, match="no checkpoint directory at"):
         open_checkpoint(tmp_path / "nowhere")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(IncompleteCheckpointError, match="it is empty"):
+    with pytest.raises(IncompleteCheckpointError, match="no complete checkpoint .* no .metadata and no manifest.json"):
         open_checkpoint(tmp_path / "empty")
     staging = staging_path(tmp_path / "ckpt")
     staging.mkdir()
     (staging / "__0_0.distcp").write_bytes(b"partial")
     with pytest.raises(IncompleteCheckpointError, match="the save into it was interrupted before it committed"):
         open_checkpoint(tmp_path / "ckpt")
-    with pytest.raises(IncompleteCheckpointError, match="staging directory of a save that did not commit"):
+    with pytest.raises(IncompleteCheckpointError, match="no complete checkpoint"):
         open_checkpoint(staging)
     (tmp_path / "file").write_text("x")
-    with pytest.raises(NotADirectoryError):
+    with pytest.raises(FileNotFoundError, match="no checkpoint directory at"):
         open_checkpoint(tmp_path / "file")
     # Damaged metadata without a manifest to check it against (verify=False): said so, not an UnpicklingError.
     (tmp_path / "plain").mkdir()
@@ -315,6 +315,41 @@ def test_a_crash_at_any_point_of_an_overwrite_leaves_the_old_or_the_new_checkpoi
     for path in paths.values():
         assert not staging_path(path).exists() and not replaced_path(path).exists()
         assert sorted(os.listdir(os.path.dirname(path))) == ["ckpt"]
+
+
+def _save_failing_on_one_rank(path, where):
+    """Save, then save again over it while one rank fails: rank 1 cannot read back what it wrote (where=
+    "checksum": DCP's write step fails there, and DCP reports that on every rank), or rank 0 cannot write the
+    manifest (where="commit": rank 0 tells the others). Then load what is at `path`."""
+    model = _model("flat")
+    save_checkpoint(path, model, extra_state={"step": 1})
+    name, failing_rank = {"checksum": ("_crc32s", 1), "commit": ("_write_manifest", 0)}[where]
+    real = getattr(integrity, name)
+
+    def failing(*args):
+        if dist.get_rank() == failing_rank:
+            raise OSError("injected failure")
+        return real(*args)
+
+    setattr(integrity, name, failing)
+    try:
+        save_checkpoint(path, model, overwrite=True, extra_state={"step": 2})
+        error = None
+    except Exception as exc:  # noqa: BLE001 - the test reads type and message
+        error = (type(exc), str(exc))
+    finally:
+        setattr(integrity, name, real)
+    return error, load_checkpoint(path, _model("flat", seed=1))
+
+
+@pytest.mark.parametrize("where", ["checksum", "commit"])
+def test_a_save_that_fails_on_one_rank_fails_on_every_rank_and_commits_nothing(tmp_path, where):
+    results = launch(_save_failing_on_one_rank, 2, args=(str(tmp_path / "ckpt"), where), timeout=TIMEOUT)
+    for rank, (error, extra) in enumerate(results):
+        assert error is not None and "OSError: injected failure" in f"{error[0].__name__}: {error[1]}", (rank, error)
+        if where == "commit" and rank == 1:
+            assert issubclass(error[0], CheckpointError) and "failed on rank 0" in error[1], error
+        assert extra == {"step": 1}  # the old checkpoint, untouched
 
 
 # --- the training state travels in the checkpoint -------------------------------------------------------
