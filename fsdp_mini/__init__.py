@@ -7,10 +7,10 @@ Two floors. This package is the library, what an engineer imports to train a mod
 The library, bottom up (a module imports only from its own layer or the ones before it in this list):
   1. one process, no collective: torch_internals (every private PyTorch name used, with its reason),
      runtime (init / finish / get_device, torchrun's environment), strategy (what each strategy
-     implies), ring_model (bytes a ring sends), flat_param (flatten, pad, cut into shards), plan (which
-     modules become units), nested (tensors in nested outputs), mixed_precision, memory (the tracker of
-     gathered bytes, byte counts), flight_recorder (each rank's last collectives, and the first one
-     where ranks diverged), replaced_params (an optimizer built before wrapping fails loudly),
+     implies), ring_model (bytes a ring sends), flat_param (flatten, pad, cut into shards), units (a
+     unit's label and the order units run in, both designs), plan (which modules become units), nested
+     (tensors in nested outputs), mixed_precision, memory (the tracker of gathered bytes, byte counts),
+     flight_recorder (each rank's last collectives, and the first one where ranks diverged), replaced_params (an optimizer built before wrapping fails loudly),
      gathered_storage (gathered parameters freed and refilled), full_state (what a full state dict is)
   beside the engines, never imported by them (analysis and measuring tools): estimates (the ZeRO paper's
      arithmetic per strategy: `estimate_memory`), saved_activations (bytes autograd keeps for backward)

@@ -27,11 +27,11 @@ import torch
 import torch.nn as nn
 
 from fsdp_mini.flat_param import FlatLayout
+from fsdp_mini.units import ROOT_LABEL, unit_label  # shared with the per-parameter design
 
 __all__ = ["PlannedParam", "FlatParamPlan", "UnitPlan", "Plan", "wrap_classes", "plan_units", "unit_label",
            "unit_of_label", "ROOT_LABEL"]
 
-ROOT_LABEL = "root"
 FROZEN_SUFFIX = " (frozen)"
 
 
@@ -92,11 +92,6 @@ class Plan:
         return tuple((u.name, tuple((fp.label, fp.requires_grad, str(fp.dtype),
                                      tuple((p.names, tuple(p.param.shape)) for p in fp.params))
                                     for fp in u.flat_params)) for u in self.units)
-
-
-def unit_label(name: str) -> str:
-    """How a unit is labelled in CommLog scopes, memory events and plots: its path, or "root"."""
-    return name or ROOT_LABEL
 
 
 def unit_of_label(label: str) -> str:

@@ -8,7 +8,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from fsdp_mini import FSDP, launch
-from fsdp_mini.fsdp import ExecutionOrder
+from fsdp_mini.units import ExecutionOrder
 from fsdp_mini.states import ReduceStage, ShardedState, TrainingState
 from fsdp_mini.plan import plan_units, unit_label, unit_of_label, wrap_classes
 from small_model import Block, TinyConfig, TinyLM, batch, rank_rows
@@ -77,7 +77,7 @@ def _states(strategy):
     stages = []
 
     def hook(grad):  # a gradient of blocks.0: blocks.1 (backward's first unit) has been reduced by then
-        stages.append([h.reduction.stage if h.reduction else None for h in model.handles])
+        stages.append([h.grad_reduction.stage if h.grad_reduction else None for h in model.handles])
         stages.append([u.training_state for u in model.units])
 
     model.units[1].handles[0].leaves[0].register_hook(hook)
