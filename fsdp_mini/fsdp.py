@@ -167,7 +167,7 @@ class FSDP(GradientSync, nn.Module):
         mark_wrapped(module, "FSDP")  # fully_shard on one of its modules is refused
         self.state_dict_keys: tuple[str, ...] = plan.state_dict_keys
         self.forward_order, self.backward_order = ExecutionOrder(), ExecutionOrder()
-        self._backward_queued = False
+        self.backward_queued = False
         self.reductions = ReductionQueue()  # handles whose reduction is in flight, in issue order
         # Reductions start in one fixed order on every rank (reverse build order: the order backward
         # usually completes units), as DDP starts its buckets in index order: see `_on_grad`.
@@ -309,8 +309,8 @@ class FSDP(GradientSync, nn.Module):
     # --- backward ------------------------------------------------------------------------------------
 
     def _pre_backward(self, unit: FSDPUnit, grad) -> None:
-        if not self._backward_queued:
-            self._backward_queued = True
+        if not self.backward_queued:
+            self.backward_queued = True
             self.backward_order.start_pass()
             queue_after_backward(self._finish_backward)
         if unit.training_state is TrainingState.PRE_BACKWARD:
@@ -384,7 +384,7 @@ class FSDP(GradientSync, nn.Module):
             unit.training_state = TrainingState.IDLE
             for h in unit.handles:
                 h.grads_ready = 0
-        self._backward_queued = False
+        self.backward_queued = False
         self._next_reduce, self._complete = 0, set()
         self.backward_order.end_recording()
 

@@ -83,7 +83,8 @@ class FSDPParamGroup:
         self.finished_calls = 0
         self.sharded_state = ShardedState.SHARDED
         self.training_state = TrainingState.IDLE
-        self._gather: tuple[object, torch.Tensor, list[int]] | None = None  # (work, output, lengths)
+        # the AllGather in flight: (work, output, lengths); a flat handle's `gather` is a PendingGather
+        self.gather: tuple[object, torch.Tensor, list[int]] | None = None
         # the unit's own ReduceScatters in flight, one per reduce dtype (a flat handle's `grad_reduction`)
         self.grad_reductions: list[GradReduction] = []
         self.divide_factor: float | None = None  # set_gradient_divide_factor: sum, then divide by it
@@ -204,7 +205,7 @@ class FSDPParamGroup:
         else:
             with scope(self.label):
                 work = C.all_gather_into_tensor(output.view(-1), row, group=group, async_op=True, impl=self.impl)
-        self._gather = (work, output, lengths)
+        self.gather = (work, output, lengths)
         self.sharded_state = ShardedState.UNSHARDING
         if from_post_forward:  # the 1/k shares are the AllGather's input now (`row`), no longer kept
             self.gathered_memory.free(self.post_forward_shards.kept_bytes, self.label)
@@ -225,10 +226,10 @@ class FSDPParamGroup:
 
     def wait_for_unshard(self) -> None:
         """Finish a pending gather: copy each parameter out of the gathered rows, swap it into the module."""
-        if self._gather is None:
+        if self.gather is None:
             return
-        work, output, lengths = self._gather
-        self._gather = None
+        work, output, lengths = self.gather
+        self.gather = None
         if work is not None:
             work.wait()
         offset = 0

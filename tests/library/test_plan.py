@@ -67,6 +67,18 @@ def test_execution_order_records_one_pass_then_names_the_next_unit():
     assert [order.reached(u) for u in "abc"] == ["b", "c", None]
 
 
+def test_execution_order_by_first_runs_lets_a_unit_skipped_so_far_join_late():
+    # fully_shard's way (the flat design replays, above): a unit joins when it first runs, whenever that is
+    a, b, c = object(), object(), object()
+    order = ExecutionOrder()
+    for unit in (a, b, a):  # a first forward that runs a twice and skips c
+        order.join(unit)
+    assert list(order) == [a, b] and order.after(a) == [b] and order.after(b) == [] and c not in order
+    for unit in (a, c, b):  # a later forward runs c too: it joins after the others
+        order.join(unit)
+    assert list(order) == [a, b, c] and order.after(b) == [c]
+
+
 def _states(strategy):
     cfg = TinyConfig(depth=2)
     model = FSDP(TinyLM(cfg), strategy, wrap=(Block,))

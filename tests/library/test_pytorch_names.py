@@ -67,13 +67,17 @@ def test_resolve_fails_on_a_missing_name():
 
 # --- one vocabulary between the two FSDP designs -----------------------------------------------------
 
-# a concept both designs have -> (its name, and the names it once had in one design or the other)
+# a concept both designs have: its one name, the names it had in one design or the other, who has it
 SHARED_NAMES = {
-    "this rank's shard, an nn.Parameter": ("sharded_param", ("shard", "sharded")),
-    "a unit's identity (its path, 'root')": ("label", ("name",)),
-    "the tracker of gathered bytes": ("gathered_memory", ("memory", "tracker")),
-    "the queue of reductions in flight": ("reductions", ("in_flight", "_reductions")),
-    "add a reduced sharded gradient": ("accumulate_sharded_grad", ("accumulate_grad",)),
+    "this rank's shard, an nn.Parameter": ("sharded_param", ("shard", "sharded"), ("FlatParamHandle", "FSDPParam")),
+    "a unit's identity (its path, 'root')": ("label", ("name",), ("FSDPUnit", "FSDPParamGroup")),
+    "the tracker of gathered bytes": ("gathered_memory", ("memory", "tracker"),
+                                      ("FSDP", "FlatParamHandle", "FSDPParamGroup")),
+    "the queue of reductions in flight": ("reductions", ("in_flight", "_reductions"),
+                                          ("FSDP", "FSDPState", "FSDPParamGroup")),
+    "add a reduced sharded gradient": ("accumulate_sharded_grad", ("accumulate_grad",), ("FlatParamHandle", "FSDPParam")),
+    "the end of backward is queued": ("backward_queued", ("_backward_queued",), ("FSDP", "FSDPState")),
+    "the AllGather in flight": ("gather", ("_gather",), ("FlatParamHandle", "FSDPParamGroup")),
 }
 
 
@@ -125,11 +129,7 @@ def test_both_designs_name_each_shared_concept_the_same(no_orphans):
 
     got = launch(_vocabulary, 2, timeout=120)[0]
     problems = []
-    for concept, (name, old_names) in SHARED_NAMES.items():
-        kinds = {"sharded_param": ["FlatParamHandle", "FSDPParam"], "label": ["FSDPUnit", "FSDPParamGroup"],
-                 "gathered_memory": ["FSDP", "FlatParamHandle", "FSDPParamGroup"],
-                 "reductions": ["FSDP", "FSDPState", "FSDPParamGroup"],
-                 "accumulate_sharded_grad": ["FlatParamHandle", "FSDPParam"]}[name]
+    for concept, (name, old_names, kinds) in SHARED_NAMES.items():
         for kind in kinds:
             if name not in got["attrs"][kind]:
                 problems.append(f"{kind} has no {name} ({concept})")
