@@ -548,7 +548,7 @@ def fully_shard(module: nn.Module | list[nn.Module], *, mesh=None, reshard_after
         keys = [id(p.sharded_param) for p in group.params]
         ref = weakref.ref(state, lambda r, keys=keys: [_HOLDERS.pop(k) for k in keys if _HOLDERS.get(k) is r])
         _HOLDERS.update(dict.fromkeys(keys, ref))
-    _share_tracker(state)
+    _share_gathered_memory(state)
     for m in modules:
         m.__dict__[_STATE_ATTR] = state
         m.register_forward_pre_hook(lambda m, a, k: state.pre_forward(m, a, k), prepend=True, with_kwargs=True)
@@ -558,7 +558,7 @@ def fully_shard(module: nn.Module | list[nn.Module], *, mesh=None, reshard_after
     return module
 
 
-def _share_tracker(state: "FSDPState") -> None:
+def _share_gathered_memory(state: "FSDPState") -> None:
     """Bottom-up, the module sharded last is the outermost: its units and every unit below it share one
     tracker of gathered bytes (the root's, once it runs), so `gathered_memory(model)` sees the whole
     model's peak, and two models never share one."""
