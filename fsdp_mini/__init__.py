@@ -8,7 +8,8 @@ The library, bottom up (a module imports only from its own layer or the ones bef
   1. one process, no collective: torch_internals (every private PyTorch name used, with its reason),
      runtime (init / finish / get_device, torchrun's environment), strategy (the strategies, and what
      the engines ask of one), ring_model (bytes a ring sends), flat_param (flatten, pad, cut into
-     shards), plan (which modules become units), nested (tensors in nested outputs), mixed_precision, memory (the tracker of
+     shards), units (a unit's label and the order units run in, both designs), plan (which modules
+     become units), nested (tensors in nested outputs), mixed_precision, memory (the tracker of
      gathered bytes, byte counts), flight_recorder (each rank's last collectives, and the first one
      where ranks diverged), replaced_params (an optimizer built before wrapping fails loudly),
      gathered_storage (gathered parameters freed and refilled), full_state (what a full state dict is),

@@ -15,7 +15,7 @@ name and shape (the keys and shapes of the wrapped module's `state_dict()`) as a
 it that its flat shard holds. A shard holds elements [start, end) of a flattened parameter
 (`FlatLayout.pieces`); in the parameter's own shape that range is a few rectangular boxes (a partial
 row, whole rows, a partial row: at most 2 * ndim - 1 of them), each a contiguous run of the flat shard,
-so each box is a *view* of `h.shard`: saving copies nothing, loading writes straight into the shard. DCP's metadata file records
+so each box is a *view* of `h.sharded_param`: saving copies nothing, loading writes straight into the shard. DCP's metadata file records
 which box of which parameter lies in which file. Loading describes the *loading* layout the same way,
 and DCP reads, for every box this rank needs, the overlapping parts of the saved boxes: a checkpoint
 saved at N ranks with strategy S loads at M ranks with strategy S', and even into a plain module
@@ -176,7 +176,7 @@ def _layout_plans(model) -> list[tuple[Any, _HandleBoxes]]:
 
 def _optimizer_params(model, optimizer, plans):
     """(group index, shard, handle plan) for every parameter of `optimizer`; each must be a shard."""
-    by_id = {id(h.shard): (h, boxes) for h, boxes in plans}
+    by_id = {id(h.sharded_param): (h, boxes) for h, boxes in plans}
     out = []
     for gi, group in enumerate(optimizer.param_groups):
         for p in group["params"]:
@@ -234,7 +234,7 @@ def _param_names(model) -> dict[int, list[str]]:
     the names of the parameters in a flat shard."""
     if _design(model) != "flat":
         return {id(p): [name] for name, p in unwrapped(model).named_parameters()}
-    return {id(h.shard): [info.names[0] for info in h.layout.params] for h in model.handles}
+    return {id(h.sharded_param): [info.names[0] for info in h.layout.params] for h in model.handles}
 
 
 def _group_names(model, optimizer) -> list[list[str]]:
@@ -327,10 +327,10 @@ def _state_dict(model, optimizer, saving: bool):
     prepare: list[Callable[[], Any]] = []
     finish: list[Callable[[], Any]] = []
     for h, boxes in plans:
-        sd.update(boxes.boxed(h.shard.detach()))
+        sd.update(boxes.boxed(h.sharded_param.detach()))
         for info in h.layout.params:
             if info.numel == 0:  # no boxes: a plain empty tensor keeps the key (and its shape) in the file
-                sd[info.names[0]] = torch.empty(tuple(info.shape), dtype=h.shard.dtype, device=h.shard.device)
+                sd[info.names[0]] = torch.empty(tuple(info.shape), dtype=h.sharded_param.dtype, device=h.sharded_param.device)
     persistent = set(model.state_dict_keys)
     for name, buf in model.module.named_buffers(remove_duplicate=False):
         if name in persistent:

@@ -3,7 +3,7 @@
     unshard():       shard ──AllGather──▶ `unsharded`, the whole flat buffer (padding included); the
                      module's parameters are views into it
     reshard():       free `unsharded`'s storage (the views stay, pointing at no memory)
-    reduce_grads():  the views' gradients ──flatten──▶ ReduceScatter (+ AllReduce across replicas) ──▶ shard.grad
+    reduce_grads():  the views' gradients ──flatten──▶ ReduceScatter (+ AllReduce across replicas) ──▶ sharded_param.grad
 
 Each has its wait (`wait_for_unshard`, `wait_for_grads`), and the names are FSDP2's
 (`FSDPParamGroup.unshard / wait_for_unshard / reshard / reduce_grads / wait_for_grads`), so the two
@@ -11,7 +11,7 @@ designs read alike.
 
 Under NO_SHARD there is nothing to scatter: the flat gradients go to `GradBuckets` (DDP's buckets) instead.
 
-The shard is the `nn.Parameter` the optimizer sees. The module's original parameters are replaced by
+The shard, `sharded_param` (FSDP2's name), is the `nn.Parameter` the optimizer sees. The module's original parameters are replaced by
 plain leaf tensors that are views of `unsharded`, created once and reused every step, so autograd
 puts their gradients in `.grad` and gradient accumulation (`no_sync`) works as in a plain module.
 
@@ -56,16 +56,16 @@ class FlatParamHandle:
 
     def __init__(self, layout: FlatLayout, owners: list[list[tuple[nn.Module, str]]], full: torch.Tensor,
                  mesh_info: MeshInfo, requires_grad: bool, compute_dtype: torch.dtype, reduce_dtype: torch.dtype,
-                 impl: str, tracker: MemoryTracker, label: str):
+                 impl: str, gathered_memory: MemoryTracker, label: str):
         self.layout, self.owners, self.mesh_info = layout, owners, mesh_info
         self.requires_grad, self.compute_dtype, self.reduce_dtype = requires_grad, compute_dtype, reduce_dtype
-        self.impl, self.tracker, self.label = impl, tracker, label
+        self.impl, self.gathered_memory, self.label = impl, gathered_memory, label
         lo, hi = layout.shard_range(mesh_info.shard_mesh_rank)
-        self.shard = nn.Parameter(full[lo:hi].clone(), requires_grad=requires_grad)
+        self.sharded_param = nn.Parameter(full[lo:hi].clone(), requires_grad=requires_grad)
         # With nothing to gather and nothing to cast (NO_SHARD in full precision) the parameters are
         # views of the shard itself: DDP keeps the whole model, so there is nothing to free.
         self.aliased = mesh_info.shard_mesh_size == 1 and compute_dtype == full.dtype
-        self.unsharded = self.shard.detach() if self.aliased else full.to(compute_dtype)  # `full` is ours now
+        self.unsharded = self.sharded_param.detach() if self.aliased else full.to(compute_dtype)  # `full` is ours now
         self.leaves = [v.requires_grad_(requires_grad) for v in unflatten_views(self.unsharded, layout)]
         for leaf, owners_of_leaf in zip(self.leaves, owners):
             for module, name in owners_of_leaf:
@@ -73,8 +73,8 @@ class FlatParamHandle:
         self.nbytes = 0 if self.aliased else self.unsharded.numel() * self.unsharded.element_size()
         self.sharded_state = ShardedState.UNSHARDED
         self.gather: PendingGather | None = None
-        self.reduction: GradReduction | None = None
-        self.tracker.alloc(self.nbytes, self.label)
+        self.grad_reduction: GradReduction | None = None
+        self.gathered_memory.alloc(self.nbytes, self.label)
         self.grads_ready = 0
 
     # --- parameters ----------------------------------------------------------------------------------
@@ -84,9 +84,9 @@ class FlatParamHandle:
         if self.sharded_state is not ShardedState.SHARDED:
             return
         refill_storage(self.unsharded, self.nbytes)
-        self.tracker.alloc(self.nbytes, self.label)
+        self.gathered_memory.alloc(self.nbytes, self.label)
         version = version_of(self.unsharded)
-        src = self.shard.detach().to(self.compute_dtype)
+        src = self.sharded_param.detach().to(self.compute_dtype)
         if self.mesh_info.shard_process_group is None:
             self.unsharded.copy_(src)
             work = None
@@ -115,7 +115,7 @@ class FlatParamHandle:
             return
         if self.sharded_state is ShardedState.UNSHARDED:
             free_storage(self.unsharded)
-            self.tracker.free(self.nbytes, self.label)
+            self.gathered_memory.free(self.nbytes, self.label)
         self.sharded_state = ShardedState.SHARDED
 
     def register_original_params(self) -> list[tuple[nn.Module, str, torch.Tensor]]:
@@ -145,7 +145,7 @@ class FlatParamHandle:
         grads = [leaf.grad for leaf in self.leaves]
         for leaf in self.leaves:
             leaf.grad = None
-        return flatten(grads, self.layout, dtype=self.reduce_dtype, device=self.shard.device)
+        return flatten(grads, self.layout, dtype=self.reduce_dtype, device=self.sharded_param.device)
 
     def reduce_grads(self) -> None:
         """Start the ReduceScatter of the unsharded gradients into this rank's shard (async)."""
@@ -154,31 +154,31 @@ class FlatParamHandle:
         with scope(self.label):
             work = C.reduce_scatter_tensor(out, flat, C.AVG, group=self.mesh_info.shard_process_group, async_op=True,
                                            impl=self.impl)
-        self.reduction = GradReduction(ReduceStage.SCATTERING, work, out, flat)
+        self.grad_reduction = GradReduction(ReduceStage.SCATTERING, work, out, flat)
 
     def start_replica_reduce(self) -> None:
         """Once the ReduceScatter is done: free the unsharded gradient and, with replicas (HYBRID_SHARD),
         start averaging the gradient shard across them (async). Called when the next unit's gradients
         are ready, so at most two units' unsharded gradients are alive at a time."""
-        r = self.reduction
+        r = self.grad_reduction
         if r is not None and r.finish_scatter() and self.mesh_info.replicate_process_group is not None:
             r.start_replica_reduce(self.mesh_info.replicate_process_group, C.AVG, self.label, self.impl)
 
     def wait_for_grads(self) -> None:
-        """Finish the reduction started by `reduce_grads` and add the result to `shard.grad`."""
-        if self.reduction is None:
+        """Finish the reduction started by `reduce_grads` and add the result to `sharded_param.grad`."""
+        if self.grad_reduction is None:
             return
         self.start_replica_reduce()
-        r, self.reduction = self.reduction, None
-        self.accumulate_grad(r.wait())
+        r, self.grad_reduction = self.grad_reduction, None
+        self.accumulate_sharded_grad(r.wait())
 
-    def accumulate_grad(self, grad: torch.Tensor) -> None:
+    def accumulate_sharded_grad(self, grad: torch.Tensor) -> None:
         """Set or add (after `no_sync`) a reduced gradient of this rank's shard."""
-        grad = grad.to(self.shard.dtype)
-        if self.shard.grad is None:
-            self.shard.grad = grad
+        grad = grad.to(self.sharded_param.dtype)
+        if self.sharded_param.grad is None:
+            self.sharded_param.grad = grad
         else:
-            self.shard.grad += grad
+            self.sharded_param.grad += grad
 
     def has_unsharded_grads(self) -> bool:
         return any(leaf.grad is not None for leaf in self.leaves)
@@ -200,11 +200,11 @@ class FlatParamHandle:
         """Every original parameter, whole, on CPU, under each of its names: an AllGather of the fp32 shards
         over the shard group (collective), then the flat buffer's views copied out."""
         if self.mesh_info.shard_process_group is None:
-            full = self.shard.detach()
+            full = self.sharded_param.detach()
         else:
-            full = torch.empty(self.layout.padded_numel, dtype=self.shard.dtype, device=self.shard.device)
+            full = torch.empty(self.layout.padded_numel, dtype=self.sharded_param.dtype, device=self.sharded_param.device)
             with scope("full_state_dict"):
-                C.all_gather_into_tensor(full, self.shard.detach(), group=self.mesh_info.shard_process_group, impl=self.impl)
+                C.all_gather_into_tensor(full, self.sharded_param.detach(), group=self.mesh_info.shard_process_group, impl=self.impl)
         return {name: view.detach().to("cpu", copy=True)
                 for info, view in zip(self.layout.params, unflatten_views(full, self.layout)) for name in info.names}
 
@@ -214,7 +214,7 @@ class FlatParamHandle:
         with torch.no_grad():
             for piece in self.layout.pieces(self.mesh_info.shard_mesh_rank):
                 src = state_dict[piece.param.names[0]].reshape(-1)[piece.start:piece.end]
-                self.shard[piece.shard_offset:piece.shard_offset + piece.numel].copy_(src)
+                self.sharded_param[piece.shard_offset:piece.shard_offset + piece.numel].copy_(src)
 
     def __repr__(self) -> str:
         return f"FlatParamHandle({self.label}, {self.layout}, requires_grad={self.requires_grad})"

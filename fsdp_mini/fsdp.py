@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Callable
 
@@ -71,16 +70,18 @@ from fsdp_mini.runtime import get_device, require_distributed
 from fsdp_mini.states import TrainingState
 from fsdp_mini.strategy import ShardingStrategy, as_strategy, is_hybrid, reshard_after_forward, shard_group_size
 from fsdp_mini.torch_internals import queue_after_backward, set_registered_buffer, unregister_parameter
+from fsdp_mini.units import ExecutionOrder
 from fsdp_mini.weak_hooks import weak_hook
 
-__all__ = ["FSDP", "FSDPUnit", "ExecutionOrder", "materialise_by_name"]
+__all__ = ["FSDP", "FSDPUnit", "materialise_by_name"]
 
 
 class FSDPUnit:
-    """One unit: a module, the flat handles of the parameters it owns, and its per-step state."""
+    """One unit: a module, the flat handles of the parameters it owns, and its per-step state. `label`:
+    its module's path from the root, "root" for the root (`fsdp_mini.units.unit_label`)."""
 
-    def __init__(self, name: str, module: nn.Module, handles: list[FlatParamHandle], is_root: bool):
-        self.name, self.module, self.handles, self.is_root = name, module, handles, is_root
+    def __init__(self, label: str, module: nn.Module, handles: list[FlatParamHandle], is_root: bool):
+        self.label, self.module, self.handles, self.is_root = label, module, handles, is_root
         self.training_state = TrainingState.IDLE
 
     def unshard(self, async_op: bool = False) -> None:
@@ -98,31 +99,7 @@ class FSDPUnit:
             h.reshard()
 
     def __repr__(self) -> str:
-        return f"FSDPUnit({self.name or '<root>'}, {len(self.handles)} flat params, {self.training_state.name})"
-
-
-@dataclass
-class ExecutionOrder:
-    """The order in which units run in one pass (forward, or backward), recorded in the first pass and
-    replayed afterwards to know which unit comes next, so its AllGather can start early (prefetch)."""
-
-    units: list = field(default_factory=list)
-    recording: bool = True
-    position: int = 0  # how many units this pass has reached
-
-    def start_pass(self) -> None:
-        self.position = 0
-
-    def end_recording(self) -> None:
-        self.recording = False
-
-    def reached(self, unit: FSDPUnit) -> FSDPUnit | None:
-        """`unit` is running now: record it (first pass), or return the unit that runs after it."""
-        i, self.position = self.position, self.position + 1
-        if self.recording:
-            self.units.append(unit)
-            return None
-        return self.units[i + 1] if i + 1 < len(self.units) else None
+        return f"FSDPUnit({self.label}, {len(self.handles)} flat params, {self.training_state.name})"
 
 
 class FSDP(GradientSync, nn.Module):
@@ -137,8 +114,9 @@ class FSDP(GradientSync, nn.Module):
     `bucket_cap_mb`: NO_SHARD only, the size of its gradient buckets, as in PyTorch's DDP.
     Every rank must start from the same values: by default this is checked (a ValueError names the ranks
     and the first differing parameter); `sync_module_states=True` gives every rank rank 0's instead.
-    Public state: `units` (root first), each with its `handles`; `mesh_info` (its process groups); `memory` (the tracker of
-    gathered bytes); `state_dict_keys`; `forward_order` / `backward_order` (prefetch).
+    Public state: `units` (root first), each with its `handles`; `mesh_info` (its process groups); `gathered_memory` (the
+    tracker of gathered bytes); `state_dict_keys`; `forward_order` / `backward_order` (prefetch, each an
+    `ExecutionOrder` recorded in the first pass and replayed); `reductions` (the reductions in flight).
     """
 
     def __init__(self, module: nn.Module, sharding_strategy=ShardingStrategy.FULL_SHARD, wrap=(),
@@ -171,7 +149,7 @@ class FSDP(GradientSync, nn.Module):
         self.module = module
         self.sync_module_states = bool(sync_module_states)
         self.mesh_info = make_groups(size)
-        self.memory = MemoryTracker()
+        self.gathered_memory = MemoryTracker()
         self.grad_buckets = GradBuckets(self.mesh_info.replicate_process_group, impl, bucket_cap_mb)
         initial_values: list[tuple[str, torch.Tensor]] = []  # fingerprints of each unit before it is sharded
         originals = list(module.parameters())
@@ -185,13 +163,13 @@ class FSDP(GradientSync, nn.Module):
         self._buffer_dtypes = {name: b.dtype for name, b in module.named_buffers(remove_duplicate=False)}
         if self.mixed_precision.buffer_dtype is not None:
             self._cast_buffers(self.mixed_precision.buffer_dtype)
-        self._flat_params = nn.ParameterList([h.shard for h in self.handles])
+        self._flat_params = nn.ParameterList([h.sharded_param for h in self.handles])
         mark_replaced(originals)  # an optimizer built before wrapping fails at its first step
         mark_wrapped(module, "FSDP")  # fully_shard on one of its modules is refused
         self.state_dict_keys: tuple[str, ...] = plan.state_dict_keys
         self.forward_order, self.backward_order = ExecutionOrder(), ExecutionOrder()
-        self._backward_queued = False
-        self._reductions = ReductionQueue()  # handles whose reduction is in flight, in issue order
+        self.backward_queued = False
+        self.reductions = ReductionQueue()  # handles whose reduction is in flight, in issue order
         # Reductions start in one fixed order on every rank (reverse build order: the order backward
         # usually completes units), as DDP starts its buckets in index order: see `_on_grad`.
         self._reduce_order = [h for h in reversed(self.handles) if h.requires_grad]
@@ -230,7 +208,7 @@ class FSDP(GradientSync, nn.Module):
             if init_fn is not None:
                 for module in _modules_of_unit(u.module, unit_modules):  # FSDP1's _get_modules_to_materialize
                     init_fn(module)
-            unit = FSDPUnit(u.name, u.module, [self._handle(fp, initial_values) for fp in u.flat_params], u.is_root)
+            unit = FSDPUnit(u.label, u.module, [self._handle(fp, initial_values) for fp in u.flat_params], u.is_root)
             unit.reshard()
             units.append(unit)
         for name, buf in list(self.module.named_buffers()):
@@ -257,7 +235,7 @@ class FSDP(GradientSync, nn.Module):
         compute = self.mixed_precision.compute_dtype(fp.dtype)  # floating-point parameters only
         reduce = self.mixed_precision.gradient_reduce_dtype(fp.dtype)
         return FlatParamHandle(layout, [p.owners for p in fp.params], full, self.mesh_info, fp.requires_grad,
-                               compute, reduce, self.impl, self.memory, fp.label)
+                               compute, reduce, self.impl, self.gathered_memory, fp.label)
 
     # --- forward -------------------------------------------------------------------------------------
 
@@ -332,8 +310,8 @@ class FSDP(GradientSync, nn.Module):
     # --- backward ------------------------------------------------------------------------------------
 
     def _pre_backward(self, unit: FSDPUnit, grad) -> None:
-        if not self._backward_queued:
-            self._backward_queued = True
+        if not self.backward_queued:
+            self.backward_queued = True
             self.backward_order.start_pass()
             queue_after_backward(self._finish_backward)
         if unit.training_state is TrainingState.PRE_BACKWARD:
@@ -357,7 +335,7 @@ class FSDP(GradientSync, nn.Module):
     def _start_reductions(self, end_of_backward: bool) -> None:
         """Reduce the handles of `_reduce_order` from the next one on, while each is complete; at the end
         of backward, every remaining one that has a gradient (missing parameters count as zeros). One
-        with no gradient at all keeps `shard.grad` None, as a plain module's unused parameters do (every
+        with no gradient at all keeps `sharded_param.grad` None, as a plain module's unused parameters do (every
         rank leaves the same whole flat parameters unused, as the AllGathers already require).
         Why one fixed order, not the order handles complete in: a rank where some parameter got no
         gradient (routed by data, it served only another rank's rows) completes that handle only at the
@@ -394,7 +372,7 @@ class FSDP(GradientSync, nn.Module):
             self.grad_buckets.add(handle, handle.take_unsharded_grad())
         else:
             handle.reduce_grads()
-        self._reductions.add(handle)
+        self.reductions.add(handle)
 
     def _finish_backward(self) -> None:
         """End of backward: reduce what post-backward did not (unused parameters, accumulated no_sync
@@ -402,13 +380,13 @@ class FSDP(GradientSync, nn.Module):
         if self.requires_gradient_sync:
             self._start_reductions(end_of_backward=True)
         self.grad_buckets.wait()
-        self._reductions.wait_all()
+        self.reductions.wait_all()
         for unit in self.units:
             unit.reshard()
             unit.training_state = TrainingState.IDLE
             for h in unit.handles:
                 h.grads_ready = 0
-        self._backward_queued = False
+        self.backward_queued = False
         self._next_reduce, self._complete = 0, set()
         self.backward_order.end_recording()
 
@@ -441,7 +419,7 @@ class FSDP(GradientSync, nn.Module):
         raise, as PyTorch does, when the norm is nan or inf (every rank sees the same norm, so every rank
         raises) instead of scaling the gradients by it. (With `fully_shard` the gradients are DTensors:
         `torch.nn.utils.clip_grad_norm_(model.parameters(), ...)` does the same there.)"""
-        grads = [h.shard.grad for h in self.handles if h.requires_grad and h.shard.grad is not None]
+        grads = [h.sharded_param.grad for h in self.handles if h.requires_grad and h.sharded_param.grad is not None]
         norm_type = float(norm_type)
         if not grads:
             return torch.zeros((), device=self.device)
@@ -464,7 +442,7 @@ class FSDP(GradientSync, nn.Module):
 
     def memory_stats(self, optimizer=None) -> dict[str, int]:
         """This rank's bytes: sharded params, sharded grads, optimizer state, unsharded params now/peak."""
-        return step_memory_stats([h.shard for h in self.handles], optimizer, self.memory)
+        return step_memory_stats([h.sharded_param for h in self.handles], optimizer, self.gathered_memory)
 
     def reshard(self) -> None:
         """Free every gathered unit (what loading new values into the shards needs first)."""

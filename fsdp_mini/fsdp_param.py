@@ -1,7 +1,7 @@
 """One parameter of the per-parameter design (FSDP2's): its dim-0 shard, and its gathered copy.
 
-    sharded:    module.weight = nn.Parameter(DTensor)   this rank's rows of the weight, under its own name
-    unsharded:  module.weight = nn.Parameter(tensor)    the whole weight, while its unit computes
+    sharded_param:  module.weight = nn.Parameter(DTensor)   this rank's rows of the weight, under its own name
+    unsharded:      module.weight = nn.Parameter(tensor)    the whole weight, while its unit computes
 
 Each rank keeps the rows `torch.chunk` gives it: chunks of c = ceil(rows / n) rows, so the last ranks may
 hold fewer rows or none. For the AllGather every rank's chunk is padded to exactly c rows (zeros), so
@@ -78,7 +78,7 @@ class FSDPParam:
         self.accumulated_grad: torch.Tensor | None = None  # unsynced micro-batches' sum, in the reduce dtype
         self.grad_ready = False
         local = rows[start:start + self.local_rows]
-        self.sharded = nn.Parameter(self._padded_dtensor(local), requires_grad=param.requires_grad)
+        self.sharded_param = nn.Parameter(self._padded_dtensor(local), requires_grad=param.requires_grad)
         self._adopt_sharded()
         self.to_sharded()
 
@@ -105,7 +105,7 @@ class FSDPParam:
     def _adopt_sharded(self) -> None:
         """Derive what depends on the sharded parameter's dtype: the compute dtype (the policy's, for a
         floating-point parameter), the AllGather's input, the gradient's spec, the gathered bytes."""
-        self.dtype = self.sharded.dtype
+        self.dtype = self.sharded_param.dtype
         compute = self.mp_policy.compute_dtype(self.dtype)
         if self.unsharded is not None and self.unsharded.dtype != compute:
             self.unsharded, self.grad_hooked = None, False  # recreated in the new dtype at the next gather
@@ -114,7 +114,7 @@ class FSDPParam:
         # what each step's gradient DTensor is built from: the parameter's own spec (mesh, placements, global
         # shape), so a new gradient costs one constructor call instead of `DTensor.from_local`'s checks and
         # autograd function (~20x slower on CPU, paid per parameter per step). FSDP2 does the same.
-        self.grad_spec = dtensor_spec(self.sharded)
+        self.grad_spec = dtensor_spec(self.sharded_param)
         self.flat_shard = self.padded_shard.view(-1)  # the AllGather's input when no dtype cast is needed
         self.nbytes = math.prod(self.shape) * torch.empty((), dtype=self.compute_dtype).element_size()
 
@@ -122,7 +122,7 @@ class FSDPParam:
     def requires_grad(self) -> bool:
         """Read from the sharded parameter each time: freezing or unfreezing it after `fully_shard` counts
         from the next gather on, as in FSDP2."""
-        return self.sharded.requires_grad
+        return self.sharded_param.requires_grad
 
     def reset_sharded_param(self) -> None:
         """Adopt what now stands in the parameter's place: `load_state_dict(..., assign=True)` puts a new
@@ -147,7 +147,7 @@ class FSDPParam:
                 torch.utils.swap_tensors(new, replacement)  # keep the object that the caller put there
             else:
                 new = replacement
-        self.sharded = new
+        self.sharded_param = new
         self._adopt_sharded()
         self.to_sharded()
 
@@ -159,7 +159,7 @@ class FSDPParam:
 
     def to_sharded(self) -> None:
         """The module's attribute is the sharded DTensor parameter (between steps, after reshard)."""
-        self._set_on_owners(self.sharded)
+        self._set_on_owners(self.sharded_param)
 
     def to_unsharded(self) -> None:
         """The module's attribute is the gathered parameter (while its unit computes)."""
@@ -272,10 +272,10 @@ class FSDPParam:
         local = reduced[:self.local_rows * self.row_numel].view(self.local_rows, *self.padded_shape[1:])
         if local.dtype != self.dtype:
             local = local.to(self.dtype)
-        if self.sharded.grad is None:
-            self.sharded.grad = new_dtensor(local, self.grad_spec)
+        if self.sharded_param.grad is None:
+            self.sharded_param.grad = new_dtensor(local, self.grad_spec)
         else:
-            self.sharded.grad.to_local().add_(local)
+            self.sharded_param.grad.to_local().add_(local)
 
     def drop_unsharded_grads(self) -> None:
         """Forget this step's unreduced gradient and what unsynced micro-batches accumulated (after a failed

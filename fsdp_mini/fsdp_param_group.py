@@ -64,24 +64,29 @@ class FSDPParamGroup:
     `inputs_grad_ready`); a unit whose inputs need no gradient (the first one) ends on its parameters alone,
     and the end of backward mops up."""
 
-    def __init__(self, params: list[FSDPParam], label: str, mesh_info: MeshInfo, impl: str, tracker: MemoryTracker, reshard_after_forward: bool, post_forward: PostForwardShards | None):
-        self.params, self.label, self.mesh_info, self.impl, self.tracker = params, label, mesh_info, impl, tracker
+    def __init__(self, params: list[FSDPParam], label: str, mesh_info: MeshInfo, impl: str,
+                 gathered_memory: MemoryTracker, reshard_after_forward: bool,
+                 post_forward_shards: PostForwardShards | None):
+        self.params, self.label, self.mesh_info, self.impl = params, label, mesh_info, impl
+        self.gathered_memory = gathered_memory  # the tracker of gathered bytes, shared by the root's units
         # after forward: free the gathered parameters (True), keep them (False), or keep a 1/k share
         # (`post_forward_shards`, with `reshard_after_forward` False)
         self.reshard_after_forward = reshard_after_forward
-        self.post_forward_shards = post_forward
+        self.post_forward_shards = post_forward_shards
         self.auto_reshard_after_forward = False  # `fully_shard(reshard_after_forward=None)`: the root keeps
         self.reshard_after_backward = True
         self.requires_gradient_sync = True
-        self.is_root = False  # set by the root's lazy initialisation, with `in_flight`
-        self.in_flight: ReductionQueue | None = None
+        self.is_root = False  # set by the root's lazy initialisation, with `reductions`
+        self.reductions: ReductionQueue | None = None
         # this step's forward calls that hooked their inputs, and how many of those backward has finished
         self.hooked_calls = 0
         self.finished_calls = 0
         self.sharded_state = ShardedState.SHARDED
         self.training_state = TrainingState.IDLE
-        self._gather: tuple[object, torch.Tensor, list[int]] | None = None  # (work, output, lengths)
-        self.reductions: list[GradReduction] = []
+        # the AllGather in flight: (work, output, lengths); a flat handle's `gather` is a PendingGather
+        self.gather: tuple[object, torch.Tensor, list[int]] | None = None
+        # the unit's own ReduceScatters in flight, one per reduce dtype (a flat handle's `grad_reduction`)
+        self.grad_reductions: list[GradReduction] = []
         self.divide_factor: float | None = None  # set_gradient_divide_factor: sum, then divide by it
         self.force_sum_reduction_for_comms = False  # sum in the collectives, divide afterwards (FSDP2's name)
         self.all_reduce_hook = None  # set_all_reduce_hook: called with each reduced chunk before it is divided
@@ -116,11 +121,11 @@ class FSDPParamGroup:
 
     # --- the unit's life in a step (FSDP2's names) -----------------------------------------------------
 
-    def lazy_init(self, label: str, is_root: bool, in_flight: ReductionQueue) -> None:
+    def lazy_init(self, label: str, is_root: bool, reductions: ReductionQueue) -> None:
         """At the root's first forward: the unit's label (its path from the root), whether it is the root's
         own, and the root's queue of reductions in flight. The root keeps its parameters after forward
         unless `reshard_after_forward` was given (FSDP2's default for the root)."""
-        self.label, self.is_root, self.in_flight = label, is_root, in_flight
+        self.label, self.is_root, self.reductions = label, is_root, reductions
         if is_root and self.auto_reshard_after_forward:
             self.reshard_after_forward = False
 
@@ -190,7 +195,7 @@ class FSDPParamGroup:
             group, n = self.mesh_info.shard_process_group, self.mesh_info.shard_mesh_size
         for p in self.params:
             p.alloc_unsharded()
-        self.tracker.alloc(self.nbytes, self.label)
+        self.gathered_memory.alloc(self.nbytes, self.label)
         lengths = [t.numel() for t in inputs]
         row = inputs[0] if len(inputs) == 1 else torch.cat(inputs)
         output = torch.empty((n, row.numel()), dtype=row.dtype, device=row.device)
@@ -200,10 +205,10 @@ class FSDPParamGroup:
         else:
             with scope(self.label):
                 work = C.all_gather_into_tensor(output.view(-1), row, group=group, async_op=True, impl=self.impl)
-        self._gather = (work, output, lengths)
+        self.gather = (work, output, lengths)
         self.sharded_state = ShardedState.UNSHARDING
         if from_post_forward:  # the 1/k shares are the AllGather's input now (`row`), no longer kept
-            self.tracker.free(self.post_forward_shards.kept_bytes, self.label)
+            self.gathered_memory.free(self.post_forward_shards.kept_bytes, self.label)
             self.post_forward_shards.shards, self.post_forward_shards.kept_bytes = [], 0
         if not async_op:
             self.wait_for_unshard()
@@ -221,10 +226,10 @@ class FSDPParamGroup:
 
     def wait_for_unshard(self) -> None:
         """Finish a pending gather: copy each parameter out of the gathered rows, swap it into the module."""
-        if self._gather is None:
+        if self.gather is None:
             return
-        work, output, lengths = self._gather
-        self._gather = None
+        work, output, lengths = self.gather
+        self.gather = None
         if work is not None:
             work.wait()
         offset = 0
@@ -243,9 +248,9 @@ class FSDPParamGroup:
         if self.sharded_state is ShardedState.UNSHARDED:
             for p in self.params:
                 p.free_unsharded()
-            self.tracker.free(self.nbytes, self.label)
+            self.gathered_memory.free(self.nbytes, self.label)
         if self.sharded_state is ShardedState.SHARDED_POST_FORWARD:
-            self.tracker.free(self.post_forward_shards.kept_bytes, self.label)
+            self.gathered_memory.free(self.post_forward_shards.kept_bytes, self.label)
             self.post_forward_shards.shards, self.post_forward_shards.kept_bytes = [], 0
         for p in self.params:
             p.to_sharded()
@@ -261,8 +266,8 @@ class FSDPParamGroup:
         for p in self.params:
             p.free_unsharded()
             p.to_sharded()
-        self.tracker.free(self.nbytes, self.label)
-        self.tracker.alloc(pf.kept_bytes, self.label)
+        self.gathered_memory.free(self.nbytes, self.label)
+        self.gathered_memory.alloc(pf.kept_bytes, self.label)
         self.sharded_state = ShardedState.SHARDED_POST_FORWARD
 
     # --- gradients -----------------------------------------------------------------------------------
@@ -296,7 +301,7 @@ class FSDPParamGroup:
         self.training_state = TrainingState.POST_BACKWARD
         if self.requires_gradient_sync:
             self.reduce_grads()
-            self.in_flight.add(self)
+            self.reductions.add(self)
         else:
             self.accumulate_unsynced()
         if not self.is_root and self.reshard_after_backward:
@@ -325,14 +330,14 @@ class FSDPParamGroup:
                 with scope(self.label):
                     work = C.reduce_scatter_tensor(output, full, self._reduce_op, group=group, async_op=True,
                                                    impl=self.impl)
-            self.reductions.append(GradReduction(ReduceStage.SCATTERING, work, output, full, params))
+            self.grad_reductions.append(GradReduction(ReduceStage.SCATTERING, work, output, full, params))
 
     def start_replica_reduce(self) -> None:
         """Once the ReduceScatters are done: free their inputs and, with replicas (HSDP), start averaging
         the gradient chunks across them (async), adding first what earlier backwards left unreduced across
         replicas (`requires_all_reduce` False: gradient accumulation that reduce-scatters in the node but
         crosses nodes once)."""
-        for r in self.reductions:
+        for r in self.grad_reductions:
             if not r.finish_scatter() or self.mesh_info.replicate_process_group is None or not self.requires_all_reduce:
                 continue
             held = self.partial_outputs.pop(_key(r.params), None)
@@ -344,7 +349,7 @@ class FSDPParamGroup:
         """Finish every reduction and give each sharded parameter its gradient (a DTensor); with replicas
         and `requires_all_reduce` False, keep the chunks for the next all-reduce instead."""
         self.start_replica_reduce()
-        for r in self.reductions:
+        for r in self.grad_reductions:
             r.wait()
             if self.mesh_info.replicate_process_group is not None and not self.requires_all_reduce:
                 key = _key(r.params)
@@ -361,7 +366,7 @@ class FSDPParamGroup:
             for p in r.params:
                 p.accumulate_sharded_grad(r.output[offset:offset + p.shard_numel])
                 offset += p.shard_numel
-        self.reductions = []
+        self.grad_reductions = []
 
     @property
     def _reduce_op(self):
@@ -391,9 +396,9 @@ class FSDPParamGroup:
     def reduce_at_end(self) -> None:
         """End of backward: reduce what `post_backward` did not (unused parameters, gradients accumulated
         without sync), or keep accumulating without gradient sync."""
-        if self.requires_gradient_sync and self not in self.in_flight and self.has_unsharded_grads():
+        if self.requires_gradient_sync and self not in self.reductions and self.has_unsharded_grads():
             self.reduce_grads()
-            self.in_flight.add_at_end(self)
+            self.reductions.add_at_end(self)
         elif not self.requires_gradient_sync:
             self.accumulate_unsynced()
 
@@ -410,10 +415,10 @@ class FSDPParamGroup:
         """After an exception aborted a forward or backward: finish what is in flight (every rank issued it),
         drop this step's gradients (reductions, unreduced and held-back ones) and its bookkeeping, reshard.
         FSDP2's `_reset_iter_state` does the same; the failed step's gradients are lost."""
-        for r in self.reductions:
+        for r in self.grad_reductions:
             r.finish_scatter()
             r.wait()
-        self.reductions, self.partial_outputs = [], {}
+        self.grad_reductions, self.partial_outputs = [], {}
         for p in self.params:
             p.drop_unsharded_grads()
         self.reshard()  # waits for a gather in flight first

@@ -60,6 +60,7 @@ from fsdp_mini.replaced_params import mark_replaced, wrapper_of
 from fsdp_mini.runtime import get_device, require_distributed
 from fsdp_mini.states import TrainingState
 from fsdp_mini.torch_internals import in_backward, queue_after_backward
+from fsdp_mini.units import ExecutionOrder, unit_label
 
 __all__ = ["fully_shard", "FSDPModule", "FSDPState", "UnshardHandle", "register_fsdp_forward_method", "state_of",
            "default_mesh", "gathered_memory", "memory_stats", "full_state_dict", "load_full_state_dict"]
@@ -87,11 +88,11 @@ def _state_or_none(module: nn.Module) -> "FSDPState | None":
 
 def gathered_memory(module: nn.Module) -> MemoryTracker:
     """The tracker of gathered (unsharded) parameter bytes, live and peak, shared by every unit on the
-    module's mesh: the per-parameter design's `FSDP.memory`."""
+    module's mesh: its units' `gathered_memory`, the flat design's `FSDP.gathered_memory`."""
     group = state_of(module).group
     if group is None:
         raise ValueError(f"{type(module).__name__} manages no parameters of its own")
-    return group.tracker
+    return group.gathered_memory
 
 
 def memory_stats(module: nn.Module, optimizer=None) -> dict[str, int]:
@@ -307,7 +308,7 @@ class FSDPState:
         self.is_root: bool | None = None
         self.root: FSDPState | None = None
         # the root's bookkeeping
-        self.forward_order: list[FSDPState] = []  # units by their first pre-forward (forward prefetch)
+        self.forward_order = ExecutionOrder()  # units by their first pre-forward (forward prefetch)
         # every unit's post-forward of this step, in order, a unit once per call (FSDP2's
         # `post_forward_order`): backward prefetches the unit whose forward ended before this one's, so
         # the root, whose forward ends last, prefetches the last block as soon as backward starts
@@ -326,7 +327,7 @@ class FSDPState:
             state = _state_or_none(m)
             if state is not None and state.group is not None and id(state) not in labelled:
                 # a unit over several modules is labelled by the first one's path
-                state.group.lazy_init(path or "root", state is self, self.reductions)
+                state.group.lazy_init(unit_label(path), state is self, self.reductions)
                 labelled.add(id(state))
             if state is not None and state is not self:
                 if state.is_root:
@@ -359,8 +360,7 @@ class FSDPState:
         args, kwargs = self.mp.cast_inputs(args, kwargs)
         if self is root:  # the collectives until the root's post-forward belong to forward
             RECORDER.in_forward(True)
-        if self not in root.forward_order:  # first run of this unit (a unit skipped so far joins late)
-            root.forward_order.append(self)
+        root.forward_order.join(self)  # first run of this unit (a unit skipped so far joins late)
         if len(self.modules) > 1:
             if not self.to_run_forward:  # the first of the unit's modules in this forward
                 self.to_run_forward = {id(m) for m in self.modules}
@@ -381,10 +381,9 @@ class FSDPState:
         first forward recorded (nothing during that first forward, whose order is still being learnt)."""
         if self.forward_prefetch is not None:
             return self.forward_prefetch
-        order = self.root.forward_order
-        if self.root.backward_queued or order[-1] is self:
+        if self.root.backward_queued:
             return []
-        following = order[order.index(self) + 1:]
+        following = self.root.forward_order.after(self)
         return next(([s] for s in following if s.group is not None), [])
 
     def _hook_inputs(self, args, kwargs):
@@ -500,14 +499,14 @@ def fully_shard(module: nn.Module | list[nn.Module], *, mesh=None, reshard_after
     mesh = default_mesh() if mesh is None else mesh
     _check_mesh(mesh)
     mesh_info = MeshInfo.from_mesh(mesh)
-    reshard, post_forward = _check_reshard_after_forward(reshard_after_forward, mesh_info.shard_mesh_size)
+    reshard, post_forward_size = _check_reshard_after_forward(reshard_after_forward, mesh_info.shard_mesh_size)
 
     ignored = {id(p) for p in (ignored_params or ())}
     if any(not isinstance(p, nn.Parameter) for p in (ignored_params or ())):
         raise ValueError("ignored_params must be a set of the module's nn.Parameter objects")
     params = _managed_params(modules, ignored)
     shard_dims = [_shard_dim(shard_placement_fn, name, p, mesh_info.shard_mesh_size) for name, _, p in params]
-    if post_forward and any(shard_dims):
+    if post_forward_size and any(shard_dims):
         raise ValueError(f"reshard_after_forward={reshard_after_forward} (keep a 1/k share) needs every parameter "
                          f"sharded along dim 0, but shard_placement_fn placed some along another dimension")
     device = get_device()
@@ -538,7 +537,7 @@ def fully_shard(module: nn.Module | list[nn.Module], *, mesh=None, reshard_after
                                          mp, device, shard_dim))
             _MANAGED[id(p)] = (weakref.ref(p), label)
         mark_replaced([p for _, _, p in params])  # an optimizer built before this fails at its first step
-        pf = post_forward_shards(mesh_info, post_forward) if post_forward else None
+        pf = post_forward_shards(mesh_info, post_forward_size) if post_forward_size else None
         group = FSDPParamGroup(fsdp_params, label, mesh_info, impl, MemoryTracker(),
                                reshard in (None, True), pf)
         group.auto_reshard_after_forward = reshard_after_forward is None
@@ -546,10 +545,10 @@ def fully_shard(module: nn.Module | list[nn.Module], *, mesh=None, reshard_after
     if group is not None:
         _register_state_dict_hooks(state)
     if group is not None:
-        keys = [id(p.sharded) for p in group.params]
+        keys = [id(p.sharded_param) for p in group.params]
         ref = weakref.ref(state, lambda r, keys=keys: [_HOLDERS.pop(k) for k in keys if _HOLDERS.get(k) is r])
         _HOLDERS.update(dict.fromkeys(keys, ref))
-    _share_tracker(state)
+    _share_gathered_memory(state)
     for m in modules:
         m.__dict__[_STATE_ATTR] = state
         m.register_forward_pre_hook(lambda m, a, k: state.pre_forward(m, a, k), prepend=True, with_kwargs=True)
@@ -559,16 +558,16 @@ def fully_shard(module: nn.Module | list[nn.Module], *, mesh=None, reshard_after
     return module
 
 
-def _share_tracker(state: "FSDPState") -> None:
+def _share_gathered_memory(state: "FSDPState") -> None:
     """Bottom-up, the module sharded last is the outermost: its units and every unit below it share one
     tracker of gathered bytes (the root's, once it runs), so `gathered_memory(model)` sees the whole
     model's peak, and two models never share one."""
     below = {id(s): s for m in state.modules for s in map(_state_or_none, m.modules()) if s is not None}
     groups = [s.group for s in [state, *below.values()] if s.group is not None]
     if groups:
-        tracker = state.group.tracker if state.group is not None else MemoryTracker()
+        tracker = state.group.gathered_memory if state.group is not None else MemoryTracker()
         for g in groups:
-            g.tracker = tracker
+            g.gathered_memory = tracker
 
 
 def _register_state_dict_hooks(state: "FSDPState") -> None:
@@ -603,7 +602,7 @@ def _params_by_tensor(model: nn.Module) -> dict[int, FSDPParam]:
     out = {}
     for m in model.modules():
         if isinstance(m, FSDPModule) and state_of(m).group is not None:
-            out.update({id(p.sharded): p for p in state_of(m).group.params})
+            out.update({id(p.sharded_param): p for p in state_of(m).group.params})
     return out
 
 
@@ -769,7 +768,7 @@ def _collect_params(module: nn.Module, ignored: set[int], out: dict) -> None:
         if isinstance(p, DTensor):
             ref = _HOLDERS.get(id(p))
             holder = ref() if ref is not None else None
-            if holder is not None and not any(fp.sharded is p for fp in holder.group.params):
+            if holder is not None and not any(fp.sharded_param is p for fp in holder.group.params):
                 holder = None  # the id of a parameter gone (or replaced by `assign=True` loading)
             if holder is None or any(sub is module for m in holder.modules for sub in m.modules()):
                 raise ValueError(f"parameter {fqn} is already sharded: apply fully_shard bottom-up (submodules "

@@ -116,5 +116,5 @@ class GradBuckets:
                 sent.work.wait()
             sizes = [h.layout.padded_numel for h in sent.handles]
             for handle, piece in zip(sent.handles, sent.buffer.split(sizes)):
-                handle.accumulate_grad(piece)
+                handle.accumulate_sharded_grad(piece)
         self._sent = []

@@ -97,7 +97,7 @@ class MemoryLedger:
 
     def __init__(self, model: nn.Module, optimizer=None, budget: int | None = None):
         if isinstance(model, FSDP):
-            self.tracker = model.memory
+            self.tracker = model.gathered_memory
         elif isinstance(model, FSDPModule):
             self.tracker = gathered_memory(model)
         else:

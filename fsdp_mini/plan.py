@@ -27,11 +27,10 @@ import torch
 import torch.nn as nn
 
 from fsdp_mini.flat_param import FlatLayout
+from fsdp_mini.units import ROOT_LABEL, unit_label  # shared with the per-parameter design
 
-__all__ = ["PlannedParam", "FlatParamPlan", "UnitPlan", "Plan", "wrap_classes", "plan_units", "unit_label",
-           "ROOT_LABEL"]
+__all__ = ["PlannedParam", "FlatParamPlan", "UnitPlan", "Plan", "wrap_classes", "plan_units"]
 
-ROOT_LABEL = "root"
 FROZEN_SUFFIX = " (frozen)"
 
 
@@ -90,9 +89,6 @@ class Plan:
                                     for fp in u.flat_params)) for u in self.units)
 
 
-def unit_label(name: str) -> str:
-    """How a unit is labelled in CommLog scopes, memory events and plots: its path, or "root"."""
-    return name or ROOT_LABEL
 
 
 def wrap_classes(wrap, module: nn.Module) -> tuple[type, ...]:

@@ -121,7 +121,7 @@ def train_checkpointed(engine: Engine, strategy: str, which, cfg: GPTConfig, ste
         gathers, peak, state = torch_log.counts, torch_log.peak, pytorch_full_state_dict(model)
     else:
         gathers = Counter(r.label for r in log.records if r.op == "all_gather")
-        peak = model.memory.peak if engine is Engine.FSDP else gathered_memory(model).peak
+        peak = model.gathered_memory.peak if engine is Engine.FSDP else gathered_memory(model).peak
         state = full_state_dict(model)
     return CheckpointedRun(gathers=[gathers[u] // steps for u in _root_first(gathers)], peak=peak,
                            state={_plain_name(k, which): v for k, v in state.items()})

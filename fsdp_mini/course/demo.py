@@ -69,7 +69,7 @@ def _run_ours(strategy: str, shard_size: int) -> dict:
     opt = _optimizer(model.parameters())
     with CommLog() as log:
         losses = train(model, opt, CFG, STEPS, BATCH)
-    _measure_step(model, opt, model.memory)
+    _measure_step(model, opt, model.gathered_memory)
     return {"losses": losses, "sd": model.full_state_dict(), "memory": model.memory_stats(opt), "sent": log.sent / STEPS}
 
 

@@ -41,16 +41,16 @@ def logged_step(cfg: GPTConfig, strategy: ShardingStrategy, prefetch: bool) -> L
     model = FSDP(GPT(cfg), strategy, wrap=(Block,), prefetch=prefetch)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     train(model, opt, cfg, steps=1, batch_size=8)  # step 0: FSDP records the order of the units
-    model.memory.reset_peak()
+    model.gathered_memory.reset_peak()
     rank, world = dist.get_rank(), dist.get_world_size()
     x, y = (local_rows(t, rank, world) for t in make_batch(cfg, 8, step=1))
     dist.barrier()  # start the logged step together, so a timeline shows the step, not a late rank
     with CommLog() as log, Trace(model) as trace:
         loss = model(x, y)
-        after_forward = model.memory.current
+        after_forward = model.gathered_memory.current
         loss.backward()
     stats = model.memory_stats(opt)
     opt.step()
     opt.zero_grad()
-    units = {u.name or "root": sum(h.nbytes for h in u.handles) for u in model.units}
+    units = {u.label: sum(h.nbytes for h in u.handles) for u in model.units}
     return LoggedStep(log.records, trace.spans, trace.memory, after_forward, stats, units)

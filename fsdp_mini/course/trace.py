@@ -21,8 +21,8 @@ waited for) and ends before its post-forward (the free); backward starts after F
 ends when the last parameter's gradient arrives, before FSDP's ReduceScatter is issued. So a span is the
 unit's compute alone, not the communication around it.
 
-`trace.memory` comes from the engine's own `MemoryTracker` (`model.memory`): the trace listens to it
-(`MemoryTracker.listen`) while it is active, so every gather's alloc and every free arrives with the
+`trace.memory` comes from the engine's own `MemoryTracker` (`model.gathered_memory`): the trace listens
+to it (`MemoryTracker.listen`) while it is active, so every gather's alloc and every free arrives with the
 flat parameter's label, and `model.memory_stats()` is unaffected. Its order, like the order of issue of the collectives
 (`issue_order`), is the program's order, hence the same in every run; the times are not. Only this
 rank's events are recorded: return them from each rank and put them together in the parent.
@@ -89,10 +89,10 @@ def compute_modules(model) -> list[tuple[str, str, nn.Module, list[torch.Tensor]
     out = []
     paths = {id(m): name for name, m in model.module.named_modules()}
     for unit in model.units:
-        label = unit.name or "root"
+        label = unit.label
         if not unit.is_root:
             leaves = [leaf for h in unit.handles if h.requires_grad for leaf in h.leaves]
-            out.append((label, unit.name, unit.module, leaves))
+            out.append((label, label, unit.module, leaves))  # an inner unit's label is its module's path
             continue
         owned: dict[int, tuple[nn.Module, list[torch.Tensor]]] = {}
         for h in unit.handles:
@@ -196,7 +196,7 @@ class Trace:
                 users.setdefault(id(leaf), (leaf, []))[1].append(module)
         for leaf, modules in users.values():
             self._handles.append(leaf.register_hook(self._on_param_grad(leaf, modules)))
-        self._listener = self.model.memory.listen(self._memory_event)
+        self._listener = self.model.gathered_memory.listen(self._memory_event)
         self._active = True
         return self
 

@@ -322,7 +322,7 @@ def ruled_out_in_outputs(nb: dict) -> list[str]:
     return hits
 
 
-# "root" printed as the root unit's name (`unit.name or "root"`, beside "blocks.0"): a name, not prose
+# "root" printed as the root unit's name (`unit.label`, beside "blocks.0"): a name, not prose
 _UNIT_NAME = re.compile(r"(?<![\w.])root(?![\w])")
 
 

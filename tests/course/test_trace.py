@@ -20,17 +20,17 @@ def _step_worker(strategy, prefetch):
     model = FSDP(GPT(CFG), strategy, wrap=(Block,), prefetch=prefetch)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     train(model, opt, CFG, 1, 8)  # records the order that prefetch follows
-    model.memory.reset_peak()
+    model.gathered_memory.reset_peak()
     x, y = (local_rows(t, dist.get_rank(), dist.get_world_size()) for t in make_batch(CFG, 8, 1))
     with CommLog() as log, Trace(model) as trace:
         model(x, y).backward()
-    trackers_restored = all(h.tracker is model.memory for u in model.units for h in u.handles)
+    trackers_restored = all(h.gathered_memory is model.gathered_memory for u in model.units for h in u.handles)
     spans, memory = len(trace.spans), len(trace.memory)
     train(model, opt, CFG, 1, 8)  # outside the trace: nothing more is recorded
     untouched = (len(trace.spans), len(trace.memory)) == (spans, memory)
     modules = [(label, path, len(leaves)) for label, path, _, leaves in compute_modules(model)]
-    return dict(records=log.records, spans=trace.spans, memory=trace.memory, peak=model.memory.peak,
-                units={u.name or "root": sum(h.nbytes for h in u.handles) for u in model.units},
+    return dict(records=log.records, spans=trace.spans, memory=trace.memory, peak=model.gathered_memory.peak,
+                units={u.label: sum(h.nbytes for h in u.handles) for u in model.units},
                 restored=trackers_restored, untouched=untouched, modules=modules)
 
 

@@ -63,7 +63,7 @@ def _run(engine, strategy, mode, early_stop):
         model, forwards = _build(mode)
         if engine == "flat":
             model = FSDP(model, strategy, wrap=(Block,))
-            tracker = model.memory
+            tracker = model.gathered_memory
         else:
             for m in [m for m in model.modules() if isinstance(m, Block)]:
                 fully_shard(m, reshard_after_forward=strategy == "FULL_SHARD")

@@ -282,8 +282,8 @@ def _tiny_load_and_go_on(path):
     for unit in model.units:
         for h in unit.handles:
             lo = model.mesh_info.shard_mesh_rank * h.layout.shard_numel
-            for value in opt.state.get(h.shard, {}).values():
-                if value.shape == h.shard.shape:
+            for value in opt.state.get(h.sharded_param, {}).values():
+                if value.shape == h.sharded_param.shape:
                     pads_zero &= bool((value[max(0, h.layout.numel - lo):] == 0).all())
     keys = sorted(sharded_state_dict(model, opt))
     return _tiny_train(model, opt, range(2, 4)), model.full_state_dict(), pads_zero, keys
@@ -318,8 +318,8 @@ def _decay_split(model, design):
     """(decay, no_decay) tensors of the optimizer: per parameter, the matrices and the vectors (1-D: norms,
     biases); in the flat design, whose optimizer sees one flat shard per unit, the root unit and the blocks."""
     if design == "flat":
-        root = [h.shard for h in model.units[0].handles]
-        return root, [h.shard for u in model.units[1:] for h in u.handles]
+        root = [h.sharded_param for h in model.units[0].handles]
+        return root, [h.sharded_param for u in model.units[1:] for h in u.handles]
     params = list(model.parameters())
     return [p for p in params if p.ndim >= 2], [p for p in params if p.ndim < 2]
 

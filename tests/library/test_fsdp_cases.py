@@ -98,7 +98,7 @@ def _toy_worker(cases):
         model = FSDP(Toy(), strategy, wrap=TOY_WRAP, shard_size=2 if "HYBRID" in strategy else None)
         opt = {"sgd": SGD, "adamw": ADAMW}[opt_name](model.parameters())
         losses = train_toy(model, opt)
-        units = {u.name: [(h.requires_grad, len(h.layout.pieces(model.mesh_info.shard_mesh_rank))) for h in u.handles]
+        units = {u.label: [(h.requires_grad, len(h.layout.pieces(model.mesh_info.shard_mesh_rank))) for h in u.handles]
                  for u in model.units}
         out[(strategy, opt_name)] = (losses, model.full_state_dict(), units)
     return out
@@ -123,7 +123,7 @@ def test_toy_model_with_every_awkward_case(world, no_orphans):
                 torch.testing.assert_close(sd[k], v, **TOL, msg=lambda m: f"{case} {k}: {m}")
             torch.testing.assert_close(sd["outer.lin.bias"], before["outer.lin.bias"], rtol=0, atol=0)
             units = results[0][case][2]
-            assert set(units) == {"", "outer", "outer.inner", "twice", "scale"}
+            assert set(units) == {"root", "outer", "outer.inner", "twice", "scale"}
             assert units["outer"][0][0] and not units["outer"][1][0], "trainable and frozen in separate handles"
             if strategy != "NO_SHARD":
                 n = 2 if "HYBRID" in strategy else world
@@ -154,7 +154,7 @@ def _mixed_precision_worker():
         from fsdp_mini import CommLog
         with CommLog() as log:
             losses = train(model, opt, cfg, 8, 12)
-        dtypes = {h.shard.dtype for u in model.units for h in u.handles}
+        dtypes = {h.sharded_param.dtype for u in model.units for h in u.handles}
         out[name] = (losses, model.full_state_dict(), log.summary(), dtypes)
     return out
 
@@ -189,7 +189,7 @@ def _no_sync_worker(strategy, micro):
             if i < micro - 1:
                 with model.no_sync():
                     (model(xc, yc) / micro).backward()
-                assert all(h.shard.grad is None for u in model.units for h in u.handles), "no_sync communicated"
+                assert all(h.sharded_param.grad is None for u in model.units for h in u.handles), "no_sync communicated"
             else:
                 (model(xc, yc) / micro).backward()
         opt.step()
@@ -269,7 +269,7 @@ def _meta_worker():
         meta = TinyLM(cfg, seed=7)
     model = FSDP(meta, "FULL_SHARD", wrap=(Block,), param_init_fn=materialise_by_name(meta, meta.init_parameter))
     unit_bytes = [sum(h.nbytes for h in u.handles) for u in model.units]
-    return model.full_state_dict(), model.memory.peak, unit_bytes, model.memory_stats()["params"]
+    return model.full_state_dict(), model.gathered_memory.peak, unit_bytes, model.memory_stats()["params"]
 
 
 def _modules_given_to_param_init_fn():

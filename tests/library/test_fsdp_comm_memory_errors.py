@@ -105,7 +105,7 @@ def _memory_worker():
         model = FSDP(TinyLM(cfg), strategy, wrap=(Block,), prefetch=prefetch)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         train(model, opt, cfg, 1, 8)  # records the order that prefetch follows
-        model.memory.reset_peak()
+        model.gathered_memory.reset_peak()
         x, y = (rank_rows(t, dist.get_rank(), 2) for t in batch(cfg, 8, 1))
         model(x, y).backward()
         stats = model.memory_stats(opt)
@@ -205,7 +205,7 @@ def _summon_worker():
     model = FSDP(TinyLM(CFG), "FULL_SHARD", wrap=(Block,))
     with model.summon_full_params():
         inside = model.module.blocks[1].up.weight.clone()
-    return inside, model.memory.current
+    return inside, model.gathered_memory.current
 
 
 def test_summon_full_params_shows_the_original_parameters(no_orphans):

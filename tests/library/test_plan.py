@@ -8,9 +8,10 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from fsdp_mini import FSDP, launch
-from fsdp_mini.fsdp import ExecutionOrder
+from fsdp_mini.units import ExecutionOrder
 from fsdp_mini.states import ReduceStage, ShardedState, TrainingState
-from fsdp_mini.plan import plan_units, unit_label, wrap_classes
+from fsdp_mini.plan import plan_units, wrap_classes
+from fsdp_mini.units import unit_label
 from small_model import Block, TinyConfig, TinyLM, batch, rank_rows
 
 
@@ -66,6 +67,18 @@ def test_execution_order_records_one_pass_then_names_the_next_unit():
     assert [order.reached(u) for u in "abc"] == ["b", "c", None]
 
 
+def test_execution_order_by_first_runs_lets_a_unit_skipped_so_far_join_late():
+    # fully_shard's way (the flat design replays, above): a unit joins when it first runs, whenever that is
+    a, b, c = object(), object(), object()
+    order = ExecutionOrder()
+    for unit in (a, b, a):  # a first forward that runs a twice and skips c
+        order.join(unit)
+    assert list(order) == [a, b] and order.after(a) == [b] and order.after(b) == [] and c not in order
+    for unit in (a, c, b):  # a later forward runs c too: it joins after the others
+        order.join(unit)
+    assert list(order) == [a, b, c] and order.after(b) == [c]
+
+
 def _states(strategy):
     cfg = TinyConfig(depth=2)
     model = FSDP(TinyLM(cfg), strategy, wrap=(Block,))
@@ -76,7 +89,7 @@ def _states(strategy):
     stages = []
 
     def hook(grad):  # a gradient of blocks.0: blocks.1 (backward's first unit) has been reduced by then
-        stages.append([h.reduction.stage if h.reduction else None for h in model.handles])
+        stages.append([h.grad_reduction.stage if h.grad_reduction else None for h in model.handles])
         stages.append([u.training_state for u in model.units])
 
     model.units[1].handles[0].leaves[0].register_hook(hook)

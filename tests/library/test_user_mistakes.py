@@ -154,7 +154,7 @@ def _nonfinite_clip():
     torch.manual_seed(0)
     flat = FSDP(nn.Linear(4, 4))
     flat(torch.ones(2, 4)).sum().backward()
-    flat.handles[0].shard.grad[0] = float("nan") if dist.get_rank() == 0 else 0.0
+    flat.handles[0].sharded_param.grad[0] = float("nan") if dist.get_rank() == 0 else 0.0
     raised = _message(lambda: flat.clip_grad_norm_(1.0, error_if_nonfinite=True))
     quiet = _message(lambda: flat.clip_grad_norm_(1.0))
     torch.manual_seed(0)

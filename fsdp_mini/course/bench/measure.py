@@ -183,7 +183,7 @@ def memory_worker(size: str, case_key: str, warmup: int = 2) -> dict:
     step(model, opt, *local_batch(cfg, batch, warmup))
     rss_peak = max(0, _status_kib("VmHWM") - rss_before)
     x, y = local_batch(cfg, batch, warmup + 1)
-    tracker = model.memory if case.engine == "fsdp_mini" else (
+    tracker = model.gathered_memory if case.engine == "fsdp_mini" else (
         gathered_memory(model) if case.engine == "fully_shard" else None)
     if tracker is not None:
         tracker.reset_peak()

@@ -155,7 +155,7 @@ def _fsdp_unit():
 
 def _run_unshard(fn) -> RankOutcome:
     model, handle = _fsdp_unit()
-    shard = handle.shard.detach().clone()
+    shard = handle.sharded_param.detach().clone()
     with CommLog() as log:
         try:
             out = fn(shard, handle.layout, None)
@@ -194,7 +194,7 @@ def _run_reduce(fn) -> RankOutcome:
             out = fn(flat, handle.layout, None)
         except NotImplementedError:
             return RankOutcome(None, (), not_yet=True)
-    want = (handle.shard.grad.detach().clone(),)
+    want = (handle.sharded_param.grad.detach().clone(),)
     if not isinstance(out, torch.Tensor):
         return RankOutcome(None, want, bad_return=tr(
             f"return this rank's gradient shard, one tensor (got {type(out).__name__})",

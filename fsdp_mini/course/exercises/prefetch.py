@@ -114,22 +114,23 @@ def _step(name: str, model, step: int):
 def _run(name: str, order: list[str] | None) -> dict:
     """One step to record (or, with `order`, to replay the learner's backward order), one logged step."""
     from fsdp_mini.course.trace import Trace
-    from fsdp_mini.fsdp import FSDP, ExecutionOrder
+    from fsdp_mini.fsdp import FSDP
+    from fsdp_mini.units import ExecutionOrder
     module, wrap = MODELS[name]()
     model = FSDP(module, wrap=wrap, prefetch=True)
     if order is not None:  # the public path: a backward order that replays the learner's list
-        by_name = {u.name or "root": u for u in model.units}
+        by_name = {u.label: u for u in model.units}
         model.backward_order = ExecutionOrder(units=[by_name[n] for n in order], recording=False)
     _step(name, model, 0)
-    model.memory.reset_peak()
+    model.gathered_memory.reset_peak()
     dist.barrier()
     with CommLog() as log, Trace(model) as trace:
         _step(name, model, 1)
-    return dict(forward=[u.name or "root" for u in model.forward_order.units],
-                backward=[u.name or "root" for u in model.backward_order.units],
+    return dict(forward=[u.label for u in model.forward_order.units],
+                backward=[u.label for u in model.backward_order.units],
                 gathers=[(r.label, r.start) for r in log.records if r.op == "all_gather"],
                 backward_starts=[(s.label, s.start) for s in trace.spans if s.kind == "backward"],
-                peak=model.memory.peak)
+                peak=model.gathered_memory.peak)
 
 
 @functools.cache
@@ -227,7 +228,7 @@ def _gathered_in_backward(strategy_name: str) -> dict:
     with CommLog() as log:
         _step("Shuffled", model, 1)
     gathers = [r.label for r in log.records if r.op == "all_gather"]
-    return dict(forward=[u.name or "root" for u in model.forward_order.units],
+    return dict(forward=[u.label for u in model.forward_order.units],
                 regathered=sorted({label for label in gathers if gathers.count(label) > 1}))
 
 
