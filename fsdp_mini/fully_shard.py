@@ -28,7 +28,8 @@ this one computes; gloo ranks do not run ahead, so fsdp_mini issues it explicitl
 does. Backward prefetches, as FSDP2 does, the unit whose forward ended just before this one's in this
 step (the root's ends last, so the root prefetches the last block as soon as backward starts; a head
 called again after the previous chunk's backward ended prefetches nothing). `set_modules_to_forward_prefetch` and
-`set_modules_to_backward_prefetch` set both orders by hand (an empty list: no prefetch).
+`set_modules_to_backward_prefetch` set both orders by hand; an empty list means what it means in FSDP2:
+no forward prefetch, and backward's default (FSDP2 cannot turn backward prefetch off, _fsdp_state.py:384).
 
 The optimizer steps on DTensors: every op of its per-parameter loop dispatches through DTensor, so on a
 CPU (where PyTorch does not pick it by default) pass `foreach=True` to the optimizer, one dispatch for
@@ -260,8 +261,11 @@ class FSDPModule:
 
     def set_modules_to_backward_prefetch(self, modules: list) -> None:
         """In backward, right after this unit's AllGather is issued, issue these units' too (instead of
-        the default: the unit whose forward ended just before this one's)."""
-        state_of(self).backward_prefetch = [_checked_state(m) for m in modules]
+        the default: the unit whose forward ended just before this one's). An empty list is the default
+        again, as in FSDP2 (`default_prefetch = len(self._states_to_backward_prefetch) == 0`,
+        torch/distributed/fsdp/_fully_shard/_fsdp_state.py:384): a script moved between the two prefetches
+        the same units."""
+        state_of(self).backward_prefetch = [_checked_state(m) for m in modules] or None
 
 
 def _checked_state(module) -> "FSDPState":

@@ -8,10 +8,9 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from fsdp_mini import FSDP, launch
-from fsdp_mini.units import ExecutionOrder
-from fsdp_mini.states import ReduceStage, ShardedState, TrainingState
 from fsdp_mini.plan import plan_units, wrap_classes
-from fsdp_mini.units import unit_label
+from fsdp_mini.states import ReduceStage, ShardedState, TrainingState
+from fsdp_mini.units import ExecutionOrder, unit_label
 from small_model import Block, TinyConfig, TinyLM, batch, rank_rows
 
 
