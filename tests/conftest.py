@@ -25,7 +25,7 @@ def no_orphans():
 @pytest.fixture(scope="session")
 def site(tmp_path_factory):
     """Build the site once per test run; return (its folder, everything mkdocs printed). Under
-    pytest-xdist (`make test` runs two workers) every worker asks for it: the first builds it under a
+    pytest-xdist (`make test` runs three workers) every worker asks for it: the first builds it under a
     lock in the run's shared temporary folder, the others wait and reuse that build."""
     shared = tmp_path_factory.getbasetemp().parent if "PYTEST_XDIST_WORKER" in os.environ \
         else tmp_path_factory.getbasetemp()
@@ -46,3 +46,11 @@ def site(tmp_path_factory):
         pytest.fail("mkdocs build --strict failed:\n" + "\n".join(why or log.splitlines()[-30:]),
                     pytrace=False)
     return out, log
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    """The site's tests first: under `make test`'s workers they are one long chain (mkdocs, then the browser),
+    and started last they would leave the other workers idle while they finish. A stable sort: every file
+    keeps its own order, and a notebook's cells theirs."""
+    items.sort(key=lambda item: Path(item.path).parent.name != "site")
