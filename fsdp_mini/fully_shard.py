@@ -71,7 +71,9 @@ _STATE_ATTR = "_fsdp_state"  # where a module keeps its FSDPState: in its own __
 # weak, so that no table keeps a model alive, and keyed by id, since a weak reference to the parameter
 # itself would stop `module.to()` from swapping it; an entry goes when its state does
 _HOLDERS: dict[int, weakref.ref] = {}
-_MANAGED: dict[int, tuple[weakref.ref, str]] = {}  # id(original parameter) -> (the parameter, its unit's label)
+# id(original parameter) -> (a weak reference to it, its unit's label), while the caller still holds it (a
+# parameter tied into a module sharded later must name the unit that took it); the entry goes with it
+_MANAGED: dict[int, tuple[weakref.ref, str]] = {}
 _DEFAULT_MESH: dict[int, object] = {}
 
 
@@ -539,7 +541,8 @@ def fully_shard(module: nn.Module | list[nn.Module], *, mesh=None, reshard_after
         for (name, owners, p), shard_dim in zip(params, shard_dims):
             fsdp_params.append(FSDPParam(name, owners, p, mesh, mesh_info.shard_mesh_rank, mesh_info.shard_mesh_size,
                                          mp, device, shard_dim))
-            _MANAGED[id(p)] = (weakref.ref(p), label)
+            ref = weakref.ref(p, lambda r, key=id(p): _MANAGED.pop(key) if _MANAGED.get(key, (None,))[0] is r else None)
+            _MANAGED[id(p)] = (ref, label)
         mark_replaced([p for _, _, p in params])  # an optimizer built before this fails at its first step
         pf = post_forward_shards(mesh_info, post_forward_size) if post_forward_size else None
         group = FSDPParamGroup(fsdp_params, label, mesh_info, impl, MemoryTracker(),

@@ -75,3 +75,19 @@ def test_every_engine_frees_a_dropped_model_after_a_training_step(no_orphans):
     results = launch(run_all, 4, timeout=100)
     kept = sorted({engine for per_rank in results for engine, freed in per_rank.items() if not freed})
     assert kept == [], f"still alive after del + gc.collect(): {kept}"
+
+
+def registry_sizes_after_dropped_models(rounds: int) -> tuple[int, int]:
+    """fully_shard's two id-keyed tables (which unit holds a parameter, for its errors), after `rounds` models
+    were sharded, trained and dropped: what a loop over models (a sweep, a test suite) leaves behind."""
+    import sys
+    tables = sys.modules["fsdp_mini.fully_shard"]
+    for _ in range(rounds):
+        assert freed_after_a_step("fully_shard")
+    return len(tables._MANAGED), len(tables._HOLDERS)
+
+
+@pytest.mark.timeout(120)
+def test_fully_shards_tables_forget_a_dropped_model(no_orphans):
+    # before: the original parameters' entries stayed, dead, one per parameter and model (76 after three TinyLMs)
+    assert launch(registry_sizes_after_dropped_models, 2, args=(3,), timeout=100) == [(0, 0), (0, 0)]
