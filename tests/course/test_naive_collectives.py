@@ -9,6 +9,7 @@ from fsdp_mini.collectives import AVG, MAX, SUM
 from fsdp_mini.course.naive_collectives import naive_all_reduce
 from fsdp_mini.flight_recorder import RECORDER
 from launch_cases import run_cases
+from subgroups import REPLICA_GROUPS, SHARD_GROUPS, own_group
 
 pytestmark = pytest.mark.usefixtures("no_orphans")
 
@@ -17,10 +18,7 @@ SIZES = (1, 2, 7, 1000)
 
 def _compare(group_ranks=None):
     """On each rank: mismatches with dist.all_reduce (empty is good), SUM and AVG, integer-valued floats."""
-    group = None
-    if group_ranks is not None:
-        groups = [dist.new_group(ranks) for ranks in group_ranks]  # every rank creates every group
-        group = next(g for g, ranks in zip(groups, group_ranks) if dist.get_rank() in ranks)
+    group = own_group(group_ranks)
     n = dist.get_world_size(group)
     gen = torch.Generator().manual_seed(99 + dist.get_rank())
     bad = []
@@ -42,9 +40,8 @@ def test_naive_all_reduce_equals_the_builtin(world_size):
 
 
 def test_naive_all_reduce_on_subgroups():
-    shard_groups, replica_groups = ((0, 1), (2, 3)), ((0, 2), (1, 3))
-    runs = run_cases(_compare, (shard_groups, replica_groups), 4, timeout=120)
-    assert runs[shard_groups] == [[]] * 4 and runs[replica_groups] == [[]] * 4
+    runs = run_cases(_compare, (SHARD_GROUPS, REPLICA_GROUPS), 4, timeout=120)
+    assert runs[SHARD_GROUPS] == [[]] * 4 and runs[REPLICA_GROUPS] == [[]] * 4
 
 
 def _logged(numel):

@@ -6,6 +6,7 @@ import torch.distributed as dist
 from fsdp_mini import collectives as C
 from fsdp_mini import CommLog, launch
 from launch_cases import run_cases
+from subgroups import REPLICA_GROUPS, SHARD_GROUPS, own_group
 
 pytestmark = pytest.mark.usefixtures("no_orphans")
 
@@ -20,10 +21,7 @@ def _values(numel, gen, integer):
 
 def _compare_all(group_ranks=None):
     """On each rank: every ring op vs its builtin; returns the list of mismatches (empty is good)."""
-    group = None
-    if group_ranks is not None:
-        groups = [dist.new_group(ranks) for ranks in group_ranks]  # every rank creates every group
-        group = next(g for g, ranks in zip(groups, group_ranks) if dist.get_rank() in ranks)
+    group = own_group(group_ranks)
     n = dist.get_world_size(group)
     gen = torch.Generator().manual_seed(1234 + dist.get_rank())
     bad = []
@@ -69,10 +67,9 @@ def test_ring_ops_equal_builtins(world_size):
 
 def test_ring_ops_on_subgroups():
     # 2x2: shard groups {0,1},{2,3} as hybrid sharding uses them, and replica groups {0,2},{1,3}.
-    shard_groups, replica_groups = ((0, 1), (2, 3)), ((0, 2), (1, 3))
-    runs = run_cases(_compare_all, (shard_groups, replica_groups), 4, timeout=120)  # both layouts, one launch
-    assert runs[shard_groups] == [[]] * 4
-    assert runs[replica_groups] == [[]] * 4
+    runs = run_cases(_compare_all, (SHARD_GROUPS, REPLICA_GROUPS), 4, timeout=120)  # both layouts, one launch
+    assert runs[SHARD_GROUPS] == [[]] * 4
+    assert runs[REPLICA_GROUPS] == [[]] * 4
 
 
 def _async_in_order():
