@@ -215,19 +215,16 @@ def design_crossings(root: Path, package: str, designs: dict[str, set[str]]) -> 
     return out
 
 
-def _names_used(tree: ast.AST, skip: ast.AST | None = None) -> set[str]:
-    """Every name a module reads (`x`, `obj.x`, `from m import x`), outside the statement `skip`."""
+def _names_read(statement: ast.AST) -> set[str]:
+    """Every name a statement reads (`x`, `obj.x`, `from m import x`)."""
     out = set()
-    for top in getattr(tree, "body", [tree]):
-        if top is skip:
-            continue
-        for node in ast.walk(top):
-            if isinstance(node, ast.Name):
-                out.add(node.id)
-            elif isinstance(node, ast.Attribute):
-                out.add(node.attr)
-            elif isinstance(node, ast.alias):
-                out.add(node.name.rsplit(".", 1)[-1])
+    for node in ast.walk(statement):
+        if isinstance(node, ast.Name):
+            out.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            out.add(node.attr)
+        elif isinstance(node, ast.alias):
+            out.add(node.name.rsplit(".", 1)[-1])
     return out
 
 
@@ -241,18 +238,20 @@ def course_only_names(root: Path, package: str, entries: tuple[str, ...], beside
     loaded = set().union(*(closure(graph, f"{package}.{e}") for e in entries))
     readers = [m for m in known if not is_course(m, package) and m.removeprefix(f"{package}.") not in beside]
     trees = {m: ast.parse(known[m].read_text(), filename=str(known[m])) for m in known}
-    used = {m: _names_used(trees[m]) for m in readers}
+    read = {m: [_names_read(top) for top in trees[m].body] for m in known}  # per top-level statement
+    used = {m: set().union(*read[m]) for m in readers}
     out = []
     for module in sorted(m for m in loaded - {package} if not is_course(m, package)):
-        for node in trees[module].body:
+        for i, node in enumerate(trees[module].body):
             if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
                 names = [node.name]
             elif isinstance(node, ast.Assign):
                 names = [t.id for t in node.targets if isinstance(t, ast.Name)]
             else:
                 continue
+            elsewhere_in_module = set().union(*read[module][:i], *read[module][i + 1:])
             for name in names:
-                if name.startswith("_") or name in _names_used(trees[module], skip=node):
+                if name.startswith("_") or name in elsewhere_in_module:
                     continue
                 if not any(name in used[m] for m in readers if m != module):
                     out.append(f"{module.removeprefix(package + '.')}.{name}")
