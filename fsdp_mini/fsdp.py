@@ -183,15 +183,15 @@ class FSDP(GradientSync, nn.Module):
             m is owner for fp in plan.units[0].flat_params for p in fp.params for owner, _ in p.owners)}
         for name, owner in root_owners.values():
             owner.register_forward_pre_hook(partial(self._refuse_sharded_use, name or "the wrapped module"))
-        for unit in self.units:
+        for u, unit in enumerate(self.units):
             if not unit.is_root:
                 if self.mixed_precision.cast_forward_inputs:
                     unit.module.register_forward_pre_hook(self._cast_unit_inputs, with_kwargs=True)
                 unit.module.register_forward_pre_hook(partial(self._pre_forward, unit))
                 unit.module.register_forward_hook(partial(self._post_forward, unit))
-            for h in unit.handles:
+            for i, h in enumerate(unit.handles):
                 for leaf in (h.leaves if h.requires_grad else []):  # by index: a handle holds its leaves
-                    leaf.register_post_accumulate_grad_hook(weak_hook(self._on_grad, self.handles.index(h)))
+                    leaf.register_post_accumulate_grad_hook(weak_hook(self._on_grad, u, i))
 
     @property
     def handles(self) -> list[FlatParamHandle]:
@@ -321,10 +321,10 @@ class FSDP(GradientSync, nn.Module):
         self._prefetch_after(unit, self.backward_order)
         unit.wait_for_unshard()
 
-    def _on_grad(self, index: int, leaf) -> None:
-        """Once all of handle `index`'s gradients are accumulated: start the reductions now due, in
+    def _on_grad(self, unit_index: int, handle_index: int, leaf) -> None:
+        """Once all of a handle's gradients are accumulated: start the reductions now due, in
         `_reduce_order` (see `_start_reductions`), and free the handle's gathered parameters."""
-        handle = self.handles[index]
+        handle = self.units[unit_index].handles[handle_index]
         handle.grads_ready += 1
         if handle.grads_ready == len(handle.leaves):  # every parameter's gradient is complete
             self._complete.add(id(handle))

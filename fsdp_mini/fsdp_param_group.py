@@ -233,12 +233,12 @@ class FSDPParamGroup:
         if work is not None:
             work.wait()
         offset = 0
-        for p, length in zip(self.params, lengths):
+        for index, (p, length) in enumerate(zip(self.params, lengths)):
             p.copy_out(output, offset, length)
             offset += length
             p.to_unsharded()
             if p.requires_grad and not p.grad_hooked:
-                p.unsharded.register_post_accumulate_grad_hook(weak_hook(self._on_grad, self.params.index(p)))
+                p.unsharded.register_post_accumulate_grad_hook(weak_hook(self._on_grad, index))
                 p.grad_hooked = True
         self.sharded_state = ShardedState.UNSHARDED
 
