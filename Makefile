@@ -24,7 +24,7 @@ demo: setup
 
 # Three workers (pytest-xdist), each test file on one worker: a notebook's cells share one kernel, a file its
 # module fixtures. Three on two cores, because many tests wait (for processes to start, for a timeout they
-# provoke) and a third worker fills those waits: 9 to 10.5 min here over five runs, 15 min with one worker.
+# provoke) and a third worker fills those waits: 9 to 11 min here over six runs, 15 min with one worker.
 test: setup
 	OMP_NUM_THREADS=1 $(PY) -m pytest -n 3 --dist loadfile
 
