@@ -23,10 +23,11 @@ demo: setup
 	OMP_NUM_THREADS=1 $(PY) -m fsdp_mini demo
 
 # Three workers (pytest-xdist), each test file on one worker: a notebook's cells share one kernel, a file its
-# module fixtures. Three on two cores, because many tests wait (for processes to start, for a timeout they
+# module fixtures; files handed out longest first (tests/conftest.py's LONGEST_FIRST, hence
+# --no-loadscope-reorder, which keeps that order). Three on two cores, because many tests wait (for processes to start, for a timeout they
 # provoke) and a third worker fills those waits: 9 to 11 min here over six runs, 15 min with one worker.
 test: setup
-	OMP_NUM_THREADS=1 $(PY) -m pytest -n 3 --dist loadfile
+	OMP_NUM_THREADS=1 $(PY) -m pytest -n 3 --dist loadfile --no-loadscope-reorder
 
 # The development loop: the library's tests only (no lessons, site or course), without the few that start
 # torchrun (marker `torchrun`, a quarter of the library's time); CI runs `make test`, which runs them all.

@@ -1,5 +1,6 @@
 """Shared fixtures: every distributed test checks that no child process outlives it, and the site's
 tests (tests/site/) share one build of the site per session."""
+import fnmatch
 import os
 import re
 import subprocess
@@ -48,9 +49,42 @@ def site(tmp_path_factory):
     return out, log
 
 
+# The files that take longest, longest first, as measured under `make test` (seconds of one worker's time,
+# 2026-12-06): pytest-xdist hands out whole files in collection order (`--no-loadscope-reorder` in the
+# Makefile), so a long file collected last would run alone at the end while the other workers sit idle.
+# The site's tests lead: they are one chain (the mkdocs build, then the browser). A file missing from this
+# list only runs later than it could; a stale number costs minutes, never a check.
+LONGEST_FIRST = (
+    "tests/site/test_site.py",                  # 300 s
+    "lessons/*/10_*.ipynb",                     # 105-120 s each
+    "tests/course/test_pytorch_claims.py",      # 105-120 s
+    "tests/course/test_exercise.py",            # 100 s
+    "tests/library/test_launch.py",             # 55-70 s
+    "tests/course/test_cpu_kernels.py",         # 70 s in 2 tests
+    "tests/course/test_cli.py",                 # 55-65 s
+    "tests/library/test_flight_recorder.py",    # 60 s
+    "tests/library/test_checkpoint.py",         # 50 s
+    "tests/library/test_fully_shard.py",        # 45 s
+    "tests/library/test_failure_causes.py",     # 40-45 s
+    "tests/library/test_checkpoint_integrity.py",  # 35-45 s
+    "tests/library/test_layout.py",             # 30 s
+    "tests/course/test_bench.py",               # 30 s
+    "lessons/*/11_*.ipynb",                     # 25-30 s each
+    "lessons/*/08_*.ipynb",                     # 20-25 s each
+    "tests/library/test_fsdp2_differential.py",  # 25-30 s
+    "tests/library/test_zero_drop_in.py",       # 20-25 s
+    "lessons/*/*.ipynb",                        # the other lessons, 10-20 s each
+)
+
+
+def _longest_first(item) -> int:
+    path = Path(item.path).relative_to(ROOT).as_posix()
+    return next((i for i, pattern in enumerate(LONGEST_FIRST) if fnmatch.fnmatch(path, pattern)),
+                len(LONGEST_FIRST))
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
-    """The site's tests first: under `make test`'s workers they are one long chain (mkdocs, then the browser),
-    and started last they would leave the other workers idle while they finish. A stable sort: every file
-    keeps its own order, and a notebook's cells theirs."""
-    items.sort(key=lambda item: Path(item.path).parent.name != "site")
+    """Longest files first (LONGEST_FIRST), everything else after them in its own order. A stable sort:
+    every file keeps its own order, and a notebook's cells theirs."""
+    items.sort(key=_longest_first)
