@@ -117,21 +117,30 @@ class End:
         return f"rank {rank} failed: {self.what}"
 
 
+_TORCH_DIR = os.path.dirname(os.path.dirname(dist.__file__)).replace(os.sep, "/") + "/"
+
+
 def raised_in_a_collective(exc: BaseException) -> bool:
     """Whether `exc` was raised by a collective (gloo's timeout, "Connection closed by peer": the
     consequence of another rank's failure) rather than by the rank's own code (a ValueError, a shape error
-    in a block, which is the cause). Told by where it was raised: a RuntimeError whose innermost frame is
-    torch.distributed's or fsdp_mini.collectives' (bad arguments there raise ValueError or TypeError), or an
-    error raised while handling one (a checkpoint's RuntimeError wrapping DCP's)."""
+    in a block, which is the cause). Told by where it was raised: a RuntimeError raised inside torch on its
+    way through torch.distributed (innermost frames: a collective, or a DTensor's functional collective,
+    which waits in torch/_ops.py) or in fsdp_mini.collectives (bad arguments there raise ValueError or
+    TypeError), or an error raised while handling one (a checkpoint's RuntimeError wrapping DCP's)."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         if isinstance(exc, dist.DistError):
             return True
         if isinstance(exc, RuntimeError) and exc.__traceback__ is not None:
-            innermost = traceback.extract_tb(exc.__traceback__)[-1].filename.replace(os.sep, "/")
-            if "/torch/distributed/" in innermost or innermost.endswith("/fsdp_mini/collectives.py"):
+            frames = [f.filename.replace(os.sep, "/") for f in traceback.extract_tb(exc.__traceback__)]
+            if frames[-1].endswith("/fsdp_mini/collectives.py"):
                 return True
+            for name in reversed(frames):  # the frames inside torch it was raised through, innermost first
+                if not name.startswith(_TORCH_DIR):
+                    break
+                if name.startswith(_TORCH_DIR + "distributed/"):
+                    return True
         exc = exc.__cause__ or exc.__context__
     return False
 

@@ -146,6 +146,24 @@ def test_a_killed_rank_is_said_first_and_the_verdict_follows():
     assert info.value.rank == 1 and info.value.verdict == verdict
 
 
+def _crashes_while_its_peer_gathers_a_dtensor():
+    from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
+
+    sharded = distribute_tensor(torch.ones(4), init_device_mesh("cpu", (2,)), [Shard(0)])
+    if dist.get_rank() == 0:
+        os.kill(os.getpid(), signal.SIGSEGV)  # a crash in native code
+    sharded.full_tensor()  # rank 1: an AllGather through functional collectives, whose peer is gone
+
+
+def test_a_crashed_rank_is_the_cause_when_its_peer_fails_inside_a_functional_collective():
+    # Rank 1's error ("Connection reset/closed by peer") comes from gloo through torch/_ops.py, not from a
+    # frame of torch.distributed: it is still the consequence, and the crashed rank is named first.
+    with pytest.raises(LaunchError) as info:
+        launch(_crashes_while_its_peer_gathers_a_dtensor, 2, timeout=50)
+    assert str(info.value).splitlines()[0] == "rank 0 was killed by signal 11 (SIGSEGV)", str(info.value)
+    assert info.value.rank == 0 and "(ranks [1] failed after it" in str(info.value)
+
+
 def _ends_with_finish(code):
     rank, world = fsdp_mini.init()  # already initialised by launch: only returns the rank
     t = torch.ones(3) * (rank + 1)
