@@ -1382,9 +1382,12 @@ def test_new_group_timeout_fails_a_skipped_collective_in_seconds(no_orphans):
 
 
 DETAIL_SCRIPT = """
-    import datetime, pickle, sys, torch, torch.distributed as dist, torch.multiprocessing as mp
+    import datetime, os, pickle, sys, tempfile, torch, torch.distributed as dist, multiprocessing as mp
 
     def rank(r, folder, case):
+        log = os.open(os.path.join(folder, f"rank{r}.log"), os.O_WRONLY | os.O_CREAT, 0o644)
+        os.dup2(log, 1)  # this rank's prints and gloo's messages, apart from the other cases' ranks
+        os.dup2(log, 2)
         dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=r, world_size=2,
                                 timeout=datetime.timedelta(seconds=3))
         backend = type(dist.group.WORLD._get_backend(torch.device("cpu"))).__name__
@@ -1403,20 +1406,32 @@ DETAIL_SCRIPT = """
         except RuntimeError as e:
             print(f"rank {r} {backend} RuntimeError:", str(e).splitlines()[0], flush=True)
 
-    if __name__ == "__main__":
-        import tempfile
-        mp.start_processes(rank, args=(tempfile.mkdtemp(), sys.argv[1]), nprocs=2, start_method="fork")
+    if __name__ == "__main__":  # each case named in argv on two ranks of its own, all cases at once
+        ctx = mp.get_context("fork")
+        cases = {case: (tempfile.mkdtemp(), []) for case in sys.argv[1:]}
+        for case, (folder, ranks) in cases.items():
+            ranks += [ctx.Process(target=rank, args=(r, folder, case), daemon=True) for r in range(2)]
+        for _, ranks in cases.values():
+            for p in ranks:
+                p.start()
+        for case, (folder, ranks) in cases.items():
+            for p in ranks:
+                p.join(60)
+            print(f"=== {case}")
+            for r in range(2):
+                with open(os.path.join(folder, f"rank{r}.log")) as f:
+                    print(f.read(), end="", flush=True)
 """
 
 
 @pytest.fixture(scope="module")
 def under_detail() -> dict[str, str]:
-    """What DETAIL_SCRIPT prints for each case (stdout, then stderr), each in a fresh process (DETAIL is read
-    at import), the three started at once."""
-    cases = ("shapes", "stopped", "agree")
+    """What each case's two ranks print (stdout and stderr) under DETAIL: one fresh process (DETAIL is read at
+    import), which forks the ranks of the three cases at once."""
     env = dict(ENV, TORCH_DISTRIBUTED_DEBUG="DETAIL")
-    runs = _wait([_start(DETAIL_SCRIPT, env, args=(case,)) for case in cases])
-    return {case: run.stdout + run.stderr for case, run in zip(cases, runs)}
+    run = _wait([_start(DETAIL_SCRIPT, env, args=("shapes", "stopped", "agree"))])[0]
+    assert run.returncode == 0, run.stderr
+    return dict(re.findall(r"^=== (\w+)\n(.*?)(?=^=== |\Z)", run.stdout, re.M | re.S))
 
 
 def test_detail_wraps_the_group_and_raises_on_mismatched_shapes(under_detail):
