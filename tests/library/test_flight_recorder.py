@@ -228,16 +228,8 @@ def test_flight_dir_chooses_the_folder_and_diagnose_names_the_divergence(tmp_pat
     """))
     folder = tmp_path / "flight"
     env = dict(os.environ, FSDP_MINI_FLIGHT_DIR=str(folder), OMP_NUM_THREADS="1")
-    # diagnose on a folder with no records, side by side with the run (the script is in tmp_path, no record)
-    empty = subprocess.Popen([sys.executable, "-m", "fsdp_mini", "diagnose", str(tmp_path)], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
-    try:
-        run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                              str(script)], env=env, capture_output=True, text=True, timeout=120)
-        empty_out, _ = empty.communicate(timeout=60)
-    finally:
-        empty.kill()
-        empty.wait()
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          str(script)], env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode != 0
     # rank 0, whose AllReduce times out, says why, and where the records are
     assert "[rank0]: fsdp_mini: ranks diverged: rank 0 waits in AllReduce #2 while rank 1" in run.stderr, run.stderr
@@ -246,7 +238,9 @@ def test_flight_dir_chooses_the_folder_and_diagnose_names_the_divergence(tmp_pat
                          text=True, timeout=60)
     assert out.returncode == 0
     assert out.stdout.strip() == "rank 0 waits in AllReduce #2 while rank 1 issued no collective #2 (its last: AllReduce #1)"
-    assert empty.returncode == 1 and empty_out.startswith("no flight records")
+    empty = subprocess.run([sys.executable, "-m", "fsdp_mini", "diagnose", str(tmp_path)], capture_output=True,
+                           text=True, timeout=60)
+    assert empty.returncode == 1 and empty.stdout.startswith("no flight records")
 
 
 HANG_SCRIPT = """
