@@ -13,8 +13,8 @@ hang into an exception.
 `fn` with fsdp_mini's recorder mirrored into `folder/fsdp_mini` and, in its `finally`, PyTorch's record
 dumped into `folder/pytorch`. A rank that dies (os._exit, a segfault, gloo's abort on a size mismatch,
 the OOM killer) dumps nothing: its record lived in its memory. `fr_trace(folder)` runs PyTorch's
-analyzer on the dumps (`python -m torch.distributed.flight_recorder.fr_trace`) and `first_finding`
-reads its first finding.
+analyzer on the dumps (what `python -m torch.distributed.flight_recorder.fr_trace` runs, its `main`, here
+in this process) and `first_finding` reads its first finding.
 
 One repair on the way out: torch 2.13's gloo backend registers its group with the recorder before the
 group has a name (distributed_c10d.py sets `options.group_name` after constructing `ProcessGroupGloo`),
@@ -23,15 +23,20 @@ so a gloo dump's `pg_config` holds one nameless group and `fr_trace` stops with 
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import faulthandler
+import functools
+import gc
+import io
+import logging
 import os
 import pickle
 import re
 import signal
-import subprocess
 import sys
 import time
+import traceback
 from multiprocessing import get_context
 
 import torch
@@ -117,13 +122,54 @@ def fsdp_mini_verdict(folder: str, world: int) -> str | None:
     return find_divergence(load_run(os.path.join(folder, "fsdp_mini")).records, world=world)
 
 
+@functools.cache
+def _analyzer():
+    """fr_trace's `main` and the logger its report goes to, imported once. Its import logs a notice when
+    `tabulate` is missing, through a handler it binds to the stderr of that moment: the notice is
+    dropped, and the handler bound back to this process's stderr."""
+    with contextlib.redirect_stderr(io.StringIO()):
+        from torch.distributed.flight_recorder.components.fr_logger import FlightRecorderLogger
+        from torch.distributed.flight_recorder.fr_trace import main
+    logger = FlightRecorderLogger().logger
+    for handler in _stream_handlers(logger):
+        handler.setStream(sys.stderr)
+    return main, logger
+
+
+def _stream_handlers(logger: logging.Logger) -> list[logging.StreamHandler]:
+    return [h for h in logger.handlers if isinstance(h, logging.StreamHandler)]
+
+
 def fr_trace(folder: str) -> str:
     """What `python -m torch.distributed.flight_recorder.fr_trace DIR` prints for the dumps in
-    `folder/pytorch` (its report, or the error it stops with, e.g. a rank whose dump is missing)."""
-    out = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", os.path.join(folder, "pytorch")],
-        capture_output=True, text=True, timeout=120)
-    return out.stdout + out.stderr
+    `folder/pytorch` after its import's notice: its report, or the error it stops with (e.g. a rank
+    whose dump is missing) and its traceback from `main` on. Runs fr_trace's `main` in this process, its
+    log caught on the way; a fresh Python would cost two CPU-seconds of `import torch` per call. `main`
+    turns the garbage collector off while it reads the dumps (a script's shortcut): it is turned back on."""
+    main, logger = _analyzer()
+    log = io.StringIO()
+    handlers = _stream_handlers(logger)
+    streams = [handler.stream for handler in handlers]
+    for handler in handlers:
+        handler.setStream(log)
+    propagate, logger.propagate = logger.propagate, False  # its records only in its own handler, as in a script
+    collecting = gc.isenabled()
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            main([os.path.join(folder, "pytorch")])
+    except Exception as e:  # noqa: BLE001 - the error it stops with is part of what it prints
+        tb = e.__traceback__
+        while tb is not None and tb.tb_frame.f_code is not main.__code__:  # this function's frame: not fr_trace's
+            tb = tb.tb_next
+        log.write("".join(traceback.format_exception(type(e), e, tb)))
+    finally:
+        for handler, stream in zip(handlers, streams):
+            handler.setStream(stream)
+        logger.propagate = propagate
+        if collecting:
+            gc.enable()
+    return out.getvalue() + log.getvalue()
 
 
 def first_finding(report: str) -> dict:

@@ -64,7 +64,7 @@ def _ranks(ranks) -> str:
 # --- TORCH_DISTRIBUTED_DEBUG=DETAIL -----------------------------------------------------------------
 
 # Three of the lesson's modes, again: DETAIL is read when torch.distributed is imported, so they run in
-# a fresh process, which cannot see the functions of a notebook.
+# a fresh process, which cannot see the functions of a notebook (it knows them by name).
 _DETAIL_SCRIPT = textwrap.dedent("""
     import os, sys, tempfile, torch, torch.distributed as dist
     from fsdp_mini import FSDP
@@ -102,12 +102,14 @@ _DETAIL_SCRIPT = textwrap.dedent("""
 
     cases = {"different_shapes": (different_shapes, 3), "skipped_block": (skipped_block, 4),
              "one_batch_fewer": (one_batch_fewer, 4)}
-    fn, world = cases[sys.argv[1]]
-    with tempfile.TemporaryDirectory() as folder:
-        record_both(fn, world, folder, timeout_s=3)  # forked gloo ranks, the group's timeout 3 s
-        for rank in range(world):
-            with open(os.path.join(folder, f"rank{rank}.log")) as f:
-                print(f"=== rank {rank}", f.read(), sep="\\n")
+    for mode in sys.argv[1:]:  # one after the other, as separate runs would
+        fn, world = cases[mode]
+        with tempfile.TemporaryDirectory() as folder:
+            record_both(fn, world, folder, timeout_s=3)  # forked gloo ranks, the group's timeout 3 s
+            print(f"=== mode {mode}", flush=True)
+            for rank in range(world):
+                with open(os.path.join(folder, f"rank{rank}.log")) as f:
+                    print(f"=== rank {rank}", f.read(), sep="\\n", flush=True)
 """)
 
 
@@ -123,16 +125,23 @@ class DetailReport:
     finished: list[int] = field(default_factory=list)
 
 
-def under_detail(mode: str) -> DetailReport:
-    """Run the mode named `mode` in a fresh process with TORCH_DISTRIBUTED_DEBUG=DETAIL, and read what
-    each of its ranks raised from the rank's log."""
+def under_detail(modes) -> dict:
+    """Run the modes `modes` (functions of the lesson, known here by their names) one after the other in
+    a fresh process with TORCH_DISTRIBUTED_DEBUG=DETAIL (one process: one import of torch), and read what
+    each of their ranks raised from the rank's log: {mode: DetailReport}."""
     with tempfile.TemporaryDirectory() as folder:
         script = os.path.join(folder, "detail.py")
         with open(script, "w") as f:
             f.write(_DETAIL_SCRIPT)
         env = dict(os.environ, TORCH_DISTRIBUTED_DEBUG="DETAIL", OMP_NUM_THREADS="1")
-        out = subprocess.run([sys.executable, script, mode], env=env, capture_output=True, text=True,
-                             timeout=120).stdout
+        out = subprocess.run([sys.executable, script, *(mode.__name__ for mode in modes)], env=env,
+                             capture_output=True, text=True, timeout=120 * len(modes)).stdout
+    runs = dict(re.findall(r"^=== mode (\w+)\n(.*?)(?=^=== mode |\Z)", out, re.M | re.S))
+    return {mode: _detail_report(runs[mode.__name__]) for mode in modes}
+
+
+def _detail_report(out: str) -> DetailReport:
+    """What one mode's ranks raised, read from their logs (each after its line "=== rank N")."""
     logs = dict(re.findall(r"^=== rank (\d+)\n(.*?)(?=^=== rank |\Z)", out, re.M | re.S))
     report = DetailReport()
     for rank, log in sorted(logs.items()):

@@ -63,6 +63,19 @@ def test_an_unwritten_body_is_not_yet_and_nothing_raises(name, capsys, no_orphan
     assert capsys.readouterr().out.startswith("Not yet: write the function's body")
 
 
+def test_an_unwritten_first_divergence_is_not_yet_before_any_run_is_recorded():
+    # the lesson's cell with the stub answers at once, not after the judge's recorded runs (seconds of timeouts)
+    from fsdp_mini.course.exercises.diagnosis import recorded_runs
+
+    def stub(records):
+        raise NotImplementedError
+
+    before = recorded_runs.cache_info()
+    assert EXERCISES["10.first_divergence"].verdict(stub).outcome is Outcome.NOT_YET
+    after = recorded_runs.cache_info()
+    assert (after.hits, after.misses) == (before.hits, before.misses)
+
+
 def test_every_exercise_has_wrong_solutions_to_catch():
     assert EXERCISES and all(len(ex.wrong) >= 2 for ex in EXERCISES.values())
 

@@ -1318,8 +1318,30 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1")
 
 
 def _run(script: str, env=None, timeout=120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=env or ENV, capture_output=True,
-                          text=True, timeout=timeout)
+    return _wait([_start(script, env)], timeout)[0]
+
+
+def _start(script: str, env=None, args=()) -> subprocess.Popen:
+    """`python -c SCRIPT *args` in a fresh Python, started, not waited for: scripts that spend their time
+    importing torch or waiting out a timeout they provoke run side by side."""
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(script), *args], env=env or ENV, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _wait(procs, timeout=120) -> list[subprocess.CompletedProcess]:
+    """Each started script's outcome, all within `timeout` seconds; any still running then is killed."""
+    deadline = time.monotonic() + timeout
+    try:
+        done = []
+        for proc in procs:
+            out, err = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
+            done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+        return done
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
 
 
 def test_the_default_timeouts_are_30_minutes_on_gloo_and_10_on_nccl():
@@ -1360,9 +1382,12 @@ def test_new_group_timeout_fails_a_skipped_collective_in_seconds(no_orphans):
 
 
 DETAIL_SCRIPT = """
-    import datetime, pickle, sys, torch, torch.distributed as dist, torch.multiprocessing as mp
+    import datetime, os, pickle, sys, tempfile, torch, torch.distributed as dist, multiprocessing as mp
 
     def rank(r, folder, case):
+        log = os.open(os.path.join(folder, f"rank{r}.log"), os.O_WRONLY | os.O_CREAT, 0o644)
+        os.dup2(log, 1)  # this rank's prints and gloo's messages, apart from the other cases' ranks
+        os.dup2(log, 2)
         dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=r, world_size=2,
                                 timeout=datetime.timedelta(seconds=3))
         backend = type(dist.group.WORLD._get_backend(torch.device("cpu"))).__name__
@@ -1381,43 +1406,58 @@ DETAIL_SCRIPT = """
         except RuntimeError as e:
             print(f"rank {r} {backend} RuntimeError:", str(e).splitlines()[0], flush=True)
 
-    if __name__ == "__main__":
-        import tempfile
-        mp.start_processes(rank, args=(tempfile.mkdtemp(), sys.argv[1]), nprocs=2, start_method="fork")
+    if __name__ == "__main__":  # each case named in argv on two ranks of its own, all cases at once
+        ctx = mp.get_context("fork")
+        cases = {case: (tempfile.mkdtemp(), []) for case in sys.argv[1:]}
+        for case, (folder, ranks) in cases.items():
+            ranks += [ctx.Process(target=rank, args=(r, folder, case), daemon=True) for r in range(2)]
+        for _, ranks in cases.values():
+            for p in ranks:
+                p.start()
+        for case, (folder, ranks) in cases.items():
+            for p in ranks:
+                p.join(60)
+            print(f"=== {case}")
+            for r in range(2):
+                with open(os.path.join(folder, f"rank{r}.log")) as f:
+                    print(f.read(), end="", flush=True)
 """
 
 
-def _under_detail(case: str) -> str:
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(DETAIL_SCRIPT), case],
-                         env=dict(ENV, TORCH_DISTRIBUTED_DEBUG="DETAIL"), capture_output=True, text=True,
-                         timeout=120)
-    return out.stdout + out.stderr
+@pytest.fixture(scope="module")
+def under_detail() -> dict[str, str]:
+    """What each case's two ranks print (stdout and stderr) under DETAIL: one fresh process (DETAIL is read at
+    import), which forks the ranks of the three cases at once."""
+    env = dict(ENV, TORCH_DISTRIBUTED_DEBUG="DETAIL")
+    run = _wait([_start(DETAIL_SCRIPT, env, args=("shapes", "stopped", "agree"))])[0]
+    assert run.returncode == 0, run.stderr
+    return dict(re.findall(r"^=== (\w+)\n(.*?)(?=^=== |\Z)", run.stdout, re.M | re.S))
 
 
-def test_detail_wraps_the_group_and_raises_on_mismatched_shapes():
+def test_detail_wraps_the_group_and_raises_on_mismatched_shapes(under_detail):
     # Lesson 10, "What PyTorch offers": "TORCH_DISTRIBUTED_DEBUG=DETAIL wraps every process group in a
     # ProcessGroupWrapper: before each collective, the ranks exchange a fingerprint of it (sequence number,
     # op, shapes, dtypes) over a helper gloo group and raise on a mismatch"; "DETAIL catches ... mismatched
     # shapes at once, with both shapes".
-    out = _under_detail("shapes")
+    out = under_detail["shapes"]
     assert "_ProcessGroupWrapper" in out
     assert "Detected mismatch between collectives on ranks" in out
     assert "Tensor Tensor shapes" in out and "TensorShape=[4]" in out and "TensorShape=[5]" in out
 
 
-def test_detail_names_a_rank_that_stopped_once_the_group_times_out():
+def test_detail_names_a_rank_that_stopped_once_the_group_times_out(under_detail):
     # Lesson 10: "A rank that has stopped issuing collectives (a batch fewer) brings no fingerprint at all:
     # rank 0 waits in the monitored barrier, which names the ranks that never came once the group's timeout
     # has passed".
-    out = _under_detail("stopped")
+    out = under_detail["stopped"]
     assert "rank 0 _ProcessGroupWrapper RuntimeError: [Rank 0]: Ranks 1 failed to pass monitoredBarrier in 3000 ms" in out
     assert "Detected mismatch" not in out
 
 
-def test_detail_costs_two_small_allgathers_per_collective():
+def test_detail_costs_two_small_allgathers_per_collective(under_detail):
     # Lesson 10: "It also costs: on gloo, before each collective, two small AllGathers of the fingerprint
     # (its length, then the fingerprint) on the helper group". PyTorch's own flight recorder shows them.
-    out = _under_detail("agree")
+    out = under_detail["agree"]
     names = eval(re.search(r"rank 0 _ProcessGroupWrapper (\[.*\])", out).group(1))
     assert names == ["gloo:all_gather", "gloo:all_gather", "gloo:all_reduce"] * 3
     # and the wrapper's helper is a plain gloo group (distributed_c10d.py, _create_process_group_wrapper)
@@ -1428,15 +1468,14 @@ def test_detail_costs_two_small_allgathers_per_collective():
 def test_detail_is_read_when_torch_distributed_is_imported():
     # Lesson 10: "It is read when torch.distributed is imported, so it goes in the environment of a new
     # process."
-    out = _run("""
+    late, early = _wait([_start("""
         import os, torch.distributed as dist
         os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"  # too late: read at import
         print(dist.get_debug_level())
-    """)
-    assert "DebugLevel.OFF" in out.stdout, out.stderr
-    out = _run("import torch.distributed as dist; print(dist.get_debug_level())",
-               env=dict(ENV, TORCH_DISTRIBUTED_DEBUG="DETAIL"))
-    assert "DebugLevel.DETAIL" in out.stdout, out.stderr
+    """), _start("import torch.distributed as dist; print(dist.get_debug_level())",
+                 env=dict(ENV, TORCH_DISTRIBUTED_DEBUG="DETAIL"))])
+    assert "DebugLevel.OFF" in late.stdout, late.stderr
+    assert "DebugLevel.DETAIL" in early.stdout, early.stderr
 
 
 def _rank0_issues_one_more():
@@ -1490,18 +1529,25 @@ def _count_entries():
 def test_the_buffer_is_on_by_default_and_its_size_is_an_environment_variable():
     # Lesson 10: "TORCH_FR_BUFFER_SIZE entries (2000 by default, 0 turns it off;
     # TORCH_NCCL_TRACE_BUFFER_SIZE is its older name)" (FlightRecorder.hpp:110-111).
+    # One process imports torch; a child forked for each setting sets the variable before its first group
+    # (the buffer is made then: record_both sets it so) and reports what its buffer kept of five AllReduces.
     script = """
-        import torch, torch.distributed as dist, pickle, tempfile
-        dist.init_process_group("gloo", init_method=f"file://{tempfile.mkdtemp()}/s", rank=0, world_size=1)
-        for _ in range(5):
-            dist.all_reduce(torch.ones(3))
-        print(len(pickle.loads(torch._C._distributed_c10d._dump_fr_trace())["entries"]))
+        import os, pickle, tempfile, torch, torch.distributed as dist
+        settings = (("default", {}), ("off", {"TORCH_FR_BUFFER_SIZE": "0"}),
+                    ("three", {"TORCH_FR_BUFFER_SIZE": "3"}), ("old name", {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2"}))
+        for name, env in settings:
+            child = os.fork()
+            if child == 0:
+                os.environ.update(env)
+                dist.init_process_group("gloo", init_method=f"file://{tempfile.mkdtemp()}/s", rank=0, world_size=1)
+                for _ in range(5):
+                    dist.all_reduce(torch.ones(3))
+                print(name, len(pickle.loads(torch._C._distributed_c10d._dump_fr_trace())["entries"]), flush=True)
+                os._exit(0)
+            os.waitpid(child, 0)
     """
-    counts = {}
-    for name, env in (("default", {}), ("off", {"TORCH_FR_BUFFER_SIZE": "0"}),
-                      ("three", {"TORCH_FR_BUFFER_SIZE": "3"}), ("old name", {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2"})):
-        out = _run(script, env=dict(ENV, **env))
-        counts[name] = int(out.stdout.split()[-1])
+    out = _run(script)
+    counts = {name: int(n) for name, n in re.findall(r"^(default|off|three|old name) (\d+)$", out.stdout, re.M)}
     assert counts == {"default": 5, "off": 0, "three": 3, "old name": 2}
     header = (C10D / "FlightRecorder.hpp").read_text().splitlines()
     assert '{"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"}, 2000);' in header[110]

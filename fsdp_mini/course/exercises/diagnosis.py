@@ -295,10 +295,18 @@ TIES = (
 )
 
 
+def _runs_to_judge():
+    """(name, records) in the order they are judged: the probe, then the recorded runs (recorded only once
+    the probe is judged, so that an unwritten body answers "not yet" without waiting for them), then the ties."""
+    yield "agree", _probe()
+    yield from recorded_runs()
+    for name, make, _ in TIES:
+        yield name, make()
+
+
 def _judge_divergence(fn) -> Verdict:
     hints = {name: hint for name, _, hint in TIES}
-    ties = tuple((name, make()) for name, make, _ in TIES)
-    for name, records in (("agree", _probe()),) + recorded_runs() + ties:
+    for name, records in _runs_to_judge():
         label = tr(SCENARIOS[name][0][0], SCENARIOS[name][0][1])
         expected = library_verdict(records)
         got = fn({r: list(es) for r, es in records.items()})
