@@ -11,6 +11,7 @@ import functools
 import http.server
 import json
 import re
+import shutil
 import threading
 from html import escape
 from html.parser import HTMLParser
@@ -282,6 +283,11 @@ def server(site):
     httpd.server_close()
 
 
+# Every host name but the test server's fails to resolve: nothing leaves the machine, and a request to another
+# host fails at once instead of waiting on the network (Tab records it as a problem).
+OFFLINE = "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1"
+
+
 @pytest.fixture(scope="module")
 def browser():
     if not CHROMIUM.exists():
@@ -292,19 +298,23 @@ def browser():
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=[
             "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            "--disable-dev-shm-usage"])
+            "--disable-dev-shm-usage", OFFLINE])
         yield browser
         browser.close()
 
 
 class Tab:
     """One browser tab on the served site, recording console errors, page errors, failed requests,
-    error responses and any request to another host (which it also blocks)."""
+    error responses and any request to another host (which the browser's OFFLINE rule makes fail).
 
-    def __init__(self, browser, base: str):
+    It listens to requests rather than routing them (`context.route`): routing sends every request through
+    Playwright and turns off the browser's cache, so each page would fetch and compile the theme's scripts,
+    fonts and MathJax anew."""
+
+    def __init__(self, browser, base: str, width: int = 1280):
         self.base, self.problems = base, []
-        self.context = browser.new_context(viewport={"width": 1280, "height": 900})
-        self.context.route("**/*", self._only_local)
+        self.context = browser.new_context(viewport={"width": width, "height": 900})
+        self.context.on("request", self._only_local)
         self.page = self.context.new_page()
         self.page.set_default_timeout(30_000)
         self.page.on("console", lambda m: m.type == "error" and self.problems.append(f"console: {m.text}"))
@@ -312,12 +322,9 @@ class Tab:
         self.page.on("requestfailed", self._failed)
         self.page.on("response", lambda r: r.status >= 400 and self.problems.append(f"{r.status}: {r.url}"))
 
-    def _only_local(self, route):
-        if route.request.url.startswith((self.base, "data:")):
-            route.continue_()
-        else:
-            self.problems.append(f"request outside the site: {route.request.url}")
-            route.abort()
+    def _only_local(self, request):
+        if not request.url.startswith((self.base, "data:")):
+            self.problems.append(f"request outside the site: {request.url}")
 
     def _failed(self, request):
         if request.failure != "net::ERR_ABORTED":  # cut short by leaving the page: not a failure
@@ -372,26 +379,33 @@ def has_math(lang: str, name: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def tour(site, server, browser):
-    """Every page of the site, visited once in Chromium; each page's language switch used both ways.
+def browsed(site, server, browser):
+    """Every page of the site, visited once in Chromium at 1440 px; each page's language switch used both ways.
 
-    Returns {path: what inspect() found} and {name: (where the switch to ru led, where back to en led)}.
-    Screenshots of the home page and the first lesson in each language go to test-artifacts/site/.
-    """
+    Returns {path: what inspect() found}, {name: (where the switch to ru led, where back to en led)} and, for
+    the pages `layout` measures (LAYOUT_PAGES), {(1440, lang, name): what LAYOUT_JS found} from the same load.
+    Screenshots of the home page, the first lesson and the calculator in each language go to test-artifacts/site/
+    (NAME-LANG-1440.png; the home page and the lesson also as NAME-LANG.png, a copy)."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    tab, seen, switches = Tab(browser, server), {}, {}
+    tab, seen, switches, measured = Tab(browser, server, width=1440), {}, {}, {}
+
+    def look(lang: str, name: str, path: str):
+        seen[path] = tab.inspect()
+        if name in LAYOUT_PAGES and path == url(lang, name):
+            measured[(1440, lang, name)] = tab.page.evaluate(LAYOUT_JS)
+            shot = LAYOUT_SHOTS.get(name)
+            if shot:
+                tab.page.screenshot(path=str(ARTIFACTS / f"{shot}-{lang}-1440.png"))
+                if shot != "calculator":
+                    shutil.copyfile(ARTIFACTS / f"{shot}-{lang}-1440.png", ARTIFACTS / f"{shot}-{lang}.png")
+
     try:
         for name in ["", "reference", *NOTEBOOKS]:
-            shot = ("lesson" if name else "home") if name in ("", NOTEBOOKS[0]) else None
             tab.open(url("en", name))
-            seen[url("en", name)] = tab.inspect()
-            if shot:
-                tab.page.screenshot(path=str(ARTIFACTS / f"{shot}-en.png"))
+            look("en", name, url("en", name))
             tab.switch_to("ru")
             landed = tab.path()
-            seen[landed] = tab.inspect()
-            if shot:
-                tab.page.screenshot(path=str(ARTIFACTS / f"{shot}-ru.png"))
+            look("ru", name, landed)  # (a switch that lands elsewhere: `layout` loads the twin itself)
             tab.switch_to("en", wait=False)  # the English page was checked above
             switches[name] = (landed, tab.path())
             seen[landed]["problems"] += tab.problems
@@ -400,9 +414,17 @@ def tour(site, server, browser):
             path = page.relative_to(site[0]).as_posix().removesuffix("index.html")
             if path not in seen:
                 tab.open(path)
-                seen[path] = tab.inspect()
+                lang = "ru" if path.startswith(PREFIX["ru"]) else "en"
+                look(lang, path.removeprefix(PREFIX[lang]).removesuffix("/"), path)
     finally:
         tab.close()
+    return seen, switches, measured
+
+
+@pytest.fixture(scope="module")
+def tour(browsed):
+    """{path: what inspect() found} for every page, {name: (where the switch to ru led, where back to en led)}."""
+    seen, switches, _ = browsed
     return seen, switches
 
 
@@ -516,80 +538,128 @@ def shown_size(nbytes: int, lang: str) -> str:
     return f"{number} {unit}" if lang == "en" else f"{number.replace('.', ',')} {RU_UNITS[unit]}"
 
 
+SET_INPUTS_JS = r"""([reset, steps]) => {
+  // What a reader does, in one call instead of one Playwright action per field: the reset button is clicked,
+  // then each field is set in order and sends the events Playwright's own actions send (and the page listens
+  // to): fill -> input; select_option -> input, change; set_checked -> a click (input, change). As those
+  // actions would, it refuses a field a reader could not change: hidden, disabled, read-only, no such option.
+  document.querySelector(reset).click();
+  for (const [selector, value] of steps) {
+    const e = document.querySelector(selector);
+    if (!e) throw new Error(`no ${selector} on the page`);
+    if (e.disabled || e.readOnly || !e.checkVisibility()) throw new Error(`${selector} cannot be changed: ` +
+                                                                          `disabled, read-only or hidden`);
+    if (e.type === 'checkbox') {
+      if (e.checked !== value) e.click();
+      if (e.checked !== value) throw new Error(`clicking ${selector} did not change it`);
+    } else if (e.tagName === 'SELECT') {
+      if (![...e.options].some(o => o.value === value)) throw new Error(`${selector} has no option ${value}`);
+      e.value = value;
+      e.dispatchEvent(new Event('input', {bubbles: true, composed: true}));
+      e.dispatchEvent(new Event('change', {bubbles: true}));
+    } else {
+      e.value = value;
+      e.dispatchEvent(new InputEvent('input', {bubbles: true, composed: true, inputType: 'insertText', data: value}));
+    }
+  }
+}"""
+
+
+def set_inputs(page, reset: str, steps: list[tuple[str, str | bool]]) -> None:
+    """Click `reset`, then set each (selector, value) in order as a reader would (SET_INPUTS_JS)."""
+    page.evaluate(SET_INPUTS_JS, [reset, [list(step) for step in steps]])
+
+
 def set_calculator(page, inputs: dict) -> None:
-    page.click("#mc-reset")
-    for key, value in inputs.items():
-        target = "#mc-" + key.replace("_", "-")
-        if key == "master":
-            page.set_checked(target, value)
-        elif key in ("strategy", "param_dtype", "grad_dtype", "optimizer", "state_dtype"):
-            page.select_option(target, value)
-        else:
-            page.fill(target, value)
+    set_inputs(page, "#mc-reset", [("#mc-" + key.replace("_", "-"), value) for key, value in inputs.items()])
 
 
 def read_calculator(page) -> dict:
-    return page.evaluate("""() => Object.fromEntries([...document.querySelectorAll('#mc-result tr')].map(
-        tr => [tr.dataset.state, {bytes: tr.querySelector('.mc-bytes').dataset.bytes,
-                                  size: tr.querySelector('.mc-size').textContent,
-                                  exact: tr.querySelector('.mc-bytes').textContent}]))""")
+    """What the calculator shows: its result rows, the Python call, the errors and its whole text."""
+    return page.evaluate("""() => ({
+        rows: Object.fromEntries([...document.querySelectorAll('#mc-result tr')].map(
+            tr => [tr.dataset.state, {bytes: tr.querySelector('.mc-bytes').dataset.bytes,
+                                      size: tr.querySelector('.mc-size').textContent,
+                                      exact: tr.querySelector('.mc-bytes').textContent}])),
+        call: document.querySelector('#mc-call')?.textContent ?? null,
+        errors: document.querySelectorAll('#memory-calculator .mc-error').length,
+        results: document.querySelectorAll('#mc-result').length,
+        text: document.querySelector('#memory-calculator').textContent,
+    })""")
+
+
+@pytest.fixture(scope="module")
+def calculator_page(browser, server):
+    """The calculator page of a language, loaded once for the tests of its two tools (the memory calculator,
+    the planner): a function lang -> Tab, opening the page on first use. Each test starts from its tool's
+    reset button and ends by checking the tab's problems since the test before it."""
+    tabs = {}
+
+    def tab(lang: str) -> Tab:
+        if lang not in tabs:
+            tabs[lang] = Tab(browser, server)
+            tabs[lang].open(url(lang, "calculator"))
+        return tabs[lang]
+
+    yield tab
+    for opened in tabs.values():
+        opened.close()
 
 
 @pytest.mark.parametrize("lang", LANGS)
-def test_memory_calculator_equals_estimate_memory(browser, server, lang):
+def test_memory_calculator_equals_estimate_memory(calculator_page, lang):
     from fsdp_mini import estimate_memory
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    tab = Tab(browser, server)
-    try:
-        tab.open(url(lang, "calculator"))
-        figure = tab.page.evaluate("""() => Object.fromEntries([...document.querySelectorAll('#mc-all tr[data-strategy]')]
-            .map(tr => [tr.dataset.strategy, tr.querySelector('.mc-size').textContent]))""")
-        paper = {"NO_SHARD": "120.0 GB", "ZERO1": "31.4 GB", "SHARD_GRAD_OP": "16.6 GB", "FULL_SHARD": "1.9 GB"}
-        if lang == "ru":
-            paper = {k: v.replace(".", ",").replace("GB", "ГБ") for k, v in paper.items()}
-        assert {k: figure[k].replace("\xa0", " ") for k in paper} == paper, "the default is not ZeRO's Figure 1"
-        tab.page.screenshot(path=str(ARTIFACTS / f"calculator-{lang}.png"), full_page=True)
-        for inputs, args, kwargs in CALCULATOR_CASES:
-            set_calculator(tab.page, inputs)
-            shown = read_calculator(tab.page)
-            expected = estimate_memory(*args, **kwargs)
-            for state in ("params", "grads", "optimizer", "total"):
-                nbytes = getattr(expected, state)
-                where = f"{lang} {inputs} {state}"
-                assert int(shown[state]["bytes"]) == nbytes, where
-                assert shown[state]["size"].replace("\xa0", " ") == shown_size(nbytes, lang), where
-                sep = "," if lang == "en" else "\xa0"
-                assert shown[state]["exact"] == f"{nbytes:,}".replace(",", sep) + "\xa0" + ("B" if lang == "en" else "Б")
-            call = tab.page.text_content("#mc-call")
-            assert "estimate_memory(" in call
-            tp = kwargs.get("tp", 1)
-            assert (f", tp={tp})" in call) if tp > 1 else ("tp=" not in call), call
-        # a shard group that does not divide the world: Python refuses, and so does the page
-        set_calculator(tab.page, {"world": "16", "strategy": "HYBRID_SHARD", "shard": "5"})
+    tab = calculator_page(lang)
+    figure = tab.page.evaluate("""() => Object.fromEntries([...document.querySelectorAll('#mc-all tr[data-strategy]')]
+        .map(tr => [tr.dataset.strategy, tr.querySelector('.mc-size').textContent]))""")
+    paper = {"NO_SHARD": "120.0 GB", "ZERO1": "31.4 GB", "SHARD_GRAD_OP": "16.6 GB", "FULL_SHARD": "1.9 GB"}
+    if lang == "ru":
+        paper = {k: v.replace(".", ",").replace("GB", "ГБ") for k, v in paper.items()}
+    assert {k: figure[k].replace("\xa0", " ") for k in paper} == paper, "the default is not ZeRO's Figure 1"
+    tab.page.screenshot(path=str(ARTIFACTS / f"calculator-{lang}.png"), full_page=True)
+    for inputs, args, kwargs in CALCULATOR_CASES:
+        set_calculator(tab.page, inputs)
+        found = read_calculator(tab.page)
+        shown = found["rows"]
+        expected = estimate_memory(*args, **kwargs)
+        for state in ("params", "grads", "optimizer", "total"):
+            nbytes = getattr(expected, state)
+            where = f"{lang} {inputs} {state}"
+            assert int(shown[state]["bytes"]) == nbytes, where
+            assert shown[state]["size"].replace("\xa0", " ") == shown_size(nbytes, lang), where
+            sep = "," if lang == "en" else "\xa0"
+            assert shown[state]["exact"] == f"{nbytes:,}".replace(",", sep) + "\xa0" + ("B" if lang == "en" else "Б")
+        call = found["call"]
+        assert "estimate_memory(" in call
+        tp = kwargs.get("tp", 1)
+        assert (f", tp={tp})" in call) if tp > 1 else ("tp=" not in call), call
+    # a shard group that does not divide the world: Python refuses, and so does the page
+    set_calculator(tab.page, {"world": "16", "strategy": "HYBRID_SHARD", "shard": "5"})
+    with pytest.raises(ValueError):
+        estimate_memory(7.5e9, 16, "HYBRID_SHARD", shard_size=5)
+    found = read_calculator(tab.page)
+    assert found["errors"] == 1
+    assert found["results"] == 0
+    # a TP degree that does not divide the world, and a shard group that does not divide world / tp
+    for inputs, kwargs in [({"world": "16", "tp": "3"}, {"tp": 3}),
+                           ({"world": "16", "tp": "4", "strategy": "HYBRID_SHARD", "shard": "8"},
+                            {"tp": 4, "shard_size": 8})]:
+        set_calculator(tab.page, inputs)
         with pytest.raises(ValueError):
-            estimate_memory(7.5e9, 16, "HYBRID_SHARD", shard_size=5)
-        assert tab.page.locator("#memory-calculator .mc-error").count() == 1
-        assert tab.page.locator("#mc-result").count() == 0
-        # a TP degree that does not divide the world, and a shard group that does not divide world / tp
-        for inputs, kwargs in [({"world": "16", "tp": "3"}, {"tp": 3}),
-                               ({"world": "16", "tp": "4", "strategy": "HYBRID_SHARD", "shard": "8"},
-                                {"tp": 4, "shard_size": 8})]:
-            set_calculator(tab.page, inputs)
-            with pytest.raises(ValueError):
-                estimate_memory(7.5e9, int(inputs["world"]), inputs.get("strategy", "FULL_SHARD"), **kwargs)
-            assert tab.page.locator("#memory-calculator .mc-error").count() == 1, inputs
-            assert tab.page.locator("#mc-result").count() == 0, inputs
-        set_calculator(tab.page, {"world": "16", "tp": "3"})
-        text = tab.page.text_content("#memory-calculator")
-        if lang == "ru":
-            assert "Размер группы шардирования" in text and "World size" in text
-            assert "Степень TP должна быть целым числом" in text and "тензорного параллелизма" in text
-        else:
-            assert "TP degree must be a whole number" in text and "Tensor-parallel degree" in text
-        assert not tab.inspect()["problems"]
-    finally:
-        tab.close()
+            estimate_memory(7.5e9, int(inputs["world"]), inputs.get("strategy", "FULL_SHARD"), **kwargs)
+        found = read_calculator(tab.page)
+        assert found["errors"] == 1, inputs
+        assert found["results"] == 0, inputs
+    set_calculator(tab.page, {"world": "16", "tp": "3"})
+    text = read_calculator(tab.page)["text"]
+    if lang == "ru":
+        assert "Размер группы шардирования" in text and "World size" in text
+        assert "Степень TP должна быть целым числом" in text and "тензорного параллелизма" in text
+    else:
+        assert "TP degree must be a whole number" in text and "Tensor-parallel degree" in text
+    assert not tab.inspect()["problems"]
 
 
 # --- the planner (lessons/*/calculator.md, lessons/assets/calculator/planner.js and planner_page.js) --------
@@ -708,18 +778,47 @@ def python_planner(case: dict) -> tuple:
 
 
 def set_planner(page, case: dict) -> None:
-    page.click("#pl-reset")
     inputs = dict(case)
-    if "model" in inputs:  # first: a preset fills the custom shapes with its own
-        page.select_option("#pl-model", inputs.pop("model"))
-    for key, value in inputs.items():
-        target = "#pl-" + key.replace("_", "-")
-        if isinstance(value, bool):
-            page.set_checked(target, value)
-        elif key in ("gpu", "ac", "family"):
-            page.select_option(target, value)
-        else:
-            page.fill(target, value)
+    steps = [("#pl-model", inputs.pop("model"))] if "model" in inputs else []  # first: a preset fills the shapes
+    set_inputs(page, "#pl-reset", steps + [("#pl-" + key.replace("_", "-"), value) for key, value in inputs.items()])
+
+
+READ_PLANNER_JS = """() => {
+    const text = selector => document.querySelector(selector)?.textContent ?? null;
+    return {
+        state: window.planner.state(),
+        memory: Object.fromEntries([...document.querySelectorAll('#pl-memory tr')]
+            .map(tr => [tr.dataset.key, [tr.cells[0].textContent, tr.querySelector('.pl-num').textContent]])),
+        times: Object.fromEntries([...document.querySelectorAll('#pl-time tr')]
+            .map(tr => [tr.dataset.key, tr.querySelector('.pl-num').textContent])),
+        rate: text('#pl-rate'),
+        verdict: text('#pl-verdict'),
+        rows: [...document.querySelectorAll('#pl-rank tr[data-rank]')].map(tr => [...tr.cells].map(td => td.textContent)),
+        text: text('#planner'),
+        errors: document.querySelectorAll('#pl-error').length,
+        rankings: document.querySelectorAll('#pl-rank').length,
+        error: text('#pl-error'),
+        error_key: document.querySelector('#pl-error')?.getAttribute('data-key') ?? null,
+    };
+}"""
+
+
+def read_planner(page) -> dict:
+    """What the planner shows, in one call: window.planner.state(), its tables, texts and error."""
+    return evaluate_as_json(page, READ_PLANNER_JS)
+
+
+NON_FINITE = "\u0000non-finite"
+
+
+def evaluate_as_json(page, function: str):
+    """page.evaluate(function), the result carried as one JSON text: the planner's state (every layout it ranks,
+    ~400 kB) takes Playwright ~15x longer to carry value by value. Values come back as page.evaluate gives them:
+    undefined as None, and NaN and the infinities as floats (JSON has neither)."""
+    text = page.evaluate(f"""() => JSON.stringify(({function})(), (key, value) =>
+        value === undefined ? null
+        : typeof value === 'number' && !Number.isFinite(value) ? {{{json.dumps(NON_FINITE)}: String(value)}} : value)""")
+    return json.loads(text, object_hook=lambda d: float(d[NON_FINITE]) if NON_FINITE in d else d)
 
 
 def shown_number(value: float, digits: int, lang: str) -> str:
@@ -750,7 +849,7 @@ def test_planner_page_carries_site_data(site):
 
 
 @pytest.mark.parametrize("lang", LANGS)
-def test_planner_equals_python(browser, server, lang):
+def test_planner_equals_python(calculator_page, lang):
     """Every number of plan --json and of plan --compare --json, bit for bit, on each case; the page's tables
     print them as the course prints numbers in the page's language."""
     from fsdp_mini.course.planner import Layout
@@ -767,95 +866,86 @@ def test_planner_equals_python(browser, server, lang):
                  lambda c: c["float8"], lambda c: c["compile"], lambda c: c["compile_loss"],
                  lambda c: c["model"] == "custom"):
         assert any(what(c) for c in full)
-    tab = Tab(browser, server)
-    try:
-        tab.open(url(lang, "calculator"))
-        tab.page.locator("#planner").screenshot(path=str(ARTIFACTS / f"planner-{lang}.png"))
-        published = tab.page.text_content("#planner .pl-published")
-        assert shown_number(2904, 0, lang) in published, published
-        for case in PLANNER_CASES:
-            expected, ranked, error = python_planner(case)
-            assert error is None, (case, error)
-            set_planner(tab.page, case)
-            state = tab.page.evaluate("() => window.planner.state()")
-            assert "error" not in state, (case, state.get("error"))
-            assert state["plan"] == expected, case
-            assert state["ranked"] == ranked, case
-            # what the page prints
-            memory = tab.page.evaluate("""() => Object.fromEntries([...document.querySelectorAll('#pl-memory tr')]
-                .map(tr => [tr.dataset.key, [tr.cells[0].textContent, tr.querySelector('.pl-num').textContent]]))""")
-            for key, gib in expected["memory"].items():
-                assert memory[key][1] == shown_number(gib, 2, lang), (case, key)
-            assert memory["peak_reserved"][1] == shown_number(expected["memory_gib"], 2, lang)
-            assert memory["peak_allocated"][1] == shown_number(expected["memory_allocated_gib"], 2, lang)
-            times = tab.page.evaluate("""() => Object.fromEntries([...document.querySelectorAll('#pl-time tr')]
-                .map(tr => [tr.dataset.key, tr.querySelector('.pl-num').textContent]))""")
-            for key, seconds in expected["step_parts_s"].items():
-                assert times[key] == shown_number(seconds, 3, lang), (case, key)
-            assert times["step"] == shown_number(expected["step_s"], 3, lang)
-            rate = tab.page.text_content("#pl-rate")
-            assert shown_number(expected["tokens_per_s_per_gpu"], 0, lang) in rate, rate
-            assert shown_number(expected["mfu"] * 100, 1, lang) in rate, rate
-            verdict = tab.page.text_content("#pl-verdict")
-            assert shown_number(expected["memory_gib"], 1, lang) in verdict
-            if not expected["fits"]:
-                assert shown_number(expected["short_by_gib"], 1, lang) in verdict
-            rows = tab.page.evaluate("""() => [...document.querySelectorAll('#pl-rank tr[data-rank]')]
-                .map(tr => [...tr.cells].map(td => td.textContent))""")
-            assert len(rows) == min(12, len(ranked))
-            for row, want in zip(rows, ranked):
-                assert row[0] == (str(want["rank"]) if want["rank"] else "–")
-                assert row[2:5] == [shown_number(want["memory_gib"], 1, lang),
-                                    shown_number(want["tokens_per_s_per_gpu"], 0, lang),
-                                    shown_number(want["mfu"] * 100, 1, lang)], (case, want["layout"])
-                described = want["summary"]
-                assert described == describe(Layout(**{k: v for k, v in want["layout"].items() if k != "dp_shard"}))
-                if lang == "en":
-                    assert row[1] == described and row[5] == want["why"], (case, row)
-                else:
-                    assert row[1] == described.replace(", batch ", ", батч "), row
-                    assert CYRILLIC.search(row[5]), row
-            text = tab.page.text_content("#planner")
-            assert "undefined" not in text and "NaN" not in text, case
-            if lang == "ru":
-                assert "ГиБ" in text and "GiB" not in text
-            if case == PLANNER_CASES[6]:
-                tab.page.locator("#planner").screenshot(path=str(ARTIFACTS / f"planner-cp-{lang}.png"))
-        assert not tab.inspect()["problems"]
-    finally:
-        tab.close()
+    tab = calculator_page(lang)
+    tab.page.locator("#planner").screenshot(path=str(ARTIFACTS / f"planner-{lang}.png"))
+    published = tab.page.text_content("#planner .pl-published")
+    assert shown_number(2904, 0, lang) in published, published
+    for case in PLANNER_CASES:
+        expected, ranked, error = python_planner(case)
+        assert error is None, (case, error)
+        set_planner(tab.page, case)
+        shown = read_planner(tab.page)
+        state = shown["state"]
+        assert "error" not in state, (case, state.get("error"))
+        assert state["plan"] == expected, case
+        assert state["ranked"] == ranked, case
+        # what the page prints
+        memory = shown["memory"]
+        for key, gib in expected["memory"].items():
+            assert memory[key][1] == shown_number(gib, 2, lang), (case, key)
+        assert memory["peak_reserved"][1] == shown_number(expected["memory_gib"], 2, lang)
+        assert memory["peak_allocated"][1] == shown_number(expected["memory_allocated_gib"], 2, lang)
+        times = shown["times"]
+        for key, seconds in expected["step_parts_s"].items():
+            assert times[key] == shown_number(seconds, 3, lang), (case, key)
+        assert times["step"] == shown_number(expected["step_s"], 3, lang)
+        rate = shown["rate"]
+        assert shown_number(expected["tokens_per_s_per_gpu"], 0, lang) in rate, rate
+        assert shown_number(expected["mfu"] * 100, 1, lang) in rate, rate
+        verdict = shown["verdict"]
+        assert shown_number(expected["memory_gib"], 1, lang) in verdict
+        if not expected["fits"]:
+            assert shown_number(expected["short_by_gib"], 1, lang) in verdict
+        rows = shown["rows"]
+        assert len(rows) == min(12, len(ranked))
+        for row, want in zip(rows, ranked):
+            assert row[0] == (str(want["rank"]) if want["rank"] else "–")
+            assert row[2:5] == [shown_number(want["memory_gib"], 1, lang),
+                                shown_number(want["tokens_per_s_per_gpu"], 0, lang),
+                                shown_number(want["mfu"] * 100, 1, lang)], (case, want["layout"])
+            described = want["summary"]
+            assert described == describe(Layout(**{k: v for k, v in want["layout"].items() if k != "dp_shard"}))
+            if lang == "en":
+                assert row[1] == described and row[5] == want["why"], (case, row)
+            else:
+                assert row[1] == described.replace(", batch ", ", батч "), row
+                assert CYRILLIC.search(row[5]), row
+        text = shown["text"]
+        assert "undefined" not in text and "NaN" not in text, case
+        if lang == "ru":
+            assert "ГиБ" in text and "GiB" not in text
+        if case == PLANNER_CASES[6]:
+            tab.page.locator("#planner").screenshot(path=str(ARTIFACTS / f"planner-cp-{lang}.png"))
+    assert not tab.inspect()["problems"]
 
 
 @pytest.mark.parametrize("lang", LANGS)
-def test_planner_refuses_what_python_refuses(browser, server, lang):
+def test_planner_refuses_what_python_refuses(calculator_page, lang):
     """Bad input: the English page shows Python's own message; the Russian page the same message in Russian,
     with every option, number and name of Python's."""
-    tab = Tab(browser, server)
-    try:
-        tab.open(url(lang, "calculator"))
-        seen = set()
-        for case in PLANNER_ERRORS:
-            _, _, error = python_planner(case)
-            assert error, case
-            set_planner(tab.page, case)
-            assert tab.page.locator("#pl-error").count() == 1, case
-            assert tab.page.locator("#pl-rank").count() == 0, case
-            shown = tab.page.text_content("#pl-error")
-            state = tab.page.evaluate("() => window.planner.state()")
-            assert state["error"]["en"] == error, case  # word for word, in either page's language
-            if lang == "en":
-                assert shown == error, case
-            else:
-                assert shown == state["error"]["ru"] and CYRILLIC.search(shown), case
-                for token in re.findall(r"--[a-z0-9-]+|'[^']*'|(?<![\w.])\d+(?![\w.])", error):
-                    assert token in shown, (case, token, shown)
-            seen.add(tab.page.get_attribute("#pl-error", "data-key"))
-        assert len(seen) >= 15, seen  # the cases reach that many of Python's distinct checks
-        tab.page.click("#pl-reset")
-        assert tab.page.locator("#pl-error").count() == 0
-        assert not tab.inspect()["problems"]
-    finally:
-        tab.close()
+    tab = calculator_page(lang)
+    seen = set()
+    for case in PLANNER_ERRORS:
+        _, _, error = python_planner(case)
+        assert error, case
+        set_planner(tab.page, case)
+        found = read_planner(tab.page)
+        assert found["errors"] == 1, case
+        assert found["rankings"] == 0, case
+        shown = found["error"]
+        state = found["state"]
+        assert state["error"]["en"] == error, case  # word for word, in either page's language
+        if lang == "en":
+            assert shown == error, case
+        else:
+            assert shown == state["error"]["ru"] and CYRILLIC.search(shown), case
+            for token in re.findall(r"--[a-z0-9-]+|'[^']*'|(?<![\w.])\d+(?![\w.])", error):
+                assert token in shown, (case, token, shown)
+        seen.add(found["error_key"])
+    assert len(seen) >= 15, seen  # the cases reach that many of Python's distinct checks
+    tab.page.click("#pl-reset")
+    assert read_planner(tab.page)["errors"] == 0
+    assert not tab.inspect()["problems"]
 
 
 # --- search, one index per language (lessons/_site/search_per_language.py) -------------------------------
@@ -1059,25 +1149,32 @@ LAYOUT_JS = r"""() => {
 }"""
 
 
+LAYOUT_PAGES = ("", "calculator", *NOTEBOOKS)
+LAYOUT_SHOTS = {"": "home", "calculator": "calculator", NOTEBOOKS[0]: "lesson"}
+
+
 @pytest.fixture(scope="module")
-def layout(site, server, browser):
+def layout(browsed, server, browser):
     """Every lesson, the home pages and the calculator at 1440 and 390 px, both languages: what LAYOUT_JS
     measures, {(width, lang, name): found}; screenshots of the home page, the first lesson and the
-    calculator at each width go to test-artifacts/site/ (NAME-LANG-WIDTH.png)."""
+    calculator at each width go to test-artifacts/site/ (NAME-LANG-WIDTH.png). The tour (`browsed`) measured
+    the pages at 1440 px as it passed; here they are loaded at 390 px (and at 1440 any the tour did not reach)."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    found = {}
+    found = dict(browsed[2])
     for width in WIDTHS:
+        missing = [(lang, name) for lang in LANGS for name in LAYOUT_PAGES if (width, lang, name) not in found]
+        if not missing:
+            continue
         context = browser.new_context(viewport={"width": width, "height": 900})
         page = context.new_page()
         try:
-            for lang in LANGS:
-                for name in ["", "calculator", *NOTEBOOKS]:
-                    page.goto(server + url(lang, name), wait_until="load")
-                    page.evaluate("() => window.MathJax?.startup?.promise ?? null")
-                    found[(width, lang, name)] = page.evaluate(LAYOUT_JS)
-                    shot = {"": "home", "calculator": "calculator", NOTEBOOKS[0]: "lesson"}.get(name)
-                    if shot:
-                        page.screenshot(path=str(ARTIFACTS / f"{shot}-{lang}-{width}.png"))
+            for lang, name in missing:
+                page.goto(server + url(lang, name), wait_until="load")
+                page.evaluate("() => window.MathJax?.startup?.promise ?? null")
+                found[(width, lang, name)] = page.evaluate(LAYOUT_JS)
+                shot = LAYOUT_SHOTS.get(name)
+                if shot:
+                    page.screenshot(path=str(ARTIFACTS / f"{shot}-{lang}-{width}.png"))
         finally:
             context.close()
     return found
