@@ -52,6 +52,7 @@ __all__ = ["launch", "LaunchError", "LaunchTimeout"]
 _LOG_TAIL_LINES = 40
 _GRACE_S = 1.0  # after a first error: time to collect the others and pick the earliest
 _PG_TIMEOUT_MARGIN_S = 30.0
+_STACK_WAIT_S = 5.0  # after asking hung ranks for their stacks: the longest wait for the dumps to land
 
 
 class LaunchError(RuntimeError):
@@ -398,14 +399,36 @@ def _stack_of_fn(dump: str) -> str:
     return "\n".join(out)
 
 
-def _timeout_error(procs, stuck, done, timeout, folder, capture) -> LaunchTimeout:
-    """Ask each stuck rank for its Python stack (faulthandler), then describe where it waits."""
+def _ask_for_stacks(procs, stuck, folder, capture) -> None:
+    """Send each stuck rank SIGUSR1 (its faulthandler dumps every thread's stack to its stderr) and, when
+    that is a log, wait until each dump has landed: its log grew, then stopped growing. On a loaded machine
+    a rank can take a second to be scheduled, and a fixed pause read stacks that were not written yet."""
+    def size(rank):
+        try:
+            return os.path.getsize(os.path.join(folder, f"rank{rank}.stderr"))
+        except OSError:
+            return 0
+
+    before, signalled = {r: size(r) for r in stuck}, set()
     for r in stuck:
         try:
             os.kill(procs[r].pid, signal.SIGUSR1)
+            signalled.add(r)
         except ProcessLookupError:
             pass
-    time.sleep(0.3)
+    last, deadline = dict(before), time.monotonic() + (_STACK_WAIT_S if capture else 0.3)
+    while signalled and time.monotonic() < deadline:
+        time.sleep(0.05)
+        for r in sorted(signalled):
+            now = size(r)
+            if before[r] < now == last[r] or not procs[r].is_alive():
+                signalled.discard(r)
+            last[r] = now
+
+
+def _timeout_error(procs, stuck, done, timeout, folder, capture) -> LaunchTimeout:
+    """Ask each stuck rank for its Python stack (faulthandler), then describe where it waits."""
+    _ask_for_stacks(procs, stuck, folder, capture)
     lines = [f"ranks {stuck} did not finish within {timeout:g} s"
              + (f" (ranks {done} returned)" if done else "")
              + ": do all ranks call the same collectives in the same order?"]
