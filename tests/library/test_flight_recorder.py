@@ -300,7 +300,9 @@ def test_a_torchrun_hang_prints_the_verdict_within_the_timeout_with_nothing_set(
     ended = time.time()
     assert run.returncode != 0
     hang_started = min(float((tmp_path / f"hang_starts.{r}").read_text()) for r in range(2))
-    assert ended - hang_started < timeout_s + 10, run.stderr[-3000:]
+    # within the timeout, not gloo's default 30 min; the rest is torchrun stopping the other rank and exiting,
+    # which took 15 s on a 2-core machine running four test workers
+    assert ended - hang_started < timeout_s + 25, run.stderr[-3000:]
     printed = [r for r in range(2) if f"[rank{r}]: fsdp_mini: {SKIPPED_BLOCK_VERDICT}" in run.stderr]
     assert printed, run.stderr[-3000:]
     for r in range(2):  # every rank that failed (rather than being stopped by torchrun) said it
