@@ -23,9 +23,11 @@ demo: setup
 	OMP_NUM_THREADS=1 $(PY) -m fsdp_mini demo
 
 # Three workers (pytest-xdist), each test file on one worker: a notebook's cells share one kernel, a file its
-# module fixtures; files handed out longest first (tests/conftest.py's LONGEST_FIRST, hence
-# --no-loadscope-reorder, which keeps that order). Three on two cores, because many tests wait (for processes to start, for a timeout they
-# provoke) and a third worker fills those waits: 9 to 11 min here over six runs, 15 min with one worker.
+# module fixtures; files are handed out longest first (tests/conftest.py's LONGEST_FIRST; xdist's
+# --no-loadscope-reorder keeps that order). Three on two cores, because many tests wait (for processes to
+# start, for a timeout they provoke) and a third worker fills those waits; four made a torchrun test's
+# teardown slow enough to fail it. On a fresh clone here: 8:43 and 10:06 of tests, the same work taking 940
+# or 1,055 CPU-seconds (the machine's speed varies); 15 min with one worker.
 test: setup
 	OMP_NUM_THREADS=1 $(PY) -m pytest -n 3 --dist loadfile --no-loadscope-reorder
 

@@ -49,27 +49,28 @@ def site(tmp_path_factory):
     return out, log
 
 
-# The files that take longest, longest first, as measured under `make test` (seconds of one worker's time,
-# 2026-12-06): pytest-xdist hands out whole files in collection order (`--no-loadscope-reorder` in the
-# Makefile), so a long file collected last would run alone at the end while the other workers sit idle.
-# The site's tests lead: they are one chain (the mkdocs build, then the browser). A file missing from this
-# list only runs later than it could; a stale number costs minutes, never a check.
+# The files that take longest, longest first: seconds of one worker's time under `make test`, in two runs
+# of 2026-12-06 (before and after the site's tests and lesson 10 were made faster). pytest-xdist hands out
+# whole files in collection order (`--no-loadscope-reorder` in the Makefile), so a long file collected last
+# would run alone at the end while the other workers sit idle. The site's tests lead: they are one chain
+# (the mkdocs build, then the browser). A file missing from this list only runs later than it could; a
+# stale number costs minutes, never a check.
 LONGEST_FIRST = (
-    "tests/site/test_site.py",                  # 300 s
-    "lessons/en/10_*.ipynb",                    # 60-105 s
-    "tests/course/test_pytorch_claims.py",      # 90-120 s
-    "tests/course/test_exercise.py",            # 100-115 s
+    "tests/site/test_site.py",                  # 185-300 s
+    "lessons/en/10_*.ipynb",                    # 85-105 s
+    "tests/course/test_pytorch_claims.py",      # 65-120 s
+    "tests/course/test_exercise.py",            # 100-105 s
     # the twins apart: each times out hung ranks after 5 s on purpose, and together with the build they
     # were both once too slow to reach their hang in time
-    "lessons/ru/10_*.ipynb",                    # 60-105 s
-    "tests/library/test_launch.py",             # 55-70 s
-    "tests/course/test_cpu_kernels.py",         # 70 s in 2 tests
-    "tests/course/test_cli.py",                 # 55-65 s
-    "tests/library/test_flight_recorder.py",    # 60 s
-    "tests/library/test_checkpoint.py",         # 50 s
-    "tests/library/test_fully_shard.py",        # 45 s
+    "lessons/ru/10_*.ipynb",                    # 85-105 s
+    "tests/library/test_launch.py",             # 35-70 s
+    "tests/course/test_cpu_kernels.py",         # 60-70 s in 2 tests
+    "tests/course/test_cli.py",                 # 65-85 s
+    "tests/library/test_flight_recorder.py",    # 60-70 s
+    "tests/library/test_checkpoint.py",         # 35-50 s
+    "tests/library/test_fully_shard.py",        # 45-60 s
     "tests/library/test_failure_causes.py",     # 40-45 s
-    "tests/library/test_checkpoint_integrity.py",  # 35-45 s
+    "tests/library/test_checkpoint_integrity.py",  # 35-50 s
     "tests/library/test_layout.py",             # 30 s
     "tests/course/test_bench.py",               # 30 s
     "lessons/*/11_*.ipynb",                     # 25-30 s each
