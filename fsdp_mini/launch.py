@@ -70,6 +70,11 @@ class LaunchTimeout(LaunchError, TimeoutError):
     """Ranks did not finish within `timeout` seconds: usually ranks that disagree on collectives."""
 
 
+def _log_path(folder: str, rank: int, name: str) -> str:
+    """Where rank `rank`'s captured stream `name` ("stdout" or "stderr") is written."""
+    return os.path.join(folder, f"rank{rank}.{name}")
+
+
 def _redirect_output(folder: str, rank: int) -> None:
     """Send this rank's stdout/stderr (Python and C level alike) to per-rank log files.
 
@@ -77,7 +82,7 @@ def _redirect_output(folder: str, rank: int) -> None:
     under Jupyter, nbval and a terminal; the parent replays the logs in rank order.
     """
     for fd, name in ((1, "stdout"), (2, "stderr")):
-        log = os.open(os.path.join(folder, f"rank{rank}.{name}"), os.O_WRONLY | os.O_CREAT, 0o644)
+        log = os.open(_log_path(folder, rank, name), os.O_WRONLY | os.O_CREAT, 0o644)
         os.dup2(log, fd)
         os.close(log)
 
@@ -181,7 +186,7 @@ def _validate(fn, world_size, args, timeout, local_world_size) -> None:
 
 def _tail(folder: str, rank: int, name: str, lines: int = _LOG_TAIL_LINES) -> str:
     try:
-        with open(os.path.join(folder, f"rank{rank}.{name}"), errors="replace") as f:
+        with open(_log_path(folder, rank, name), errors="replace") as f:
             text = f.read()
     except FileNotFoundError:
         return ""
@@ -405,7 +410,7 @@ def _ask_for_stacks(procs, stuck, folder, capture) -> None:
     a rank can take a second to be scheduled, and a fixed pause read stacks that were not written yet."""
     def size(rank):
         try:
-            return os.path.getsize(os.path.join(folder, f"rank{rank}.stderr"))
+            return os.path.getsize(_log_path(folder, rank, "stderr"))
         except OSError:
             return 0
 
