@@ -7,6 +7,7 @@ Where Chromium is absent the browser checks skip, saying so; `.ci/run` installs 
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.server
 import json
@@ -378,26 +379,50 @@ def has_math(lang: str, name: str) -> bool:
         if c["cell_type"] == "markdown")))
 
 
+@contextlib.contextmanager
+def at_width(page, width: int):
+    """The page as a window `width` px wide shows it, then the window as it was. Narrowing a loaded page
+    gives what a fresh load at that width gives: on 2026-12-07, LAYOUT_JS's measures of all 32 layout pages
+    at 390 px were equal both ways, and the screenshots equal pixel for pixel; a load costs about a CPU-second
+    here, a resize a fraction of that. Two animation frames let the theme's scripts follow the resize."""
+    before = page.viewport_size
+    if width != before["width"]:
+        page.set_viewport_size({"width": width, "height": before["height"]})
+        page.evaluate(NEXT_FRAMES)
+    try:
+        yield
+    finally:
+        if width != before["width"]:
+            page.set_viewport_size(before)
+            page.evaluate(NEXT_FRAMES)
+
+
+NEXT_FRAMES = "() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)))"
+
+
 @pytest.fixture(scope="module")
 def browsed(site, server, browser):
     """Every page of the site, visited once in Chromium at 1440 px; each page's language switch used both ways.
 
     Returns {path: what inspect() found}, {name: (where the switch to ru led, where back to en led)} and, for
-    the pages `layout` measures (LAYOUT_PAGES), {(1440, lang, name): what LAYOUT_JS found} from the same load.
-    Screenshots of the home page, the first lesson and the calculator in each language go to test-artifacts/site/
-    (NAME-LANG-1440.png; the home page and the lesson also as NAME-LANG.png, a copy)."""
+    the pages `layout` measures (LAYOUT_PAGES), {(width, lang, name): what LAYOUT_JS found} at every width of
+    WIDTHS from the same load: the window is narrowed to each width and widened back (`at_width`).
+    Screenshots of the home page, the first lesson and the calculator in each language and width go to
+    test-artifacts/site/ (NAME-LANG-WIDTH.png; the home page and the lesson at 1440 also as NAME-LANG.png)."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    tab, seen, switches, measured = Tab(browser, server, width=1440), {}, {}, {}
+    tab, seen, switches, measured = Tab(browser, server, width=WIDTHS[0]), {}, {}, {}
 
     def look(lang: str, name: str, path: str):
         seen[path] = tab.inspect()
         if name in LAYOUT_PAGES and path == url(lang, name):
-            measured[(1440, lang, name)] = tab.page.evaluate(LAYOUT_JS)
             shot = LAYOUT_SHOTS.get(name)
-            if shot:
-                tab.page.screenshot(path=str(ARTIFACTS / f"{shot}-{lang}-1440.png"))
-                if shot != "calculator":
-                    shutil.copyfile(ARTIFACTS / f"{shot}-{lang}-1440.png", ARTIFACTS / f"{shot}-{lang}.png")
+            for width in WIDTHS:
+                with at_width(tab.page, width):
+                    measured[(width, lang, name)] = tab.page.evaluate(LAYOUT_JS)
+                    if shot:
+                        tab.page.screenshot(path=str(ARTIFACTS / f"{shot}-{lang}-{width}.png"))
+            if shot and shot != "calculator":
+                shutil.copyfile(ARTIFACTS / f"{shot}-{lang}-{WIDTHS[0]}.png", ARTIFACTS / f"{shot}-{lang}.png")
 
     try:
         for name in ["", "reference", *NOTEBOOKS]:
@@ -1158,7 +1183,7 @@ def layout(browsed, server, browser):
     """Every lesson, the home pages and the calculator at 1440 and 390 px, both languages: what LAYOUT_JS
     measures, {(width, lang, name): found}; screenshots of the home page, the first lesson and the
     calculator at each width go to test-artifacts/site/ (NAME-LANG-WIDTH.png). The tour (`browsed`) measured
-    the pages at 1440 px as it passed; here they are loaded at 390 px (and at 1440 any the tour did not reach)."""
+    them as it passed; a page it did not reach (a language switch that landed elsewhere) is loaded here."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     found = dict(browsed[2])
     for width in WIDTHS:
