@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 
 from fsdp_mini.flight_recorder import RECORDER, find_divergence, load_run, record_path
+from fsdp_mini.launch import frozen_heap
 
 __all__ = ["BUFFER_ENV", "dump_trace", "record_both", "fsdp_mini_verdict", "fr_trace", "first_finding"]
 
@@ -105,8 +106,9 @@ def record_both(fn, world: int, folder: str, timeout_s: float = 3.0, buffer_size
     sys.stderr.flush()
     procs = [ctx.Process(target=_rank, args=(fn, r, world, folder, timeout_s, buffer_size))
              for r in range(world)]
-    for p in procs:
-        p.start()
+    with frozen_heap():  # as launch forks: a rank's full collection skips what it inherited
+        for p in procs:
+            p.start()
     deadline = time.monotonic() + 3 * timeout_s + 20
     for p in procs:
         p.join(max(0.0, deadline - time.monotonic()))

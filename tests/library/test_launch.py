@@ -1,5 +1,6 @@
 """launch(): results in rank order, output grouped by rank, and the ways to fail, each fast; and what
 `init()` / `finish()` do for a rank under torchrun (no orphan when the agent dies)."""
+import gc
 import os
 import signal
 import subprocess
@@ -273,6 +274,22 @@ def test_launches_in_parallel_do_not_collide():
         t.join(60)
     assert not errors
     assert {i: [o["offset"] for o in out] for i, out in results.items()} == {0: [0, 0], 1: [1, 1], 2: [2, 2]}
+
+
+def test_ranks_start_with_the_callers_objects_frozen_and_the_caller_gets_them_back():
+    """`frozen_heap`: the ranks inherit the caller's objects frozen (their full collections skip them),
+    and the caller's own state is as before, whether it had frozen nothing or frozen objects itself."""
+    assert gc.get_freeze_count() == 0, "this test needs a caller that froze nothing"
+    try:
+        in_ranks = launch(gc.get_freeze_count, 2)
+        assert gc.get_freeze_count() == 0
+        assert min(in_ranks) > 10_000  # torch's objects alone are more
+        gc.freeze()  # a caller that froze its objects itself
+        frozen = gc.get_freeze_count()
+        assert min(launch(gc.get_freeze_count, 2)) > frozen // 2  # frozen there too (a rank frees a few)
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
 
 
 def test_init_inside_launch_returns_the_rank():
