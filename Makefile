@@ -26,8 +26,9 @@ demo: setup
 # module fixtures; files are handed out longest first (tests/conftest.py's LONGEST_FIRST; xdist's
 # --no-loadscope-reorder keeps that order). Three on two cores, because many tests wait (for processes to
 # start, for a timeout they provoke) and a third worker fills those waits; four made a torchrun test's
-# teardown slow enough to fail it. On a fresh clone here: 8:43 and 10:06 of tests, the same work taking 940
-# or 1,055 CPU-seconds (the machine's speed varies); 15 min with one worker.
+# teardown slow enough to fail it. The run is CPU-bound: on a fresh clone here, seven runs on 2026-12-06/07
+# took 8:25 to 10:06 of tests for ~1,000-1,100 CPU-seconds of both cores' busy time (the machine's speed
+# varies); 15 min with one worker.
 test: setup
 	OMP_NUM_THREADS=1 $(PY) -m pytest -n 3 --dist loadfile --no-loadscope-reorder
 
