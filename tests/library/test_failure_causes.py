@@ -86,7 +86,7 @@ def test_under_torchrun_each_note_and_diagnose_name_the_cause_and_a_run_that_end
         runs = [str(r) for r in (tmp_path / name / "fsdp_mini_flight").glob("*")]
         if name == "ends_well":
             if jobs[name].returncode != 0 or runs:
-                wrong[name] = f"exit code {jobs[name].returncode}, folders left: {runs}"
+                wrong[name] = f"exit code {jobs[name].returncode}, folders left: {runs}; stderr ends:\n{stderr[-2000:]}"
             continue
         if jobs[name].returncode == 0 or len(runs) != 1:
             wrong[name] = f"exit code {jobs[name].returncode}, folders left: {runs}"
