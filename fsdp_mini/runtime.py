@@ -32,12 +32,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.constants import default_pg_timeout
 
 from fsdp_mini.flight_recorder import (FLIGHT_DIR_ENV, RECORDER, Ending, default_folder, install_verdict_hook,
                                        new_run_id, record_path, remove_if_ended_well)
 
 __all__ = ["init", "finish", "get_device", "under_torchrun", "require_distributed", "local_world_size", "default_backend",
-           "check_backend", "BACKENDS", "Launcher", "launcher", "mark_launched", "die_with_parent", "RankFinished"]
+           "check_backend", "BACKENDS", "STARTUP_TIMEOUT", "Launcher", "launcher", "mark_launched", "die_with_parent", "RankFinished"]
 
 BACKENDS = ("gloo", "nccl")
 
@@ -124,6 +125,10 @@ def init(backend: str | None = None, timeout: float = 600.0) -> tuple[int, int]:
         collective) then ends in an error after `timeout`, and under torchrun that error says where the
         ranks diverged: each rank's flight record is mirrored into a folder of this run (FSDP_MINI_FLIGHT_DIR
         when set, else one under the temporary directory), which the error names.
+        Waiting for the other ranks to start is not a hang: ranks import torch at different speeds on a
+        busy machine, and `torch.distributed.init_process_group(timeout=...)` would fail a rank whose
+        peer arrives `timeout` seconds after it. `init` first waits for every rank (`STARTUP_TIMEOUT`, or
+        `timeout` if longer), so a short `timeout` detects hangs without failing slow starts.
     Under torchrun the rank also dies with its agent (`die_with_parent`).
     """
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
@@ -132,9 +137,11 @@ def init(backend: str | None = None, timeout: float = 600.0) -> tuple[int, int]:
         backend = check_backend(backend)
         kwargs: dict[str, Any] = {"timeout": datetime.timedelta(seconds=timeout)}
         if "RANK" in os.environ:
-            kwargs["init_method"] = "env://"
             if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun's agent: no orphan if it dies
                 die_with_parent()
+            store, rank, world = _every_rank_started(max(timeout, STARTUP_TIMEOUT.total_seconds()))
+            store.set_timeout(kwargs["timeout"])
+            kwargs.update(store=store, rank=rank, world_size=world)
         else:  # a plain `python script.py`: a world of one, no port needed
             folder = tempfile.mkdtemp(prefix="fsdp_mini_")
             kwargs.update(init_method=f"file://{folder}/store", rank=0, world_size=1)
@@ -144,6 +151,28 @@ def init(backend: str | None = None, timeout: float = 600.0) -> tuple[int, int]:
         dist.init_process_group(backend, **kwargs)
         _record_flight()
     return dist.get_rank(), dist.get_world_size()
+
+
+STARTUP_TIMEOUT = default_pg_timeout  # how long `init` waits for every rank to start: PyTorch's default
+
+
+def _every_rank_started(seconds: float) -> tuple[dist.Store, int, int]:
+    """The `env://` rendezvous (what `init_process_group` does with it), then a barrier on its store: every
+    rank has reached `init` when this returns. Counting arrivals (not a key per rank) keeps it a barrier when
+    a script calls `init` again after `destroy_process_group` (torchrun's store outlives the group)."""
+    wait = datetime.timedelta(seconds=seconds)
+    try:
+        store, rank, world = next(dist.rendezvous("env://", timeout=wait))  # rank 0's own store waits for all
+        arrived = store.add("fsdp_mini/started", 1)  # torchrun's agent store does not
+        round_ = (arrived - 1) // world
+        if arrived % world == 0:  # the last rank of this round opens it for everyone
+            store.set(f"fsdp_mini/started/{round_}", "")
+        store.wait([f"fsdp_mini/started/{round_}"], wait)
+    except dist.DistError as e:
+        raise RuntimeError(f"rank {os.environ['RANK']}: not all {os.environ['WORLD_SIZE']} ranks reached "
+                           f"fsdp_mini.init() within {seconds:g} s; the others did not start or failed before it "
+                           f"({str(e).splitlines()[0]})") from None
+    return store, rank, world
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1381,6 +1381,41 @@ def test_new_group_timeout_fails_a_skipped_collective_in_seconds(no_orphans):
     assert re.search(r"Timed out waiting 2000ms", message)
 
 
+def _init_late_with_torch(rank, port, conn):
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    time.sleep(2 * rank)  # rank 1 arrives 2 s after rank 0
+    try:
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=1))
+        conn.send("initialised")
+    except RuntimeError as e:
+        conn.send(f"{type(e).__name__}: {e}")
+    os._exit(0)
+
+
+def test_init_process_group_fails_a_rank_whose_peer_starts_later_than_the_timeout():
+    # Lesson 10, "Timeouts per group": "The default group's timeout also bounds init_process_group's wait for
+    # the other ranks: a rank whose peer arrives later than that fails in init_process_group itself". (That
+    # fsdp_mini.init waits: tests/library/test_launch.py, test_init_waits_for_a_rank_that_starts_later_than_the_timeout.)
+    import multiprocessing
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = multiprocessing.get_context("fork")
+    reader, writer = ctx.Pipe(duplex=False)
+    ranks = [ctx.Process(target=_init_late_with_torch, args=(r, port, writer)) for r in range(2)]
+    for proc in ranks:
+        proc.start()
+    try:
+        said = reader.recv() if reader.poll(60) else "nothing within 60 s"
+    finally:
+        for proc in ranks:
+            proc.kill()
+            proc.join()
+    assert re.match(r"DistStoreError: Timed out after \d seconds waiting for clients\. 1/2 clients joined", said), said
+
+
 DETAIL_SCRIPT = """
     import datetime, os, pickle, sys, tempfile, torch, torch.distributed as dist, multiprocessing as mp
 

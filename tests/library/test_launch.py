@@ -1,8 +1,11 @@
 """launch(): results in rank order, output grouped by rank, and the ways to fail, each fast; and what
 `init()` / `finish()` do for a rank under torchrun (no orphan when the agent dies)."""
+import datetime
 import gc
+import multiprocessing
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -188,6 +191,54 @@ def test_init_rejects_a_bad_timeout_before_anything_starts():
     with pytest.raises(ValueError, match="timeout must be a positive number of seconds, got 0"):
         init(timeout=0)
     assert not dist.is_initialized()
+
+
+def _init_as_env_rank(rank, env, late_s, conn):
+    """A forked rank of a world of two that finds torchrun's variables and reaches `init` `late_s` seconds late."""
+    os.environ.update(env, RANK=str(rank), LOCAL_RANK=str(rank))
+    time.sleep(late_s)
+    try:
+        init(timeout=1)
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        conn.send(t.item())
+    except RuntimeError as e:
+        conn.send(str(e))
+    os._exit(0)
+
+
+def _world_of_env_ranks(tmp_path, lateness, agent_store, heard=(0, 1)):
+    """Run `_init_as_env_rank` for each rank's lateness; what the ranks `heard` sent. With `agent_store`, the
+    store is this process's, as torchrun's agent hosts it for its ranks; else rank 0 hosts it (plain env://)."""
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False) if agent_store else None
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = store.port if agent_store else s.getsockname()[1]
+    env = dict(WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+               FSDP_MINI_FLIGHT_DIR=str(tmp_path), TORCHELASTIC_USE_AGENT_STORE=str(agent_store))
+    ctx = multiprocessing.get_context("fork")
+    pipes = [ctx.Pipe(duplex=False) for _ in lateness]
+    procs = [ctx.Process(target=_init_as_env_rank, args=(rank, env, late, pipes[rank][1]))
+             for rank, late in enumerate(lateness)]
+    for proc in procs:
+        proc.start()
+    try:
+        return [reader.recv() if reader.poll(60) else "nothing within 60 s" for reader, _ in map(pipes.__getitem__, heard)]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.join()
+
+
+@pytest.mark.parametrize("agent_store", [False, True], ids=["rank0-store", "torchrun-agent-store"])
+def test_init_waits_for_a_rank_that_starts_later_than_the_timeout(tmp_path, monkeypatch, agent_store):
+    """`timeout` is for hangs: a peer that reaches `init` 2 s late under timeout=1 is a slow start (torch's
+    `init_process_group(timeout=1)` fails it). A peer that never comes fails after STARTUP_TIMEOUT, named."""
+    assert _world_of_env_ranks(tmp_path, [0, 2], agent_store) == [2.0, 2.0]
+    monkeypatch.setattr(fsdp_mini.runtime, "STARTUP_TIMEOUT", datetime.timedelta(seconds=2))
+    [alone] = _world_of_env_ranks(tmp_path, [0, 60], agent_store, heard=[0])
+    assert alone.startswith("rank 0: not all 2 ranks reached fsdp_mini.init() within 2 s; "
+                            "the others did not start or failed before it (")
 
 
 ABORTS = """
