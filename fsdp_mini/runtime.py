@@ -125,10 +125,9 @@ def init(backend: str | None = None, timeout: float = 600.0) -> tuple[int, int]:
         collective) then ends in an error after `timeout`, and under torchrun that error says where the
         ranks diverged: each rank's flight record is mirrored into a folder of this run (FSDP_MINI_FLIGHT_DIR
         when set, else one under the temporary directory), which the error names.
-        Waiting for the other ranks to start is not a hang: ranks import torch at different speeds on a
-        busy machine, and `torch.distributed.init_process_group(timeout=...)` would fail a rank whose
-        peer arrives `timeout` seconds after it. `init` first waits for every rank (`STARTUP_TIMEOUT`, or
-        `timeout` if longer), so a short `timeout` detects hangs without failing slow starts.
+        A peer that starts late is not a hang: `init` first waits for every rank (up to STARTUP_TIMEOUT,
+        or `timeout` if longer), where `init_process_group(timeout=...)` alone fails a rank whose peer
+        arrives more than `timeout` seconds after it (ranks import torch at different speeds).
     Under torchrun the rank also dies with its agent (`die_with_parent`).
     """
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:

@@ -1383,7 +1383,7 @@ def test_new_group_timeout_fails_a_skipped_collective_in_seconds(no_orphans):
 
 def _init_late_with_torch(rank, port, conn):
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    time.sleep(2 * rank)  # rank 1 arrives 2 s after rank 0
+    time.sleep(5 * rank)  # rank 1 arrives 5 s after rank 0 (a margin for a busy machine)
     try:
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=1))
         conn.send("initialised")
