@@ -12,11 +12,15 @@ export NO_MKDOCS_2_WARNING := 1
 .PHONY: setup demo test test-fast bench kernels site
 setup: $(VENV)/.installed
 
+# pip byte-compiles what it installs one file at a time; compileall on every core afterwards takes the install of
+# torch and the project from 61 s to 44 s here. A file that does not compile (torch ships one in Python 3.12
+# syntax) is skipped, as pip skips it.
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet "$(TORCH)"
-	$(PY) -m pip install --quiet -e ".[test,notebooks,docs]"
+	$(PY) -m pip install --quiet --no-compile "$(TORCH)"
+	$(PY) -m pip install --quiet --no-compile -e ".[test,notebooks,docs]"
+	$(PY) -m compileall -q -j 0 $(VENV)/lib > /dev/null || true
 	touch $@
 
 demo: setup
