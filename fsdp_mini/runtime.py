@@ -38,7 +38,8 @@ from fsdp_mini.flight_recorder import (FLIGHT_DIR_ENV, RECORDER, Ending, default
                                        new_run_id, record_path, remove_if_ended_well)
 
 __all__ = ["init", "finish", "get_device", "under_torchrun", "require_distributed", "local_world_size", "default_backend",
-           "check_backend", "BACKENDS", "STARTUP_TIMEOUT", "Launcher", "launcher", "mark_launched", "die_with_parent", "RankFinished"]
+           "check_backend", "BACKENDS", "STARTUP_TIMEOUT", "Launcher", "launcher", "mark_launched", "die_with_parent",
+           "RankFinished"]
 
 BACKENDS = ("gloo", "nccl")
 

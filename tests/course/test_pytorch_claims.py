@@ -9,7 +9,9 @@ lessons quote, so a torch upgrade flags a stale citation. Sections follow the le
 from __future__ import annotations
 
 import datetime
+import multiprocessing
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -1394,11 +1396,9 @@ def _init_late_with_torch(rank, port, conn):
 
 def test_init_process_group_fails_a_rank_whose_peer_starts_later_than_the_timeout():
     # Lesson 10, "Timeouts per group": "The default group's timeout also bounds init_process_group's wait for
-    # the other ranks: a rank whose peer arrives later than that fails in init_process_group itself". (That
-    # fsdp_mini.init waits: tests/library/test_launch.py, test_init_waits_for_a_rank_that_starts_later_than_the_timeout.)
-    import multiprocessing
-    import socket
-
+    # the other ranks: a rank whose peer arrives later than that fails in init_process_group itself". That
+    # fsdp_mini.init waits: tests/library/test_launch.py,
+    # test_init_waits_for_a_rank_that_starts_later_than_the_timeout.
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -223,7 +223,8 @@ def _world_of_env_ranks(tmp_path, lateness, agent_store, heard=(0, 1)):
     for proc in procs:
         proc.start()
     try:
-        return [reader.recv() if reader.poll(60) else "nothing within 60 s" for reader, _ in map(pipes.__getitem__, heard)]
+        readers = [pipes[rank][0] for rank in heard]
+        return [reader.recv() if reader.poll(60) else "nothing within 60 s" for reader in readers]
     finally:
         for proc in procs:
             proc.kill()
