@@ -38,8 +38,8 @@ from fsdp_mini.flight_recorder import (FLIGHT_DIR_ENV, RECORDER, Ending, default
                                        new_run_id, record_path, remove_if_ended_well)
 
 __all__ = ["init", "finish", "get_device", "under_torchrun", "require_distributed", "local_world_size", "default_backend",
-           "check_backend", "BACKENDS", "STARTUP_TIMEOUT", "Launcher", "launcher", "mark_launched", "die_with_parent",
-           "RankFinished"]
+           "check_backend", "BACKENDS", "STARTUP_TIMEOUT", "wait_for_every_rank", "Launcher", "launcher", "mark_launched",
+           "die_with_parent", "RankFinished"]
 
 BACKENDS = ("gloo", "nccl")
 
@@ -157,22 +157,29 @@ STARTUP_TIMEOUT = default_pg_timeout  # how long `init` waits for every rank to 
 
 
 def _every_rank_started(seconds: float) -> tuple[dist.Store, int, int]:
-    """The `env://` rendezvous (what `init_process_group` does with it), then a barrier on its store: every
-    rank has reached `init` when this returns. Counting arrivals (not a key per rank) keeps it a barrier when
-    a script calls `init` again after `destroy_process_group` (torchrun's store outlives the group)."""
+    """The `env://` rendezvous (what `init_process_group` does with it), then `wait_for_every_rank` on its
+    store (rank 0's own store already waits for every rank to connect; torchrun's agent store does not)."""
     wait = datetime.timedelta(seconds=seconds)
     try:
-        store, rank, world = next(dist.rendezvous("env://", timeout=wait))  # rank 0's own store waits for all
-        arrived = store.add("fsdp_mini/started", 1)  # torchrun's agent store does not
-        round_ = (arrived - 1) // world
-        if arrived % world == 0:  # the last rank of this round opens it for everyone
-            store.set(f"fsdp_mini/started/{round_}", "")
-        store.wait([f"fsdp_mini/started/{round_}"], wait)
+        store, rank, world = next(dist.rendezvous("env://", timeout=wait))
+        wait_for_every_rank(store, world, wait)
     except dist.DistError as e:
         raise RuntimeError(f"rank {os.environ['RANK']}: not all {os.environ['WORLD_SIZE']} ranks reached "
                            f"fsdp_mini.init() within {seconds:g} s; the others did not start or failed before it "
                            f"({str(e).splitlines()[0]})") from None
     return store, rank, world
+
+
+def wait_for_every_rank(store: dist.Store, world: int, wait: datetime.timedelta) -> None:
+    """A barrier on `store`, before a process group exists: returns once `world` ranks have called it, so that
+    a short group timeout meant for hangs does not fail a rank whose peers start late. Counting arrivals (not
+    a key per rank) keeps it a barrier when a script calls it again on the same store (torchrun's store
+    outlives a group)."""
+    arrived = store.add("fsdp_mini/started", 1)
+    round_ = (arrived - 1) // world
+    if arrived % world == 0:  # the last rank of this round opens it for everyone
+        store.set(f"fsdp_mini/started/{round_}", "")
+    store.wait([f"fsdp_mini/started/{round_}"], wait)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -44,6 +44,7 @@ import torch.distributed as dist
 
 from fsdp_mini.flight_recorder import RECORDER, find_divergence, load_run, record_path
 from fsdp_mini.launch import frozen_heap
+from fsdp_mini.runtime import STARTUP_TIMEOUT, wait_for_every_rank
 
 __all__ = ["BUFFER_ENV", "dump_trace", "record_both", "fsdp_mini_verdict", "fr_trace", "first_finding"]
 
@@ -85,7 +86,10 @@ def _rank(fn, rank, world, folder, timeout_s, buffer_size):
     torch.set_num_threads(1)
     RECORDER.reset()
     RECORDER.attach(record_path(os.path.join(folder, "fsdp_mini"), rank))
-    dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank, world_size=world,
+    store = dist.FileStore(os.path.join(folder, "store"), world)
+    wait_for_every_rank(store, world, STARTUP_TIMEOUT)  # a rank that starts late is not the hang recorded
+    store.set_timeout(datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=timeout_s))
     try:
         fn()

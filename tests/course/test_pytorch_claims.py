@@ -1423,8 +1423,11 @@ DETAIL_SCRIPT = """
         log = os.open(os.path.join(folder, f"rank{r}.log"), os.O_WRONLY | os.O_CREAT, 0o644)
         os.dup2(log, 1)  # this rank's prints and gloo's messages, apart from the other cases' ranks
         os.dup2(log, 2)
-        dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=r, world_size=2,
-                                timeout=datetime.timedelta(seconds=3))
+        store = dist.FileStore(os.path.join(folder, "store"), 2)
+        store.set(f"here{r}", "")  # both ranks here before the 3 s timeout counts (a busy machine starts them late)
+        store.wait(["here0", "here1"], datetime.timedelta(seconds=60))
+        store.set_timeout(datetime.timedelta(seconds=3))
+        dist.init_process_group("gloo", store=store, rank=r, world_size=2, timeout=datetime.timedelta(seconds=3))
         backend = type(dist.group.WORLD._get_backend(torch.device("cpu"))).__name__
         try:
             if case == "shapes":
