@@ -30,9 +30,10 @@ demo: setup
 # module fixtures; files are handed out longest first (tests/conftest.py's LONGEST_FIRST; xdist's
 # --no-loadscope-reorder keeps that order). Three on two cores, because many tests wait (for processes to
 # start, for a timeout they provoke) and a third worker fills those waits; four made a torchrun test's
-# teardown slow enough to fail it. The run is CPU-bound: on a fresh clone here, seven runs on 2026-12-06/07
-# took 8:25 to 10:06 of tests for ~1,000-1,100 CPU-seconds of both cores' busy time (the machine's speed
-# varies); 15 min with one worker.
+# teardown slow enough to fail it. The run is CPU-bound: on a fresh clone here, `.ci/run` (setup included) took
+# 7:35 to 9:49 in seven runs on 2026-12-07, tests 6:47 to 8:52 for 850-1,120 CPU-seconds of both cores' busy
+# time (the machine's speed varies by up to 20 % within an hour; session 31's HEAD took 9:11 and 9:20 in the
+# same hour as 8:25 and 8:47 here); 15 min with one worker.
 test: setup
 	OMP_NUM_THREADS=1 $(PY) -m pytest -n 3 --dist loadfile --no-loadscope-reorder
 
