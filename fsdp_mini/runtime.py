@@ -139,7 +139,7 @@ def init(backend: str | None = None, timeout: float = 600.0) -> tuple[int, int]:
         if "RANK" in os.environ:
             if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun's agent: no orphan if it dies
                 die_with_parent()
-            store, rank, world = _every_rank_started(max(timeout, STARTUP_TIMEOUT.total_seconds()))
+            store, rank, world = _every_rank_started(max(kwargs["timeout"], STARTUP_TIMEOUT))
             store.set_timeout(kwargs["timeout"])
             kwargs.update(store=store, rank=rank, world_size=world)
         else:  # a plain `python script.py`: a world of one, no port needed
@@ -156,16 +156,15 @@ def init(backend: str | None = None, timeout: float = 600.0) -> tuple[int, int]:
 STARTUP_TIMEOUT = default_pg_timeout  # how long `init` waits for every rank to start: PyTorch's default
 
 
-def _every_rank_started(seconds: float) -> tuple[dist.Store, int, int]:
+def _every_rank_started(wait: datetime.timedelta) -> tuple[dist.Store, int, int]:
     """The `env://` rendezvous (what `init_process_group` does with it), then `wait_for_every_rank` on its
     store (rank 0's own store already waits for every rank to connect; torchrun's agent store does not)."""
-    wait = datetime.timedelta(seconds=seconds)
     try:
         store, rank, world = next(dist.rendezvous("env://", timeout=wait))
         wait_for_every_rank(store, world, wait)
     except dist.DistError as e:
         raise RuntimeError(f"rank {os.environ['RANK']}: not all {os.environ['WORLD_SIZE']} ranks reached "
-                           f"fsdp_mini.init() within {seconds:g} s; the others did not start or failed before it "
+                           f"fsdp_mini.init() within {wait.total_seconds():g} s; the others did not start or failed before it "
                            f"({str(e).splitlines()[0]})") from None
     return store, rank, world
 

@@ -1418,14 +1418,14 @@ def test_init_process_group_fails_a_rank_whose_peer_starts_later_than_the_timeou
 
 DETAIL_SCRIPT = """
     import datetime, os, pickle, sys, tempfile, torch, torch.distributed as dist, multiprocessing as mp
+    from fsdp_mini.runtime import wait_for_every_rank
 
     def rank(r, folder, case):
         log = os.open(os.path.join(folder, f"rank{r}.log"), os.O_WRONLY | os.O_CREAT, 0o644)
         os.dup2(log, 1)  # this rank's prints and gloo's messages, apart from the other cases' ranks
         os.dup2(log, 2)
         store = dist.FileStore(os.path.join(folder, "store"), 2)
-        store.set(f"here{r}", "")  # both ranks here before the 3 s timeout counts (a busy machine starts them late)
-        store.wait(["here0", "here1"], datetime.timedelta(seconds=60))
+        wait_for_every_rank(store, 2, datetime.timedelta(seconds=60))  # a rank that starts late is not the hang
         store.set_timeout(datetime.timedelta(seconds=3))
         dist.init_process_group("gloo", store=store, rank=r, world_size=2, timeout=datetime.timedelta(seconds=3))
         backend = type(dist.group.WORLD._get_backend(torch.device("cpu"))).__name__
