@@ -47,7 +47,8 @@ import torch.nn as nn
 from torch.distributed.tensor import DTensor, Shard
 
 from fsdp_mini import collectives as C
-from fsdp_mini.data_parallel import GradientSync, broadcast_from_rank0, check_same_everywhere, check_same_values
+from fsdp_mini.data_parallel import (GradientSync, broadcast_from_rank0, check_same_everywhere, check_same_values,
+                                     refuse_deepcopy)
 from fsdp_mini.flight_recorder import RECORDER
 from fsdp_mini.fsdp_param import FSDPParam
 from fsdp_mini.fsdp_param_group import FSDPParamGroup, post_forward_shards
@@ -128,6 +129,9 @@ class UnshardHandle:
 
 class FSDPModule:
     """The methods a module gains from `fully_shard` (the names of PyTorch's FSDP2)."""
+
+    def __deepcopy__(self, memo):
+        refuse_deepcopy("fully_shard")
 
     def unshard(self, async_op: bool = False) -> UnshardHandle | None:
         """Gather this unit's parameters now (e.g. before a custom use outside forward)."""
