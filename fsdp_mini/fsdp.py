@@ -442,9 +442,9 @@ class FSDP(GradientSync, nn.Module):
 
     def _apply(self, fn, recurse: bool = True):
         """`.to()`, `.half()`, `.double()`, `.cpu()` ... on the wrapper or a module holding it: a conversion
-        that would change the flat shards' dtype or device is a ValueError before anything changes (PyTorch's
-        FSDP1 refuses such moves too). The shards would change while the units go on gathering, computing and
-        reducing in the dtype and on the device chosen at wrapping."""
+        that would change the flat shards' dtype or device is a ValueError before anything changes. The shards
+        would change while the units go on gathering, computing and reducing in the dtype and on the device
+        chosen at wrapping (PyTorch's FSDP1 accepts `.to(torch.bfloat16)` in torch 2.13; fsdp_mini refuses)."""
         for h in self.handles:
             probe = torch.empty(0, dtype=h.sharded_param.dtype, device=h.sharded_param.device)
             moved = fn(probe)

@@ -134,7 +134,11 @@ def _owner_checkpoint(path):
     load_checkpoint(path, fresh, fresh_opt)
     states = [(opt.state[a], fresh_opt.state[b]) for a, b in zip(owner.parameters(), fresh.parameters())]
     same_state = all(torch.equal(x[k], y[k]) for x, y in states for k in x)
-    return _cpu(owner.state_dict()), _cpu(fresh.state_dict()), same_state
+    save_checkpoint(path + "-model", owner)  # the model alone (this wrote 0-byte files, without an error)
+    model_only = Owner(6)
+    model_only.enc = _flat(model_only.enc)
+    load_checkpoint(path + "-model", model_only)
+    return _cpu(owner.state_dict()), _cpu(fresh.state_dict()), same_state, _cpu(model_only.state_dict())
 
 
 def _freeze_after_wrapping(wrap):
@@ -181,7 +185,8 @@ def _conversions_after_wrapping(_):
     holder_f64 = _error(lambda: nn.Sequential(model).to(torch.float64))
     same = _error(lambda: model.float().to("cpu"))
     trains = model(_batch()).dtype
-    return to_bf16, holder_f64, same, str(trains)
+    fsdp1 = _error(lambda: _fsdp1(Encoder()).to(torch.bfloat16))  # PyTorch's FSDP1 takes it (fsdp.py's docstring)
+    return to_bf16, holder_f64, same, str(trains), fsdp1
 
 
 def _read_between_steps(_):
@@ -275,11 +280,13 @@ def test_load_state_dict_returns_nn_modules_named_tuple(results, no_orphans):
 
 
 def test_a_sharded_checkpoint_of_an_owner_holds_the_wrapped_part(tmp_path, no_orphans):
-    for saved, loaded, same_state in run_cases(_owner_checkpoint, [str(tmp_path / "ck")], 2)[str(tmp_path / "ck")]:
+    for saved, loaded, same_state, model_only in run_cases(_owner_checkpoint, [str(tmp_path / "ck")], 2)[str(tmp_path / "ck")]:
         _same(loaded, saved)
+        _same(model_only, saved)
         assert same_state
-    files = list((tmp_path / "ck").glob("*.distcp"))
-    assert files and all(f.stat().st_size > 0 for f in files)
+    for folder in ("ck", "ck-model"):
+        files = list((tmp_path / folder).glob("*.distcp"))
+        assert files and all(f.stat().st_size > 0 for f in files)
 
 
 @pytest.mark.parametrize("wrap", WRAPPERS)
@@ -298,7 +305,8 @@ def test_freezing_part_of_a_flat_parameter_says_why_and_what_to_do(results, no_o
 
 
 def test_a_dtype_conversion_after_wrapping_is_refused_before_anything_changes(results, no_orphans):
-    to_bf16, holder_f64, same, trains = _rank0(results, _conversions_after_wrapping)
+    to_bf16, holder_f64, same, trains, fsdp1 = _rank0(results, _conversions_after_wrapping)
+    assert fsdp1 == "no error"
     assert to_bf16.startswith("ValueError: FSDP holds its parameters in flat shards of torch.float32 on cpu; this "
                               "conversion would make them torch.bfloat16 on cpu") and "MixedPrecision" in to_bf16
     assert holder_f64.startswith("ValueError") and "torch.float64" in holder_f64
