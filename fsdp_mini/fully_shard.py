@@ -320,6 +320,12 @@ class FSDPState:
         # the root, whose forward ends last, prefetches the last block as soon as backward starts
         self.post_forward_order: list[FSDPParamGroup] = []
         self.backward_queued = False
+        # between the root's pre-forward and post-forward: only then does a unit's forward know which unit
+        # runs next (forward prefetch); a unit called standalone afterwards (a chunked loss's head) does not
+        self.forward_running = False
+        # every state under the root (itself included), in `named_modules()` pre-order (FSDP2's
+        # `all_states`): the root's post-forward completes the units whose forward ran only in part
+        self.all_states: list[FSDPState] = []
         self.reductions = ReductionQueue()  # the root's: every unit's reduction in flight
 
     # --- lazy initialisation at the root -----------------------------------------------------------
@@ -331,6 +337,8 @@ class FSDPState:
         labelled = set()
         for path, m in self.module.named_modules():
             state = _state_or_none(m)
+            if state is not None and not any(s is state for s in self.all_states):
+                self.all_states.append(state)
             if state is not None and state.group is not None and id(state) not in labelled:
                 # a unit over several modules is labelled by the first one's path
                 state.group.lazy_init(unit_label(path), state is self, self.reductions)
@@ -352,7 +360,7 @@ class FSDPState:
                 state.group.reset_iter_state()
         self.reductions.clear()
         self.post_forward_order.clear()
-        self.backward_queued = False
+        self.backward_queued = self.forward_running = False
         RECORDER.in_forward(False)
 
     # --- forward -----------------------------------------------------------------------------------
@@ -366,6 +374,7 @@ class FSDPState:
         args, kwargs = self.mp.cast_inputs(args, kwargs)
         if self is root:  # the collectives until the root's post-forward belong to forward
             RECORDER.in_forward(True)
+            root.forward_running = True
         root.forward_order.join(self)  # first run of this unit (a unit skipped so far joins late)
         if len(self.modules) > 1:
             if not self.to_run_forward:  # the first of the unit's modules in this forward
@@ -387,8 +396,8 @@ class FSDPState:
         first forward recorded (nothing during that first forward, whose order is still being learnt)."""
         if self.forward_prefetch is not None:
             return self.forward_prefetch
-        if self.root.backward_queued:
-            return []
+        if self.root.backward_queued or not self.root.forward_running:
+            return []  # a standalone call (a chunked loss's head): what runs after it is not known
         following = self.root.forward_order.after(self)
         return next(([s] for s in following if s.group is not None), [])
 
@@ -402,27 +411,64 @@ class FSDPState:
         return map_tensors(lambda t: replaced.get(id(t), t), (args, kwargs))
 
     def inputs_grad_ready(self) -> None:
-        self.group.inputs_grad_ready()
+        # still in FORWARD: a call that ran only part of a unit over several modules (its post-forward never
+        # came, nor its pre-backward): FSDP2's "partial group backward" (FSDPParamGroup.post_backward)
+        partial = len(self.modules) > 1 and self.group.training_state is TrainingState.FORWARD
+        self.group.inputs_grad_ready(partial)
 
     def post_forward(self, module, args, out):
         if self.group is not None and self.group.training_state is TrainingState.PRE_BACKWARD:
             return out  # a recomputation inside the unit's backward: keep the parameters it is about to use
         root = self.root
-        grad_outputs = [t for t in tensors_in(out) if t.requires_grad]
-        for t in grad_outputs:
-            t.register_hook(self._pre_backward)
         if len(self.modules) > 1:
             self.to_run_forward.discard(id(module))
             if self.to_run_forward:
-                return out  # the unit's other modules still run forward with these parameters
+                # the unit's other modules still run forward with these parameters, or never do in this
+                # call (a chunked loss's head called alone): no post-forward, no pre-backward hook, as in
+                # FSDP2 (_register_group_forward_hooks, _fsdp_state.py); the root's post-forward completes a
+                # unit left so (`_force_complete_incomplete_states`), and a standalone call's backward ends on
+                # its inputs' gradients (FSDPParamGroup.inputs_grad_ready)
+                return self.mp.cast_output(out)
+        self._register_pre_backward_hook(out)
         if self.is_root:
             RECORDER.in_forward(False)
         if self.group is not None:
-            # A recomputation inside backward is no post-forward: it is not recorded; nor is a no-grad
-            # forward (FSDP2 records it too, and an evaluation loop without backward then grows its list forever)
-            record = torch.is_grad_enabled() and not in_backward()
-            self.group.post_forward(root.post_forward_order if record else None)
+            self.group.post_forward(root.post_forward_order if self._records_post_forward() else None)
+        if self.is_root:
+            out = self._force_complete_incomplete_states(out)
+            self.forward_running = False
         return self.mp.cast_output(out)
+
+    @staticmethod
+    def _records_post_forward() -> bool:
+        """A recomputation inside backward is no post-forward: it is not recorded; nor is a no-grad forward
+        (FSDP2 records it too, and an evaluation loop without backward then grows its list forever)."""
+        return torch.is_grad_enabled() and not in_backward()
+
+    def _register_pre_backward_hook(self, out) -> None:
+        for t in tensors_in(out):
+            if t.requires_grad:
+                t.register_hook(self._pre_backward)
+
+    def _force_complete_incomplete_states(self, out):
+        """The root's forward is over, and a unit over several modules ran only some of them (a model whose
+        forward stops before the head: `fully_shard([norm, head])` with only the norm run): end that unit's
+        forward now, as FSDP2's root does (_fsdp_state.py, `_force_complete_incomplete_states`): reshard
+        it, record its post-forward, and hook the root's output so that backward gathers it again. The
+        parameters of the modules that did not run get no gradient in that backward, which then ends
+        without them (`FSDPParamGroup.params_not_run`). Deepest first, as FSDP2 (`reversed(all_states)`)."""
+        for state in reversed(self.all_states):
+            if state is self or not state.to_run_forward:
+                continue
+            if state.group is not None:
+                not_run = [m for m in state.modules if id(m) in state.to_run_forward]
+                state.group.post_forward(self.post_forward_order if self._records_post_forward() else None)
+                state.group.params_not_run = {id(p) for p in state.group.params if all(
+                    any(owner is sub for m in not_run for sub in m.modules()) for owner, _ in p.owners)}
+            state._register_pre_backward_hook(out)
+            out = state.mp.cast_output(out)
+            state.to_run_forward.clear()
+        return out
 
     # --- backward ----------------------------------------------------------------------------------
 
@@ -447,6 +493,8 @@ class FSDPState:
             self.post_forward_order.clear()  # FSDP2 forgets the step's order after its last backward only
         for group in groups:
             group.finalize_backward(wait=self.is_last_backward)
+        for state in self.all_states:  # a standalone call of part of a unit (a chunked loss's head) left it
+            state.to_run_forward.clear()
         self.backward_queued = False
 
 
