@@ -401,8 +401,18 @@ class FSDPParamGroup:
     def finalize_backward(self, wait: bool) -> None:
         """End of backward, for each unit the root's forward ran, after `reduce_at_end`: free the gathered
         parameters (unless `reshard_after_backward` is False), forget this backward's counts; `wait` (the
-        last backward of the step) also forgets the step's post-forwards."""
-        if self.reshard_after_backward:
+        last backward of the step) also forgets the step's post-forwards.
+
+        A gather in flight for a unit whose backward is over was prefetched for a use that did not come (the
+        unit that ran before in forward order ran in an earlier micro-batch, say): as FSDP2's does
+        (`finalize_backward` and its final callback, _fsdp_param_group.py / _fsdp_state.py), a backward that
+        is not the last keeps it in flight, so the next forward takes it without an AllGather; the last
+        backward waits for it and frees it."""
+        prefetched = self.sharded_state is ShardedState.UNSHARDING and self.training_state is TrainingState.POST_BACKWARD
+        if prefetched:
+            if wait:
+                self.reshard()
+        elif self.reshard_after_backward:
             self.reshard()
         self.reset_backward()
         if wait:
