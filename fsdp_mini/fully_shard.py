@@ -44,7 +44,7 @@ import weakref
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from fsdp_mini import collectives as C
 from fsdp_mini.data_parallel import GradientSync, broadcast_from_rank0, check_same_everywhere, check_same_values
@@ -528,22 +528,35 @@ def fully_shard(module: nn.Module | list[nn.Module], *, mesh=None, reshard_after
     nothing is checked for them.
     Collective over the mesh (every rank calls it in the same order); bad input is a ValueError first.
     """
-    require_distributed("fully_shard")
+    return apply_units(module, mesh=mesh, reshard_after_forward=reshard_after_forward,
+                  shard_placement_fn=shard_placement_fn, mp_policy=mp_policy, ignored_params=ignored_params,
+                  impl=impl, sync_module_states=sync_module_states)
+
+
+def apply_units(module, *, mesh, reshard_after_forward, shard_placement_fn, mp_policy, ignored_params, impl,
+           sync_module_states, replicate: "tuple[str, type] | None" = None):
+    """`fully_shard`, or with `replicate` = (its name, its module class) FSDP2's replicate
+    (`fsdp_mini.replicate_with_fsdp`): the same units and lifecycle over a replicate-only mesh, each
+    parameter a whole `Replicate()` DTensor, gradients averaged by one AllReduce per unit, no AllGather."""
+    api = replicate[0] if replicate else "fully_shard"
+    require_distributed(api)
     modules = list(module) if isinstance(module, (list, tuple)) else [module]
     if not modules:
-        raise ValueError("fully_shard was given an empty list of modules")
+        raise ValueError(f"{api} was given an empty list of modules")
     for m in modules:
         if not isinstance(m, nn.Module):
-            raise ValueError(f"fully_shard takes an nn.Module or a list of them, got {type(m).__name__}")
+            raise ValueError(f"{api} takes an nn.Module or a list of them, got {type(m).__name__}")
         if isinstance(m, FSDPModule):
-            raise ValueError(f"fully_shard was already applied to this {type(m).__name__}")
+            which = "replicate" if type(m).__name__.startswith("Replicate") else "fully_shard"
+            raise ValueError(f"{which} was already applied to this {type(m).__name__}: apply {api} once per module, "
+                             f"bottom-up (blocks first, then their parent)")
         flat = next((sub for sub in m.modules() if isinstance(sub, GradientSync)), None)
         if flat is not None:
-            raise ValueError(f"fully_shard was given a module wrapped by {type(flat).__name__} (fsdp_mini's flat "
+            raise ValueError(f"{api} was given a module wrapped by {type(flat).__name__} (fsdp_mini's flat "
                              f"FSDP or DDP, or replicate): the two designs do not mix; apply fully_shard to the plain "
                              f"model (beside replicate: fully_shard the blocks, replicate their parent)")
         if wrapper_of(m) is not None:
-            raise ValueError(f"fully_shard was given a {type(m).__name__} inside a model wrapped by "
+            raise ValueError(f"{api} was given a {type(m).__name__} inside a model wrapped by "
                              f"{wrapper_of(m)} (fsdp_mini's flat design, which holds its parameters in flat "
                              f"shards): the two designs do not mix; apply fully_shard to the plain model")
     mp = mp_policy if mp_policy is not None else MixedPrecisionPolicy()
@@ -552,7 +565,12 @@ def fully_shard(module: nn.Module | list[nn.Module], *, mesh=None, reshard_after
     C.check_impl(impl)
     mesh = default_mesh() if mesh is None else mesh
     _check_mesh(mesh)
-    mesh_info = MeshInfo.from_mesh(mesh)
+    if replicate:  # a replicate-only mesh: no shard group (no AllGather, no ReduceScatter), the AllReduce
+        if mesh.ndim != 1:  # across it (FSDP2's DDPMeshInfo, _fsdp_common.py)
+            raise ValueError(f"replicate takes a 1-D DeviceMesh (the ranks to replicate over), got {mesh.ndim} dimensions")
+        mesh_info = MeshInfo(None, 1, 0, mesh.get_group(0) if mesh.size() > 1 else None, mesh.size(), mesh)
+    else:
+        mesh_info = MeshInfo.from_mesh(mesh)
     reshard, post_forward_size = _check_reshard_after_forward(reshard_after_forward, mesh_info.shard_mesh_size)
 
     ignored = {id(p) for p in (ignored_params or ())}
@@ -572,7 +590,7 @@ def fully_shard(module: nn.Module | list[nn.Module], *, mesh=None, reshard_after
     mesh_groups = [mesh.get_group(d) for d in range(mesh.ndim)]
     for mesh_group in mesh_groups:
         check_same_everywhere((description, tuple(mesh.mesh.shape), str(reshard_after_forward)),
-                              f"module to fully_shard ({kinds})",
+                              f"module to {api} ({kinds})",
                               " (every rank must apply fully_shard to the same modules, in the same order)",
                               group=mesh_group, device=device)
     buffers = [b for m in modules for b in _own_buffers(m)]
@@ -581,14 +599,14 @@ def fully_shard(module: nn.Module | list[nn.Module], *, mesh=None, reshard_after
         if sync_module_states:
             broadcast_from_rank0([t for _, t in values], group=mesh_group)
         else:
-            check_same_values(values, group=mesh_group, device=device, where=f" of the {kinds} passed to fully_shard")
+            check_same_values(values, group=mesh_group, device=device, where=f" of the {kinds} passed to {api}")
     label = _label(modules[0])
     group = None
     if params:
         fsdp_params = []
         for (name, owners, p), shard_dim in zip(params, shard_dims):
             fsdp_params.append(FSDPParam(name, owners, p, mesh, mesh_info.shard_mesh_rank, mesh_info.shard_mesh_size,
-                                         mp, device, shard_dim))
+                                         mp, device, shard_dim, (Replicate(),) if replicate else None))
             ref = weakref.ref(p, lambda r, key=id(p): _MANAGED.pop(key) if _MANAGED.get(key, (None,))[0] is r else None)
             _MANAGED[id(p)] = (ref, label)
         mark_replaced([p for _, _, p in params])  # an optimizer built before this fails at its first step
@@ -609,7 +627,8 @@ def fully_shard(module: nn.Module | list[nn.Module], *, mesh=None, reshard_after
         m.register_forward_pre_hook(lambda m, a, k: state.pre_forward(m, a, k), prepend=True, with_kwargs=True)
         m.register_forward_hook(lambda m, a, out: state.post_forward(m, a, out))
         cls = type(m)
-        m.__class__ = type(f"FSDP{cls.__name__}", (FSDPModule, cls), {})
+        prefix, mixin = (replicate[0].capitalize(), replicate[1]) if replicate else ("FSDP", FSDPModule)
+        m.__class__ = type(f"{prefix}{cls.__name__}", (mixin, cls), {})
     return module
 
 

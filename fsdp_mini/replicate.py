@@ -165,7 +165,8 @@ def replicate(module: nn.Module, ignored_modules=None, *, device_id: int | torch
         if isinstance(sub, ReplicateModule):
             where = f"to {path}" if path else "to this module"
             raise ValueError(f"replicate was already applied {where} ({type(sub).__name__}): its parameters would "
-                             f"be all-reduced twice")
+                             f"be all-reduced twice. To replicate each block and the root as FSDP2's replicate does "
+                             f"(a unit per block, DTensor parameters), use fsdp_mini.replicate_with_fsdp.replicate")
         if isinstance(sub, GradientSync):
             raise ValueError(f"replicate was given a module wrapped by {type(sub).__name__} (fsdp_mini's flat FSDP "
                              f"or DDP), which already synchronises its gradients: apply replicate to the plain model")

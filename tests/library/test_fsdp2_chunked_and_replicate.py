@@ -195,3 +195,113 @@ KEPT = [dict(keep_head=True), dict(keep_head=True, tied=True), dict(keep_head=Tr
 @pytest.mark.parametrize("case", KEPT, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
 def test_the_head_keeps_its_parameters_through_the_chunks(case, no_orphans):
     _assert_same_steps(_results(_chunked, KEPT)[_key(case)])
+
+
+# --- 4. replicate per block and on the root, FSDP2's replicate -------------------------------------------
+
+class _AllReduces:
+    """Count `dist.all_reduce` calls (both implementations issue theirs through it, by attribute)."""
+
+    def __enter__(self):
+        self.count, self._saved = 0, dist.all_reduce
+
+        def call(*args, **kwargs):
+            self.count += 1
+            return self._saved(*args, **kwargs)
+
+        dist.all_reduce = call
+        return self
+
+    def __exit__(self, *exc):
+        dist.all_reduce = self._saved
+
+
+class _Blocks(nn.Module):
+    """Three blocks (each replicated on its own) and a head of the root's own."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(6, 6), nn.Tanh()) for _ in range(3))
+        self.head = nn.Linear(6, 6)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def _replicate_fn(name):
+    if name == "torch":
+        from torch.distributed._composable.replicate_with_fsdp import replicate
+        return replicate
+    from fsdp_mini.replicate_with_fsdp import replicate
+    return replicate
+
+
+def _replicated(name, micro_batches=1, steps=2):
+    """Per step: (AllGathers, ReduceScatters, AllReduces), the gradients; the placements of the parameters;
+    at the end the parameters after an SGD step per step."""
+    replicate = _replicate_fn(name)
+    model = _Blocks()
+    for layer in model.layers:
+        replicate(layer)
+    replicate(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    out = []
+    for step in range(steps):
+        with FSDP2Calls(include_fsdp_mini=True) as log, _AllReduces() as reduces:
+            for micro in range(micro_batches):
+                if micro_batches > 1:
+                    model.set_requires_gradient_sync(micro == micro_batches - 1)
+                g = torch.Generator().manual_seed(1000 * step + 100 * dist.get_rank() + micro)
+                model(torch.randn(4, 6, generator=g)).sum().backward()
+        grads = {n: None if p.grad is None else _full(p.grad) for n, p in model.named_parameters()}
+        out.append(((len(log.ops("all_gather")), len(log.ops("reduce_scatter")), reduces.count), grads))
+        opt.step()
+        opt.zero_grad()
+    placements = {n: (type(p).__name__, str(getattr(p, "placements", None))) for n, p in model.named_parameters()}
+    return out, placements, {n: _full(p) for n, p in model.named_parameters()}
+
+
+REPLICATED = [dict(), dict(micro_batches=2)]
+
+
+@pytest.mark.parametrize("case", REPLICATED, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()) or "plain")
+def test_replicate_per_block_as_fsdp2s_replicate(case, no_orphans):
+    for ranks in _results(_replicated, REPLICATED)[_key(case)]:
+        (mini_steps, mini_placements, mini_params), (torch_steps, torch_placements, torch_params) = \
+            ranks["fsdp_mini"], ranks["torch"]
+        for (m_counts, m_grads), (t_counts, t_grads) in zip(mini_steps, torch_steps):
+            assert m_counts == t_counts == (0, 0, 4)  # one AllReduce per unit (3 blocks, the root's head)
+            _same(m_grads, t_grads)
+        assert mini_placements == torch_placements  # every parameter a DTensor placed Replicate()
+        _same(mini_params, torch_params)
+
+
+def _replicate_errors(_case):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from fsdp_mini.replicate_with_fsdp import replicate
+
+    def text(fn):
+        try:
+            fn()
+        except ValueError as e:
+            return str(e)
+        return "no error"
+
+    out = {"twice": text(lambda: replicate(replicate(nn.Linear(4, 4)))),
+           "2-D mesh": text(lambda: replicate(nn.Linear(4, 4), mesh=init_device_mesh("cpu", (1, 2))))}
+    model = _Blocks()
+    for layer in model.layers:
+        fsdp_mini.replicate(layer)  # the DDP-style replicate, applied as FSDP2's replicate is
+    out["DDP-style per block"] = text(lambda: fsdp_mini.replicate(model))
+    return out
+
+
+def test_replicate_names_the_mistake_and_the_fix(no_orphans):
+    out = run_cases(_replicate_errors, ["errors"], 2, timeout=60)["errors"][0]
+    assert "replicate was already applied to this ReplicateLinear" in out["twice"]
+    assert "replicate takes a 1-D DeviceMesh (the ranks to replicate over), got 2 dimensions" in out["2-D mesh"]
+    assert out["DDP-style per block"].endswith("use fsdp_mini.replicate_with_fsdp.replicate"), out
