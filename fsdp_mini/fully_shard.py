@@ -460,11 +460,12 @@ class FSDPState:
         for state in reversed(self.all_states):
             if state is self or not state.to_run_forward:
                 continue
-            if state.group is not None:
+            if state.group is not None and self._records_post_forward():
                 not_run = [m for m in state.modules if id(m) in state.to_run_forward]
-                state.group.post_forward(self.post_forward_order if self._records_post_forward() else None)
                 state.group.params_not_run = {id(p) for p in state.group.params if all(
                     any(owner is sub for m in not_run for sub in m.modules()) for owner, _ in p.owners)}
+            if state.group is not None:
+                state.group.post_forward(self.post_forward_order if self._records_post_forward() else None)
             state._register_pre_backward_hook(out)
             out = state.mp.cast_output(out)
             state.to_run_forward.clear()
