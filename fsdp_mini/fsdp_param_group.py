@@ -287,7 +287,7 @@ class FSDPParamGroup:
         """Backward has computed the gradients of one forward call's inputs. `partial`: a call that ran only
         part of the unit (a chunked loss's head called alone after the root's forward ran the norm): no
         pre-backward reached it, and its backward is over now, whatever the rest of the unit's parameters
-        do; as in FSDP2 (`is_partial_group_backward`, _fsdp_param_group.py), reduce what it produced and
+        do; as in FSDP2 (`is_partial_group_backward`, _fsdp_param_group.py:598), reduce what it produced and
         reshard, then forget the call, so that the unit's other calls (the root forward's) end as usual."""
         self.finished_calls += 1
         if partial:
@@ -404,11 +404,13 @@ class FSDPParamGroup:
         last backward of the step) also forgets the step's post-forwards.
 
         A gather in flight for a unit whose backward is over was prefetched for a use that did not come (the
-        unit that ran before in forward order ran in an earlier micro-batch, say): as FSDP2's does
-        (`finalize_backward` and its final callback, _fsdp_param_group.py / _fsdp_state.py), a backward that
-        is not the last keeps it in flight, so the next forward takes it without an AllGather; the last
-        backward waits for it and frees it."""
-        prefetched = self.sharded_state is ShardedState.UNSHARDING and self.training_state is TrainingState.POST_BACKWARD
+        unit that ran before in forward order ran in an earlier micro-batch, say). FSDP2's final callback
+        finalizes only after the last backward (torch/distributed/fsdp/_fully_shard/_fsdp_state.py:418), so
+        after any other the gather stays in flight and the next forward's `unshard` takes it without an
+        AllGather (_fsdp_param_group.py:373); the last backward's `finalize_backward` waits for it and drops
+        it (_fsdp_param_group.py:781). fsdp_mini does the same."""
+        prefetched = (self.sharded_state is ShardedState.UNSHARDING
+                      and self.training_state is TrainingState.POST_BACKWARD)
         if prefetched:
             if wait:
                 self.reshard()

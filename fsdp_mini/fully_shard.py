@@ -31,6 +31,12 @@ called again after the previous chunk's backward ended prefetches nothing). `set
 `set_modules_to_backward_prefetch` set both orders by hand; an empty list means what it means in FSDP2:
 no forward prefetch, and backward's default (FSDP2 cannot turn backward prefetch off, _fsdp_state.py:384).
 
+A unit over several modules (`fully_shard([norm, head])`) whose forward ran only some of them (a chunked loss:
+the model's forward stops after the norm, the head runs later on chunks of its output) is completed by the
+root's post-forward, as FSDP2 does: resharded, recorded, and gathered again when backward reaches the root's
+output. Each standalone call of the rest (the head on a chunk) gathers the unit, prefetches nothing, and
+ends on its inputs' gradients: one AllGather and one ReduceScatter per chunk, as in FSDP2.
+
 The optimizer steps on DTensors: every op of its per-parameter loop dispatches through DTensor, so on a
 CPU (where PyTorch does not pick it by default) pass `foreach=True` to the optimizer, one dispatch for
 all parameters: measured ~6x faster for AdamW on the course's GPT.
@@ -425,7 +431,7 @@ class FSDPState:
             if self.to_run_forward:
                 # the unit's other modules still run forward with these parameters, or never do in this
                 # call (a chunked loss's head called alone): no post-forward, no pre-backward hook, as in
-                # FSDP2 (_register_group_forward_hooks, _fsdp_state.py); the root's post-forward completes a
+                # FSDP2 (_register_group_forward_hooks, _fsdp_state.py:585); the root's post-forward completes a
                 # unit left so (`_force_complete_incomplete_states`), and a standalone call's backward ends on
                 # its inputs' gradients (FSDPParamGroup.inputs_grad_ready)
                 return self.mp.cast_output(out)
@@ -453,7 +459,7 @@ class FSDPState:
     def _force_complete_incomplete_states(self, out):
         """The root's forward is over, and a unit over several modules ran only some of them (a model whose
         forward stops before the head: `fully_shard([norm, head])` with only the norm run): end that unit's
-        forward now, as FSDP2's root does (_fsdp_state.py, `_force_complete_incomplete_states`): reshard
+        forward now, as FSDP2's root does (_fsdp_state.py:364, `_force_complete_incomplete_states`): reshard
         it, record its post-forward, and hook the root's output so that backward gathers it again. The
         parameters of the modules that did not run get no gradient in that backward, which then ends
         without them (`FSDPParamGroup.params_not_run`). Deepest first, as FSDP2 (`reversed(all_states)`)."""
@@ -568,7 +574,8 @@ def apply_units(module, *, mesh, reshard_after_forward, shard_placement_fn, mp_p
     _check_mesh(mesh)
     if replicate:  # a replicate-only mesh: no shard group (no AllGather, no ReduceScatter), the AllReduce
         if mesh.ndim != 1:  # across it (FSDP2's DDPMeshInfo, _fsdp_common.py)
-            raise ValueError(f"replicate takes a 1-D DeviceMesh (the ranks to replicate over), got {mesh.ndim} dimensions")
+            raise ValueError(f"replicate takes a 1-D DeviceMesh (the ranks to replicate over), got {mesh.ndim} "
+                             f"dimensions: pass the mesh's replicate dimension, e.g. mesh['replicate']")
         mesh_info = MeshInfo(None, 1, 0, mesh.get_group(0) if mesh.size() > 1 else None, mesh.size(), mesh)
     else:
         mesh_info = MeshInfo.from_mesh(mesh)

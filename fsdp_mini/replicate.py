@@ -29,7 +29,8 @@ parameters become `DTensor`s with a `Replicate()` placement and its gradients tr
 replicated module once backward is done with it, as FSDP2 reduces a unit, not in DDP's buckets
 (fsdp/_fully_shard/_fsdp_collectives.py:634, "HSDP or DDP/replicate"). Both train TinyLM beside
 `fully_shard` to the same weights as this one (tests/library/test_replicate.py); the class name
-`Replicate<Class>` is the second's, the plain parameters and the buckets the first's.
+`Replicate<Class>` is the second's, the plain parameters and the buckets the first's. fsdp_mini has the
+second too, applied per block as PyTorch's is: `fsdp_mini.replicate_with_fsdp.replicate`.
 
 PyTorch's `replicate(module, ignored_modules=None, **kwargs)` passes its keyword arguments on to DDP; the
 ones fsdp_mini's DDP has are spelt out here (`device_id`, `bucket_cap_mb`, `process_group`, plus `impl`).
