@@ -45,5 +45,5 @@ def replicate(module: nn.Module | list[nn.Module], *, mesh=None, mp_policy: Mixe
     `fully_shard`'s. Every rank must start from the same values (checked). PyTorch's `offload_policy` and
     `dp_mesh_dims` are not supported. Collective; bad input is a ValueError first."""
     return apply_units(module, mesh=mesh, reshard_after_forward=False, shard_placement_fn=None, mp_policy=mp_policy,
-                  ignored_params=ignored_params, impl="builtin", sync_module_states=False,
-                  replicate=("replicate", ReplicateModule))
+                       ignored_params=ignored_params, impl="builtin", sync_module_states=False,
+                       replicate=("replicate", ReplicateModule))
