@@ -18,6 +18,7 @@ import torch.nn as nn
 
 import fsdp_mini
 from fsdp_mini import FSDP, fully_shard
+from expect import raised
 from launch_cases import run_cases
 
 
@@ -71,14 +72,6 @@ def _batch(step=0):
     return torch.randn(3, 4, generator=torch.Generator().manual_seed(10 * dist.get_rank() + step))
 
 
-def _error(fn) -> str:
-    try:
-        fn()
-    except Exception as e:  # noqa: BLE001 - the message is what is compared
-        return f"{type(e).__name__}: {e}"
-    return "no error"
-
-
 def _cpu(sd):
     return {k: v.detach().to("cpu", copy=True) for k, v in sd.items()}
 
@@ -107,7 +100,7 @@ def _owner_load_state_dict(wrap):
     owner.enc = WRAPPERS[wrap](owner.enc)
     result = owner.load_state_dict(target)
     loaded = _cpu(owner.state_dict())
-    missing = _error(lambda: owner.load_state_dict({k: v for k, v in target.items() if k != "enc.head.bias"}))
+    missing = raised(lambda: owner.load_state_dict({k: v for k, v in target.items() if k != "enc.head.bias"}))
     partial = owner.load_state_dict({**{k: v for k, v in target.items() if k != "enc.head.bias"},
                                      "enc.extra": torch.zeros(1)}, strict=False)
     return (target, tuple(result), loaded, missing.split(":")[0], "enc.head.bias" in missing,
@@ -165,10 +158,10 @@ def _full(model):
 def _freeze_part_of_a_flat_parameter(_):
     torch.manual_seed(0)
     model = _flat(Encoder())  # blocks are units; head is the root unit's only module, so it is whole
-    whole = _error(lambda: model.module.head.requires_grad_(False))
+    whole = raised(lambda: model.module.head.requires_grad_(False))
     model = FSDP(Encoder(), wrap=())  # one flat parameter for everything
-    part = _error(lambda: model.module.blocks[0].requires_grad_(False))
-    unfreeze = _error(lambda: _frozen_at_wrapping().module.blocks[0].requires_grad_(True))
+    part = raised(lambda: model.module.blocks[0].requires_grad_(False))
+    unfreeze = raised(lambda: _frozen_at_wrapping().module.blocks[0].requires_grad_(True))
     return whole, part, unfreeze
 
 
@@ -181,11 +174,11 @@ def _frozen_at_wrapping():
 def _conversions_after_wrapping(_):
     torch.manual_seed(0)
     model = _flat(Encoder())
-    to_bf16 = _error(lambda: model.to(torch.bfloat16))
-    holder_f64 = _error(lambda: nn.Sequential(model).to(torch.float64))
-    same = _error(lambda: model.float().to("cpu"))
+    to_bf16 = raised(lambda: model.to(torch.bfloat16))
+    holder_f64 = raised(lambda: nn.Sequential(model).to(torch.float64))
+    same = raised(lambda: model.float().to("cpu"))
     trains = model(_batch()).dtype
-    fsdp1 = _error(lambda: _fsdp1(Encoder()).to(torch.bfloat16))  # PyTorch's FSDP1 takes it (fsdp.py's docstring)
+    fsdp1 = raised(lambda: _fsdp1(Encoder()).to(torch.bfloat16))  # PyTorch's FSDP1 takes it (fsdp.py's docstring)
     return to_bf16, holder_f64, same, str(trains), fsdp1
 
 
@@ -193,7 +186,7 @@ def _read_between_steps(_):
     torch.manual_seed(0)
     model = _flat(Encoder())
     model(_batch()).sum().backward()
-    read = _error(lambda: print(model.module.head.weight))
+    read = raised(lambda: print(model.module.head.weight))
     shape = tuple(model.module.blocks[0].lin.weight.shape)
     with model.summon_full_params():
         inside = model.module.head.weight.detach().clone()
@@ -205,18 +198,18 @@ def _identical_nan_and_inf_buffers(design):
     model = Encoder()
     model.register_buffer("bounds", torch.tensor([-float("inf"), float("inf"), float("nan")]))
     if design == "flat":
-        return _error(lambda: _flat(model))
-    return _error(lambda: fully_shard(model))
+        return raised(lambda: _flat(model))
+    return raised(lambda: fully_shard(model))
 
 
 def _mistakes_named(_):
     torch.manual_seed(0)
-    wrap_instance = _error(lambda: FSDP(Encoder(), wrap=Block()))
-    flat_copy = _error(lambda: copy.deepcopy(nn.ModuleDict({"ema": _flat(Encoder())})))
-    per_param_copy = _error(lambda: copy.deepcopy(fully_shard(Encoder())))
+    wrap_instance = raised(lambda: FSDP(Encoder(), wrap=Block()))
+    flat_copy = raised(lambda: copy.deepcopy(nn.ModuleDict({"ema": _flat(Encoder())})))
+    per_param_copy = raised(lambda: copy.deepcopy(fully_shard(Encoder())))
     from torch.distributed.fsdp import fully_shard as torch_fully_shard
     from torch.distributed.device_mesh import init_device_mesh
-    torch_copy = _error(lambda: copy.deepcopy(torch_fully_shard(Encoder(), mesh=init_device_mesh("cpu", (2,)))))
+    torch_copy = raised(lambda: copy.deepcopy(torch_fully_shard(Encoder(), mesh=init_device_mesh("cpu", (2,)))))
     return wrap_instance, flat_copy, per_param_copy, torch_copy
 
 

@@ -19,7 +19,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import fsdp_mini
-from fsdp2_calls import FSDP2Calls
+from fsdp2_calls import AllReduces, FSDP2Calls
 from launch_cases import run_cases
 
 IMPLS = ("fsdp_mini", "torch")
@@ -199,23 +199,6 @@ def test_the_head_keeps_its_parameters_through_the_chunks(case, no_orphans):
 
 # --- 4. replicate per block and on the root, FSDP2's replicate -------------------------------------------
 
-class _AllReduces:
-    """Count `dist.all_reduce` calls (both implementations issue theirs through it, by attribute)."""
-
-    def __enter__(self):
-        self.count, self._saved = 0, dist.all_reduce
-
-        def call(*args, **kwargs):
-            self.count += 1
-            return self._saved(*args, **kwargs)
-
-        dist.all_reduce = call
-        return self
-
-    def __exit__(self, *exc):
-        dist.all_reduce = self._saved
-
-
 class _Blocks(nn.Module):
     """Three blocks (each replicated on its own) and a head of the root's own."""
 
@@ -250,7 +233,7 @@ def _replicated(name, micro_batches=1, steps=2):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     out = []
     for step in range(steps):
-        with FSDP2Calls(include_fsdp_mini=True) as log, _AllReduces() as reduces:
+        with FSDP2Calls(include_fsdp_mini=True) as log, AllReduces() as reduces:
             for micro in range(micro_batches):
                 if micro_batches > 1:
                     model.set_requires_gradient_sync(micro == micro_batches - 1)
