@@ -15,7 +15,9 @@ and a fourth that calls the hooks from elsewhere: `torch.compile(model.generate)
 AOTAutograd then functionalizes the graph and builds its backward, which is where fsdp_mini's hooks used
 to fail (they were traced, and the gathered parameter's in-place refill became a graph input mutation
 AOTAutograd refuses). The backend counts the compiled graphs it builds and how often they run, so a
-silent fallback to eager (Dynamo's recompile limit, a skipped frame) cannot pass for a compiled run.
+silent fallback to eager (Dynamo's recompile limit, a skipped frame) cannot pass for a compiled run, and
+fsdp_mini must compile as many graphs as FSDP2 and run them as often (a new `FSDP<Block>` class per block
+used to cost a graph per block, and past the recompile limit, blocks left eager).
 
 The flat design (`FSDP(model, wrap=(Block,))` compiled whole) must still train as one process does.
 """
@@ -96,7 +98,7 @@ def _fully_shard_runs(impl: str, form: str) -> dict:
         from torch.distributed.fsdp import fully_shard
     else:
         fully_shard = fsdp_mini.fully_shard
-    torch._dynamo.reset()  # nothing compiled by another case is reused, nor counts towards the recompile limit
+    torch.compiler.reset()  # nothing compiled by another case is reused, nor counts towards the recompile limit
     backend, out = CountingBackend(), {}
     for opt in OPTIMIZERS:
         model = TinyLM(CFG)
@@ -117,7 +119,7 @@ def _fully_shard_runs(impl: str, form: str) -> dict:
 
 def _flat_run(opt: str):
     """(the flat design compiled, one process on the whole batch, eager)."""
-    torch._dynamo.reset()
+    torch.compiler.reset()
     backend = CountingBackend()
     model = torch.compile(fsdp_mini.FSDP(TinyLM(CFG), wrap=(Block,)), backend=backend)
     ours = _train(model, OPTIMIZERS[opt](model.parameters()), backend, final=lambda m: m.full_state_dict())
@@ -134,7 +136,7 @@ def _generate_run(impl: str):
         from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
     else:
         fully_shard, register_fsdp_forward_method = fsdp_mini.fully_shard, fsdp_mini.register_fsdp_forward_method
-    torch._dynamo.reset()
+    torch.compiler.reset()
     model = TinyLM(CFG)
     for block in model.blocks:
         fully_shard(block)
@@ -175,7 +177,8 @@ def _assert_compiled(steps, graphs, what):
 def test_fully_shard_trains_under_compile_as_fsdp2_does(form, opt, no_orphans):
     per_rank = _results()[("fully_shard", form)]
     for rank, result in enumerate(per_rank):
-        (ours, our_params, our_graphs), (theirs, their_params, their_graphs) = result["fsdp_mini"][opt], result["torch"][opt]
+        (ours, our_params, our_graphs), (theirs, their_params, their_graphs) = (result["fsdp_mini"][opt],
+                                                                                 result["torch"][opt])
         _assert_compiled(ours, our_graphs, f"rank {rank} fsdp_mini")
         _assert_compiled(theirs, their_graphs, f"rank {rank} torch")
         # as many graphs, run as often, as FSDP2's: one graph for all blocks (not one per block, which
@@ -196,7 +199,7 @@ def test_a_compiled_registered_forward_method_generates_as_fsdp2_does(no_orphans
 
 def test_flat_fsdp_trains_under_compile_as_one_process(no_orphans):
     per_rank = _results()[("flat", "compile_model")]
-    (ours, our_params, our_graphs), (reference, ref_params, _) = per_rank[0]
+    _, (reference, ref_params, _) = per_rank[0]
     for rank, ((steps, params, graphs), _) in enumerate(per_rank):
         _assert_compiled(steps, graphs, f"rank {rank} flat FSDP")
         _same(params, ref_params, f"rank {rank} parameter")
