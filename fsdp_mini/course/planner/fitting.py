@@ -140,14 +140,15 @@ class Fit:
 
     def report(self) -> str:
         """What `python -m fsdp_mini fit` prints: each run's error before and after, then the constants."""
-        lines = [f"{'run':<44}{'measured':>10}{'before':>9}{'error':>8}{'after':>9}{'error':>8}"
+        width = max(len(r.label) for r in self.runs) + 2
+        lines = [f"{'run':<{width}}{'measured':>10}{'before':>9}{'error':>8}{'after':>9}{'error':>8}"
                  f"{'GiB':>8}{'predicted':>10}{'error':>8}",
-                 f"{'':<44}{'tokens/s per GPU':>44}{'memory':>26}"]
+                 f"{'':<{width}}{'tokens/s per GPU':>44}{'memory':>26}"]
         for run, b, a, eb, ea, gib in zip(self.runs, self.predicted_before, self.predicted_after, self.errors(False),
                                           self.errors(True), self.memory_gib):
             memory = (f"{run.memory_gib:8.1f}{gib:10.1f}{(gib / run.memory_gib - 1) * 100:+7.1f}%"
                       if run.memory_gib is not None else f"{'-':>8}{gib:10.1f}{'-':>8}")
-            lines.append(f"{run.label[:43]:<44}{run.tokens_per_s_per_gpu:10,.0f}{b:9,.0f}{eb * 100:+7.1f}%{a:9,.0f}"
+            lines.append(f"{run.label:<{width}}{run.tokens_per_s_per_gpu:10,.0f}{b:9,.0f}{eb * 100:+7.1f}%{a:9,.0f}"
                          f"{ea * 100:+7.1f}%{memory}")
         lines.append("")
         lines.append(f"{'constant':<20}{'before':>8}{'after':>8}")
@@ -155,6 +156,9 @@ class Fit:
             note = "" if name in self.fitted else "  kept: no run's predicted step depends on it" + (
                 " (no ring of theirs crosses nodes, or every crossing hides behind compute)"
                 if name == "network_fraction" else "")
+            if getattr(self.after, name) > 1:
+                note = ("  above 1: these runs are faster than the planner's count of this work allows at the peak; "
+                        "it overcounts their work here, so read the fit with care")
             lines.append(f"{name:<20}{getattr(self.before, name):8.3f}{getattr(self.after, name):8.3f}{note}")
         return "\n".join(lines)
 

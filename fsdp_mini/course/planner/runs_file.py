@@ -86,8 +86,10 @@ def read_runs(path: str | Path) -> list[MeasuredRun]:
             model.check_seq(layout.seq)
         except ValueError as exc:
             raise ValueError(f"{where}: {exc}") from None
-        label = f"{model.name} {layout.gpus}x{gpu.name} seq {layout.seq} b{layout.local_batch} {layout.ac.value}"
-        label += "".join(f" {flag}" for flag in ("compile", "float8") if flags[flag])
+        label = f"{model.name} {layout.gpus}x{gpu.name} {layout.local_batch}x{layout.seq} {layout.ac.value}"
+        label += "".join(f" {name} {flags[name]}" for name in ("dp_replicate", "tp", "cp", "micro_batches")
+                         if flags[name] != LAYOUT_DEFAULTS[name])
+        label += "".join(f" {name}" for name in BOOLEAN_FLAGS if flags[name] and name != "sp")
         runs.append(MeasuredRun(model, gpu, layout, _value("tokens_per_s_per_gpu", cells["tokens_per_s_per_gpu"],
                                                            where), memory, label))
     if not runs:
