@@ -187,7 +187,7 @@ def fit_cmd(args) -> int:
     print(f"{len(runs)} runs of {args.runs}; fitted: {', '.join(result.fitted)}; predicted / measured - 1 with the "
           f"shipped constants (before) and the fitted ones (after)")
     print(result.report())
-    save_profile(result.after, args.out, fitted=list(result.fitted), undetermined=list(result.undetermined),
+    save_profile(result.after, args.out, fitted=list(result.fitted), undetermined=result.undetermined,
                  runs=len(runs), source=os.path.basename(args.runs))
     print(f"wrote {args.out}: python -m fsdp_mini plan ... --profile {args.out}")
     return 0

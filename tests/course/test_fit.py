@@ -3,6 +3,7 @@ published H100 runs the planner carries (`validation.HELD_OUT_ROWS`, benchmarks/
 table 1: FSDP on 8 GPUs), the other runs of that benchmark improve; the errors printed are each run's; bad files and
 too few runs are errors that name what is wrong."""
 import csv
+import dataclasses
 import json
 
 import pytest
@@ -79,7 +80,7 @@ def test_one_node_runs_leave_the_network_undetermined_and_say_so(fitted):
     [line] = [line for line in out.stdout.splitlines() if line.startswith("network_fraction")]
     assert "kept" in line
     data = json.loads(open(profile).read())
-    assert data["undetermined"] == ["network_fraction"] and data["fitted"] == ["matmul_fraction", "hbm_fraction"]
+    assert list(data["undetermined"]) == ["network_fraction"] and data["fitted"] == ["matmul_fraction", "hbm_fraction"]
     assert load_profile(profile).network_fraction == CALIBRATION.network_fraction
     runs = [MeasuredRun(get_model(r.model), get_gpu(r.gpu), r.layout(), r.tokens_per_s) for r in BENCHMARK]
     assert undetermined(runs) == ()  # with the 128- and 256-GPU runs every constant moves some step
@@ -167,3 +168,16 @@ def test_fit_constants_keeps_what_it_is_not_given(tmp_path):
     assert got.matmul_fraction != CALIBRATION.matmul_fraction
     with pytest.raises(ValueError, match="unknown constant 'speed'"):
         fit_constants(runs, free=("speed",))
+
+
+def test_runs_of_one_shape_cannot_tell_the_compute_fractions_apart(tmp_path):
+    """Three runs of one layout, measured at three rates: every step moves with both compute fractions alike, so the
+    fit keeps the HBM fraction, says why, and fits the matmul fraction alone."""
+    row = FITTED[0]
+    rows = [dataclasses.replace(row, tokens_per_s=row.tokens_per_s * k) for k in (0.98, 1.0, 1.02)]
+    out = run_main("fit", write_runs(tmp_path / "runs.csv", rows), "--out", str(tmp_path / "p.json"))
+    assert out.returncode == 0, out.stderr
+    [line] = [line for line in out.stdout.splitlines() if line.startswith("hbm_fraction")]
+    assert "kept: the runs move it only together with matmul_fraction" in line
+    got = load_profile(tmp_path / "p.json")
+    assert got.hbm_fraction == CALIBRATION.hbm_fraction and got.matmul_fraction != CALIBRATION.matmul_fraction

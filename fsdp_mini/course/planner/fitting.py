@@ -7,8 +7,8 @@ measured tokens/s per GPU). Memory is not fitted (`memory` has no fitted constan
 shown beside the prediction.
 
 A run determines a constant only if its predicted step moves when the constant does. `undetermined` finds those no
-run moves (on one node no ring crosses the network, so nothing there says how fast the network is); the fit keeps
-them at their starting values and says so.
+run moves (on one node no ring crosses the network, so nothing there says how fast the network is), `inseparable`
+two that the runs move only together (runs of one shape); the fit keeps them at their starting values and says so.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from fsdp_mini.course.planner.memory import memory_breakdown
 from fsdp_mini.course.planner.models import ModelSpec
 from fsdp_mini.course.planner.step_time import step_time
 
-__all__ = ["CONSTANTS", "MeasuredRun", "Fit", "fit_constants", "undetermined", "fit_runs"]
+__all__ = ["CONSTANTS", "MeasuredRun", "Fit", "fit_constants", "undetermined", "inseparable", "fit_runs"]
 
 CONSTANTS = tuple(f.name for f in dataclasses.fields(Calibration))
 """The fitted constants, in `Calibration`'s order: matmul_fraction, hbm_fraction, network_fraction."""
@@ -63,6 +63,20 @@ def undetermined(runs, start: Calibration = CALIBRATION) -> tuple[str, ...]:
         if not moved:
             out.append(name)
     return tuple(out)
+
+
+def inseparable(runs, names, start: Calibration = CALIBRATION) -> bool:
+    """Whether the runs move the compute constants `names` only together: each run's step changes by the same
+    relative amount per change of one as of the other (runs of one shape), so no fit can tell them apart."""
+    import numpy as np
+
+    if len(names) < 2:
+        return False
+    base = np.array(_steps(runs, start))
+    columns = [np.array(_steps(runs, dataclasses.replace(start, **{name: getattr(start, name) * 0.99}))) / base - 1
+               for name in names]
+    cosine = abs(columns[0] @ columns[1]) / (np.linalg.norm(columns[0]) * np.linalg.norm(columns[1]))
+    return bool(cosine > 1 - 1e-9)
 
 
 def fit_constants(runs, free=CONSTANTS, start: Calibration = CALIBRATION) -> Calibration:
@@ -127,7 +141,8 @@ class Fit:
     before: Calibration
     after: Calibration
     fitted: tuple
-    undetermined: tuple
+    undetermined: dict
+    """Each constant the runs leave undetermined, and why."""
     predicted_before: tuple
     predicted_after: tuple
     memory_gib: tuple
@@ -153,9 +168,7 @@ class Fit:
         lines.append("")
         lines.append(f"{'constant':<20}{'before':>8}{'after':>8}")
         for name in CONSTANTS:
-            note = "" if name in self.fitted else "  kept: no run's predicted step depends on it" + (
-                " (no ring of theirs crosses nodes, or every crossing hides behind compute)"
-                if name == "network_fraction" else "")
+            note = f"  kept: {self.undetermined[name]}" if name in self.undetermined else ""
             if getattr(self.after, name) > 1:
                 note = ("  above 1: these runs are faster than the planner's count of this work allows at the peak; "
                         "it overcounts their work here, so read the fit with care")
@@ -170,7 +183,12 @@ def fit_runs(runs, start: Calibration = CALIBRATION) -> Fit:
     if len(runs) < len(CONSTANTS):
         raise ValueError(f"{len(runs)} run{'s' if len(runs) != 1 else ''} cannot fit {len(CONSTANTS)} constants "
                          f"({', '.join(CONSTANTS)}): give at least {len(CONSTANTS)}")
-    left = undetermined(runs, start)
+    left = {name: "no run's predicted step depends on it" + (
+        " (no ring of theirs crosses nodes, or every crossing hides behind compute)" if name == "network_fraction"
+        else "") for name in undetermined(runs, start)}
+    if inseparable(runs, [name for name in CONSTANTS[:2] if name not in left], start):
+        left["hbm_fraction"] = ("the runs move it only together with matmul_fraction (runs of one shape): give runs "
+                                "of other shapes, batches or switches to tell them apart")
     free = tuple(name for name in CONSTANTS if name not in left)
     if not free:
         raise ValueError("no run's predicted step depends on any constant: nothing to fit")
