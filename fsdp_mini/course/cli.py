@@ -231,8 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="which layout fits a model on a cluster, and how fast it trains (estimates)")
     p.add_argument("--model", required=True, help=f"a preset ({', '.join(MODELS)}) or a path to a Hugging Face "
                    f"config.json ({', '.join(ARCHITECTURES)})")
-    p.add_argument("--gpu", required=True, help=f"a preset ({', '.join(GPUS)}) or a path to a JSON file with a preset's "
-                   "fields")
+    p.add_argument("--gpu", required=True, help=f"a preset ({', '.join(GPUS)}) or a path to a JSON file with a "
+                   "preset's fields")
     p.add_argument("--gpus", type=int, required=True, help="GPUs in all")
     p.add_argument("--gpus-per-node", type=int, default=D["gpus_per_node"], help="GPUs per node (NVLink inside, "
                                                                                   "network between)")

@@ -118,7 +118,8 @@ def test_mpt_counts_as_llm_foundry_does():
     ({"architectures": ["MistralForCausalLM"]} | SMALL, "MistralForCausalLM config has no 'num_key_value_heads'"),
     ({"architectures": ["MPTForCausalLM"]} | SMALL_MPT | {"attn_config": {}}, "no 'attn_config.alibi'"),
     ({"architectures": ["MPTForCausalLM"]} | {k: v for k, v in SMALL_MPT.items() if k != "no_bias"}, "no 'no_bias'"),
-    ({"architectures": ["LlamaForCausalLM"]} | SMALL | {"head_dim": 32}, "head_dim=32 differs from hidden size / heads"),
+    ({"architectures": ["LlamaForCausalLM"]} | SMALL | {"head_dim": 32},
+     "head_dim=32 differs from hidden size / heads"),
     ({"architectures": ["LlamaForCausalLM"]} | SMALL | {"attention_bias": True}, "attention_bias=True with mlp_bias"),
     ({"architectures": ["MPTForCausalLM"]} | SMALL_MPT | {"ffn_config": {"ffn_type": "mptglu"}},
      "ffn_config.ffn_type='mptglu' is not supported"),
@@ -145,7 +146,8 @@ def test_plan_takes_a_config_json_and_plans_it_as_its_preset(tmp_path):
     folder = tmp_path / "Meta-Llama-3-8B"
     folder.mkdir()
     config = write(folder, "config.json", {"architectures": ["LlamaForCausalLM"]} | REAL["Meta-Llama-3-8B"][1])
-    args = ["--gpu", "a100-80gb", "--gpus", "64", "--seq", "8192", "--local-batch", "1", "--ac", "selective-op", "--json"]
+    args = ["--gpu", "a100-80gb", "--gpus", "64", "--seq", "8192", "--local-batch", "1", "--ac", "selective-op",
+            "--json"]
     from_file, preset = run_main("plan", "--model", config, *args), run_main("plan", "--model", "llama3-8b", *args)
     assert from_file.returncode == 0, from_file.stderr
     got, expected = json.loads(from_file.stdout), json.loads(preset.stdout)
@@ -197,7 +199,8 @@ def test_a_sequence_beyond_a_learned_position_table_is_an_error_naming_both(tmp_
     args = ["plan", "--model", config, "--gpu", "h100-sxm", "--gpus", "8", "--local-batch", "1", "--seq"]
     assert run_main(*args, str(table)).returncode == 0
     out = run_main(*args, str(seq))
-    assert out.returncode == 2 and f"--seq {seq} is longer than" in out.stderr and f"table of {table} rows" in out.stderr
+    assert out.returncode == 2
+    assert f"--seq {seq} is longer than" in out.stderr and f"table of {table} rows" in out.stderr
 
 
 def test_mpt_with_alibi_has_no_table_to_run_past(tmp_path):

@@ -7,8 +7,8 @@ The planner needs shapes only, and a `config.json` holds them; each supported ar
 * `LlamaForCausalLM`, `MistralForCausalLM`, `Qwen2ForCausalLM`: RMSNorm, rotary positions, a gated MLP of three
   `hidden_size x intermediate_size` matrices, grouped-query attention of `num_key_value_heads`, an output head tied to
   the embedding when `tie_word_embeddings`. Biases: Llama's `attention_bias` (q, k, v, o) and `mlp_bias` (the
-  MLP's; the planner takes both or neither), none in Mistral, q, k and v's in Qwen2 (always: its attention module
-  builds them with `bias=True`).
+  MLP's; the planner takes both or neither), none in Mistral, q, k and v's in Qwen2 (always: transformers'
+  models/qwen2/modeling_qwen2.py builds q_proj, k_proj and v_proj with `bias=True`, o_proj and the MLP without).
 * `GPT2LMHeadModel`: LayerNorm, a learned position table of `n_positions` rows, one fused qkv matrix, a GELU MLP of
   `n_inner` (4 x `n_embd` when null), biases everywhere, the head tied to the embedding.
 * `MPTForCausalLM` (llm-foundry's `MPTConfig`; Hugging Face's `MptForCausalLM` reads the same file): LayerNorm,
@@ -16,8 +16,9 @@ The planner needs shapes only, and a `config.json` holds them; each supported ar
   `no_bias`, the head tied to the embedding; a learned position table of `max_seq_len` rows when `learned_pos_emb`
   and not `attn_config.alibi` (llm-foundry's `MPTModel` builds `wpe` only then; its benchmark table's NumParams
   counts it: mosaicml/llm-foundry, scripts/train/benchmarking/README.md, where MPT-7B has 6,658,859,008 parameters
-  at sequence 2,048 and 6,667,247,616 at 4,096). Hugging Face's own `MptForCausalLM` implements only ALiBi
-  without biases and with an MLP of 4 x `d_model`, where it counts what llm-foundry counts.
+  at sequence 2,048 and 6,667,247,616 at 4,096). Hugging Face's own `MptForCausalLM` (transformers'
+  models/mpt/modeling_mpt.py) builds only ALiBi without biases (norms' `bias = None`, linear layers `bias=False`)
+  and an MLP of 4 x `d_model`: for such a config it counts what llm-foundry counts.
 
 Fields the planner's shapes need are required: a missing one is an error that names it. Switches keep the default
 of the architecture's configuration class (transformers 5.25, checked by the tests), except MPT's, whose defaults
