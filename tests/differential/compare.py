@@ -19,7 +19,7 @@ from differential import known
 
 @dataclass(frozen=True)
 class Difference:
-    step: int          # index into the events: 0 is "wrap", i+1 the description's step i, last "end"
+    step: int          # the description's step index: -1 is "wrap", len(steps) "end"
     op: str
     field: str         # "raises", "losses", "state", "collectives", ...
     text: str
@@ -74,19 +74,26 @@ def _value_diff(a, b, tol: dict) -> str | None:
     return None if a == b else f"{a!r} vs {b!r}"
 
 
+def _collectives_diff(a: dict, b: dict) -> str | None:
+    """Every kind whose count differs (a missing kind is 0): "all_gather 5 vs 6, all_reduce 1 vs 2"."""
+    parts = [f"{k} {a.get(k, 0)} vs {b.get(k, 0)}" for k in sorted(set(a) | set(b)) if a.get(k, 0) != b.get(k, 0)]
+    return ", ".join(parts) or None
+
+
 def _bf16_from(desc: dict) -> int:
-    """The first event index from which the program computes in bf16 (len + 2 if never)."""
+    """The first step index from which the program computes in bf16 (past the end if never)."""
     for i, s in enumerate(desc["steps"]):
         if s["op"] == "to" and s["dtype"] == "bfloat16":
-            return i + 1
-    return len(desc["steps"]) + 2
+            return i
+    return len(desc["steps"]) + 1
 
 
 def raw_differences(desc: dict, obs: dict) -> list[Difference]:
     found: dict[tuple, Difference] = {}
     bf16_from = _bf16_from(desc)
     for rank, (a_events, b_events) in enumerate(zip(obs["fsdp_mini"], obs["torch"])):
-        for k, (a, b) in enumerate(zip(a_events, b_events)):
+        for a, b in zip(a_events, b_events):
+            k = a.get("i", 0)
             op = a["op"] if a["op"] == b["op"] else f"{a['op']}|{b['op']}"
             ea, eb = a.get("error"), b.get("error")
             if ea or eb:
@@ -94,10 +101,11 @@ def raw_differences(desc: dict, obs: dict) -> list[Difference]:
                     text = f"fsdp_mini raised {ea}; torch did not" if ea else f"torch raised {eb}; fsdp_mini did not"
                     found.setdefault((k, "raises"), Difference(k, op, "raises", text, rank))
                 break
-            for field in sorted((set(a) | set(b)) - {"op"}):
+            for field in sorted((set(a) | set(b)) - {"op", "i"}):
                 if field not in a or field not in b:
                     continue
-                why = _value_diff(a[field], b[field], _tol(k >= bf16_from))
+                why = (_collectives_diff(a[field], b[field]) if field == "collectives" else
+                       _value_diff(a[field], b[field], _tol(k >= bf16_from)))
                 if why:
                     found.setdefault((k, field), Difference(k, op, field, why, rank))
     return sorted(found.values(), key=lambda d: (d.step, d.field))

@@ -25,13 +25,13 @@ def _timeout(descs: list[dict], impls) -> float:
     return 30.0 + len(impls) * (2.0 * len(descs) + 40.0 * compiled)
 
 
-def _on_ranks(descs: list[dict], impls: tuple, folder: str) -> list[dict]:
+def _on_ranks(descs: list[dict], impls: tuple, folder: str, phase: int = 1) -> list[dict]:
     warnings.simplefilter("ignore")  # FSDP1's deprecations, ShardedTensor's: thousands of lines, no finding
     out = []
     for desc in descs:
         per = {}
         for impl in impls:
-            per[impl] = runner.run(desc, impl, folder)
+            per[impl] = runner.run(desc, impl, folder, phase)
             if desc["wrap"].get("compile"):
                 torch._dynamo.reset()
             dist.barrier()
@@ -39,37 +39,60 @@ def _on_ranks(descs: list[dict], impls: tuple, folder: str) -> list[dict]:
     return out
 
 
-def _launch(descs: list[dict], impls: tuple) -> list[dict]:
+def _world(desc: dict, phase: int) -> int:
+    k = runner.cross_world_step(desc)
+    return desc["steps"][k]["world"] if phase == 2 else desc["world"]
+
+
+def _launch(descs: list[dict], impls: tuple, folder: str, phase: int) -> list[dict]:
     """[{impl: [events of rank 0, rank 1, ...]}] for each description, or raises LaunchError."""
-    world = descs[0]["world"]
-    with tempfile.TemporaryDirectory(prefix="differential_") as folder:
-        per_rank = launch(_on_ranks, world, args=(descs, impls, folder), timeout=_timeout(descs, impls),
-                          capture_output=True)
+    per_rank = launch(_on_ranks, _world(descs[0], phase), args=(descs, impls, folder, phase),
+                      timeout=_timeout(descs, impls), capture_output=True)
     return [{impl: [rank[i][impl] for rank in per_rank] for impl in impls} for i in range(len(descs))]
 
 
-def _isolated(descs: list[dict], impls: tuple = IMPLS) -> list[dict]:
+def _isolated(descs: list[dict], folder: str, phase: int, impls: tuple = IMPLS) -> list[dict]:
     try:
-        return _launch(descs, impls)
+        return _launch(descs, impls, folder, phase)
     except LaunchError as exc:
         if len(descs) > 1:
             half = len(descs) // 2
-            return _isolated(descs[:half], impls) + _isolated(descs[half:], impls)
+            return _isolated(descs[:half], folder, phase, impls) + _isolated(descs[half:], folder, phase, impls)
         if len(impls) > 1:
-            return [{impl: _isolated(descs, (impl,))[0][impl] for impl in impls}]
+            return [{impl: _isolated(descs, folder, phase, (impl,))[0][impl] for impl in impls}]
         kind = "hang" if "Timeout" in type(exc).__name__ else "crash"
         text = str(exc).strip().splitlines()
         event = {"op": "launch", "error": f"{kind}: {text[0][:300] if text else type(exc).__name__}"}
-        return [{impls[0]: [[event]] * descs[0]["world"]}]
+        return [{impls[0]: [[event]] * _world(descs[0], phase)}]
 
 
 def execute(descs: list[dict]) -> list[dict]:
     """The observations of every description, in order: {impl: [events per rank]}. One launch per
     world size (more only when one fails)."""
-    results: list[dict | None] = [None] * len(descs)
-    for world in sorted({d["world"] for d in descs}):
-        idx = [i for i, d in enumerate(descs) if d["world"] == world]
-        batch = [dict(descs[i], index=i) for i in idx]
-        for i, obs in zip(idx, _isolated(batch)):
-            results[i] = obs
+    results: list[dict] = [{} for _ in descs]
+    descs = [dict(d, index=i) for i, d in enumerate(descs)]
+    with tempfile.TemporaryDirectory(prefix="differential_") as folder:
+        for phase in (1, 2):  # 2: programs that load a checkpoint at another world size, from the load on
+            todo = [d for d in descs if phase == 1 or runner.cross_world_step(d) is not None]
+            for world in sorted({_world(d, phase) for d in todo}):
+                batch = [d for d in todo if _world(d, phase) == world]
+                for d, obs in zip(batch, _isolated(batch, folder, phase)):
+                    _merge(results[d["index"]], obs, phase)
     return results
+
+
+def _merge(into: dict, obs: dict, phase: int) -> None:
+    """Phase 1's events per rank; phase 2's appended rank by rank (a rank phase 1 did not have starts
+    empty), unless phase 1 did not reach its save."""
+    for impl, per_rank in obs.items():
+        if phase == 1:
+            into[impl] = per_rank
+            continue
+        mine = into[impl]
+        if not all(events and events[-1]["op"] == "save" and "error" not in events[-1] for events in mine):
+            continue
+        for r, events in enumerate(per_rank):
+            if r < len(mine):
+                mine[r] = mine[r] + events
+            else:
+                mine.append(list(events))

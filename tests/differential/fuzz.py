@@ -24,8 +24,8 @@ from differential.minimise import minimise
 def _kind(desc: dict, diff) -> tuple:
     """What makes two differences the same finding: design, step kind, field and the words of the text
     (numbers and names of parameters stripped)."""
-    words = re.sub(r"[-+0-9.e]+|'[^']*'|\[[^\]]*\]", "#", diff.text)[:80]
-    return desc["design"], diff.op, diff.field, words
+    words = re.sub(r"\S*[0-9_.]\S*|'[^']*'|\[[^\]]*\]|\([^)]*\)", "#", diff.text).split()[:7]
+    return desc["design"], diff.op, diff.field, " ".join(words)
 
 
 def main(argv=None) -> int:
@@ -33,6 +33,7 @@ def main(argv=None) -> int:
     ap.add_argument("--minutes", type=float, default=10.0)
     ap.add_argument("--start", type=int, default=None)
     ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--seeds", default=None, help="only these seeds (comma-separated), then stop")
     ap.add_argument("--no-write", action="store_true", help="print, do not write test files")
     ap.add_argument("--log", default=None, help="append each finding as a JSON line to this file")
     args = ap.parse_args(argv)
@@ -40,8 +41,10 @@ def main(argv=None) -> int:
     deadline = time.monotonic() + args.minutes * 60
     print(f"fuzzing from seed {start} for {args.minutes} min", flush=True)
     seed, ran, known_count, seen = start, 0, 0, {}
-    while time.monotonic() < deadline:
-        descs = [generate(s) for s in range(seed, seed + args.batch)]
+    only = [int(s) for s in args.seeds.split(",")] if args.seeds else None
+    while time.monotonic() < deadline and (only is None or seed == start):
+        batch = only or range(seed, seed + args.batch)
+        descs = [generate(s) for s in batch]
         seed += args.batch
         for desc, obs in zip(descs, execute(descs)):
             ran += 1

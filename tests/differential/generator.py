@@ -56,7 +56,11 @@ def generate(seed: int) -> dict:
         elif op == "to":
             step["dtype"] = rng.choice(("float64", "bfloat16"))
         elif op == "checkpoint":
-            step["rewrap"] = wrapping(rng, design, world, depth)
+            # load at another world size (a second launch), at most once per program
+            other = 6 - world if rng.random() < 0.4 and not any("world" in s for s in steps) else world
+            if other != world:
+                step["world"] = other
+            step["rewrap"] = wrapping(rng, design, other, depth)
         steps.append(step)
     if not any(s["op"] == "train" for s in steps):
         steps.append({"op": "train", "accum": 1, "no_sync": False, "clip": None})
@@ -83,6 +87,19 @@ def features_of(desc: dict) -> set[str]:
             out |= {"train:clip"} if s["clip"] else set()
         if s.get("of"):
             out.add(f"op:{s['op']}:{s['of']}")
+        if s.get("world"):
+            out.add("op:checkpoint:other_world")
+        if s["op"] == "checkpoint" and not any(t["op"] == "train" for t in desc["steps"][:desc["steps"].index(s)]):
+            out.add("op:checkpoint:before_training")
         if s.get("dtype"):
             out.add(f"op:to:{s['dtype']}")
+    # the same, per design: a feature can be broken in one design only
+    return out | {f"{desc['design']}:{f}" for f in out if f.split(":")[0] in ("model", "op", "compile", "train")}
+
+
+def reachable_features(seeds: int = 2000) -> set[str]:
+    """Every feature the generator produces within the first `seeds` seeds (what the CI set must cover)."""
+    out: set[str] = set()
+    for s in range(seeds):
+        out |= features_of(generate(s))
     return out

@@ -17,7 +17,73 @@ class Known:
     applies: Callable[[dict, object], bool]  # (description, Difference) -> bool
 
 
+def _flat(desc) -> bool:
+    return desc["design"] == "flat"
+
+
+def _raised(diff, who: str, words: str) -> bool:
+    return diff.field == "raises" and diff.text.startswith(f"{who} raised") and words in diff.text
+
+
+def _strategies(desc) -> set[str]:
+    return {desc["wrap"].get("strategy")} | {s["rewrap"].get("strategy") for s in desc["steps"] if "rewrap" in s}
+
+
+def _only_kind_differs(diff, kind: str) -> bool:
+    """A collective-count difference in `kind` only (the text names every kind that differs)."""
+    return diff.field == "collectives" and all(part.startswith(kind + " ") for part in diff.text.split(", "))
+
+
+def _after_forward_without_backward(desc, diff) -> bool:
+    return any(s["op"] in ("eval", "nograd") for s in desc["steps"][:max(diff.step - 1, 0)])
+
+
+def _to_after_forward_without_backward(desc, diff) -> bool:
+    steps = desc["steps"][:max(diff.step - 1, 0)]
+    return any(s["op"] == "to" and any(t["op"] in ("eval", "nograd") for t in steps[:i])
+               for i, s in enumerate(steps))
+
+
 KNOWN: list[Known] = [
+    Known("flat design: integer parameters",
+          "fsdp_mini's flat design keeps one flat shard per (dtype, requires_grad) in a unit, so an int64 "
+          "parameter gets a flat shard of its own (never reduced); FSDP1 refuses the unit ('Cannot flatten "
+          "integer dtype tensors')",
+          lambda d, x: _flat(d) and d["model"].get("int_param") and _raised(x, "torch", "Cannot flatten integer")),
+    Known("flat design: a tie across units",
+          "fsdp_mini refuses a parameter tied across two units (each unit's flat shard would hold its own "
+          "copy); FSDP1 (use_orig_params=True) accepts it",
+          lambda d, x: _flat(d) and d["model"].get("tied") and _raised(x, "fsdp_mini", "which is in another FSDP unit")),
+    Known("fully_shard: a parameter shared by two units",
+          "fsdp_mini refuses a parameter shared by two fully_shard units with a clear error (group them: "
+          "fully_shard([a, b])); FSDP2 accepts the second fully_shard of an already sharded parameter without "
+          "a word",
+          lambda d, x: not _flat(d) and d["model"].get("tied") and _raised(x, "fsdp_mini", "is shared with another unit")),
+    Known("flat design: NO_SHARD's gradient buckets",
+          "fsdp_mini's NO_SHARD AllReduces gradients in DDP's buckets of bucket_cap_mb (one AllReduce for a small "
+          "model); FSDP1's NO_SHARD AllReduces each flat parameter's gradient on its own",
+          lambda d, x: _flat(d) and "NO_SHARD" in _strategies(d) and _only_kind_differs(x, "all_reduce")),
+    Known("flat design: one flat shard per requires_grad",
+          "fsdp_mini keeps a unit's frozen and trainable parameters in two flat shards (frozen ones get no "
+          "gradient buffer and the optimizer never sees them), so it issues two AllGathers where FSDP1 "
+          "(use_orig_params=True: one flat parameter per unit) issues one",
+          lambda d, x: _flat(d) and (d["model"].get("frozen") or d["model"].get("int_param"))
+          and _only_kind_differs(x, "all_gather")),
+    Known("flat design: the root after a forward without backward",
+          "FSDP1 leaves the root unit's parameters gathered after a forward that no backward follows (eval, "
+          "no_grad), so its next forward skips their AllGather; fsdp_mini frees them (the root keeps them "
+          "gathered only for the backward that follows a training forward): one AllGather more, less memory",
+          lambda d, x: _flat(d) and _only_kind_differs(x, "all_gather") and _after_forward_without_backward(d, x)),
+    Known("fully_shard: a unit used twice in one forward",
+          "fsdp_mini keeps a unit that runs twice in a forward gathered through both of its backward passes; "
+          "FSDP2 reshards it after the first and gathers it again: one AllGather fewer, same values",
+          lambda d, x: not _flat(d) and d["model"].get("reuse") and _only_kind_differs(x, "all_gather")),
+    Known("fully_shard: .to(dtype) after a forward without backward (a PyTorch bug)",
+          "FSDP2 leaves the root's gathered parameters (not resharded after a forward that no backward "
+          "follows) in the old dtype, and the next training step fails with 'Expected out tensor to have "
+          "dtype double, but got float'; fsdp_mini casts them",
+          lambda d, x: not _flat(d) and _raised(x, "torch", "Expected out tensor to have dtype")
+          and _to_after_forward_without_backward(d, x)),
 ]
 
 

@@ -20,7 +20,6 @@ def _wrap_simpler(wrap: dict, design: str, depth: int) -> list[dict]:
         out.append(dict(wrap, compile=None))
     if wrap["hsdp"]:
         out.append(dict(wrap, hsdp=False, **({"strategy": "FULL_SHARD"} if design == "flat" else {})))
-    simple = "blocks" if design == "flat" else "root"
     for policy in (("none", "blocks") if design == "flat" else ("root", "blocks")):
         if wrap["policy"] != policy and not (policy == "blocks" and wrap["policy"] in ("none", "root")):
             out.append(dict(wrap, policy=policy))
@@ -28,7 +27,6 @@ def _wrap_simpler(wrap: dict, design: str, depth: int) -> list[dict]:
         out.append(dict(wrap, strategy="FULL_SHARD"))
     if design == "per_param" and wrap["reshard_after_forward"] is False:
         out.append(dict(wrap, reshard_after_forward=True))
-    del simple
     return out
 
 
@@ -56,14 +54,17 @@ def candidates(desc: dict) -> list[dict]:
     for w in _wrap_simpler(desc["wrap"], desc["design"], depth):
         variant(lambda d, w=w: d.__setitem__("wrap", w))
     uses_hsdp = desc["wrap"]["hsdp"] or any(s.get("rewrap", {}).get("hsdp") for s in steps)
-    if desc["world"] == 4 and not uses_hsdp:
+    if desc["world"] == 4 and not uses_hsdp and not any(s.get("world") == 2 for s in steps):
         variant(lambda d: d.__setitem__("world", 2))
     for i, s in enumerate(steps):
         if s["op"] == "train":
             for key, simple in (("accum", 1), ("no_sync", False), ("clip", None)):
                 if s[key] != simple:
                     variant(lambda d, i=i, key=key, simple=simple: d["steps"][i].__setitem__(key, simple))
-        if s["op"] == "checkpoint" and s["rewrap"] != desc["wrap"]:
+        if s["op"] == "checkpoint" and "world" in s:
+            variant(lambda d, i=i: (d["steps"][i].pop("world"),
+                                    d["steps"][i].__setitem__("rewrap", copy.deepcopy(d["wrap"]))))
+        elif s["op"] == "checkpoint" and s["rewrap"] != desc["wrap"]:
             variant(lambda d, i=i: d["steps"][i].__setitem__("rewrap", copy.deepcopy(d["wrap"])))
         if s["op"] == "to" and s["dtype"] != "float64":
             variant(lambda d, i=i: d["steps"][i].__setitem__("dtype", "float64"))
@@ -72,7 +73,7 @@ def candidates(desc: dict) -> list[dict]:
     return out
 
 
-def minimise(desc: dict, target: Difference, rounds: int = 12, log=print) -> tuple[dict, Difference]:
+def minimise(desc: dict, target: Difference, rounds: int = 40, log=print) -> tuple[dict, Difference]:
     """(the smallest description found that still shows `target`'s kind of difference, that difference)."""
     for _ in range(rounds):
         cands = candidates(desc)

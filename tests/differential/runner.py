@@ -1,6 +1,7 @@
 """One description on one implementation, on this rank: an observation (plain data and CPU tensors).
 
-The observation is a list of events, one per step that ran ("wrap" first), each a dict of what that step
+The observation is a list of events, one per step that ran ("wrap" first; "i": the step's index in the
+description, -1 for "wrap"), each a dict of what that step
 showed: losses, the clip norm, which gradients are None, collectives issued per kind, state-dict keys
 and values (full tensors), what load_state_dict returned, the optimizer's state, outputs of eval and
 no-grad forwards. A step that raises ends the program: its event holds the error's type and first line.
@@ -71,6 +72,10 @@ def full(t):
 
 
 def error_text(exc: BaseException) -> str:
+    failures = getattr(exc, "failures", None)  # DCP's CheckpointException: the first rank's own error
+    if isinstance(failures, dict) and failures:
+        inner = next(iter(failures.values()))
+        exc = inner[0] if isinstance(inner, tuple) else inner
     lines = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0][:300] if lines else ''}"
 
@@ -79,12 +84,14 @@ class Program:
     """The state of one run: the model (`top`: the owner or the wrapped net), the wrapped net, the
     optimizer (made at its first use, so `.to()` before training is seen), the dtype of the inputs."""
 
-    def __init__(self, desc: dict, impl: str, folder: str):
+    def __init__(self, desc: dict, impl: str, folder: str, build: bool = True):
         self.desc, self.impl, self.folder = desc, impl, folder
         self.design, self.rank = desc["design"], dist.get_rank()
         self.opt = None
         self.dtype = torch.float32
-        self.top, self.wrapped = self._build(desc["seed"], desc["wrap"])
+        self.frozen_paths: list[tuple[str, bool]] = []  # freeze / unfreeze after wrapping, replayed on a reload
+        if build:
+            self.top, self.wrapped = self._build(desc["seed"], desc["wrap"])
 
     def _build(self, seed, spec):
         top = build(self.desc["model"], seed)
@@ -185,6 +192,7 @@ class Program:
 
     def freeze(self, i, s, flag=False):
         wrapping.submodule(self.wrapped, self.design, s["path"]).requires_grad_(flag)
+        self.frozen_paths.append((s["path"], flag))
         return {}
 
     def unfreeze(self, i, s):
@@ -195,53 +203,107 @@ class Program:
         self.top.to(self.dtype)
         return {"dtypes": sorted({str(p.dtype) for p in self.top.parameters()})}
 
-    def checkpoint(self, i, s):
-        """Save model and optimizer, build a fresh model (other values) wrapped as `rewrap` says, load into
-        it, and go on with that one: fsdp_mini.checkpoint against torch.distributed.checkpoint."""
-        self.optimizer()
-        path = os.path.join(self.folder, f"{self.desc['seed']}-{self.desc.get('index', 0)}-{self.impl}-{i}")
-        old_dtype = self.dtype
+    def path(self, i) -> str:
+        return os.path.join(self.folder, f"{self.desc['seed']}-{self.desc.get('index', 0)}-{self.impl}-{i}")
+
+    def save(self, i) -> None:
+        """Save model and optimizer: fsdp_mini.checkpoint against torch.distributed.checkpoint (DCP)."""
+        opt = self.optimizer()
         if self.impl == "fsdp_mini":
-            from fsdp_mini.checkpoint import load_checkpoint, save_checkpoint
-            save_checkpoint(path, self.top, self.opt)
+            from fsdp_mini.checkpoint import save_checkpoint
+            save_checkpoint(self.path(i), self.top, opt)
         else:
             import torch.distributed.checkpoint as dcp
-            from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-            msd, osd = get_state_dict(self.top, self.opt)
-            dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)
+            from torch.distributed.checkpoint.state_dict import get_state_dict
+            msd, osd = get_state_dict(self.top, opt)
+            dcp.save({"model": msd, "optim": osd}, checkpoint_id=self.path(i))
+
+    def load_fresh(self, i, s) -> dict:
+        """Build a fresh model (other values) wrapped as `rewrap` says, in the dtype the program computes
+        in, load step i's checkpoint into it and its new optimizer, and go on with that one."""
         self.top, self.wrapped = self._build(self.desc["seed"] + 1, s["rewrap"])
-        if old_dtype != torch.float32:
-            self.top.to(old_dtype)
+        if self.dtype != torch.float32:
+            self.top.to(self.dtype)
+        for path, flag in self.frozen_paths:  # the model as it was saved: the same parts frozen
+            wrapping.submodule(self.wrapped, self.design, path).requires_grad_(flag)
         self.opt = None
         opt = self.optimizer()
         if self.impl == "fsdp_mini":
-            load_checkpoint(path, self.top, opt)
+            from fsdp_mini.checkpoint import load_checkpoint
+            load_checkpoint(self.path(i), self.top, opt)
         else:
+            import torch.distributed.checkpoint as dcp
+            from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
             msd, osd = get_state_dict(self.top, opt)
             sd = {"model": msd, "optim": osd}
-            dcp.load(sd, checkpoint_id=path)
+            dcp.load(sd, checkpoint_id=self.path(i))
             set_state_dict(self.top, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
         return {"state": self.state("model"), "optim_state": self.optim_state()}
 
+    def checkpoint(self, i, s):
+        """Save, then load into a fresh model wrapped as `rewrap` says (on the same ranks; a step with
+        "world" is split by `run` across two launches instead)."""
+        self.save(i)
+        return self.load_fresh(i, s)
 
-def run(desc: dict, impl: str, folder: str) -> list[dict]:
-    """The events of `desc` on `impl` on this rank (see the module doc)."""
-    events = []
-    try:
-        program = Program(desc, impl, folder)
-    except BaseException as exc:  # noqa: BLE001 - an error is an observation
-        return [{"op": "wrap", "error": error_text(exc)}]
-    events.append({"op": "wrap", "state": program.state("model")})  # the owner's: its own steps
-    for i, step in enumerate(desc["steps"]):
+
+def cross_world_step(desc: dict) -> int | None:
+    """The index of the checkpoint step that loads at another world size (at most one per program)."""
+    return next((i for i, s in enumerate(desc["steps"])
+                 if s["op"] == "checkpoint" and s.get("world", desc["world"]) != desc["world"]), None)
+
+
+def _steps(program: Program, desc: dict, first: int, last: int, events: list) -> bool:
+    """Run steps first..last-1, appending their events; False once one raised."""
+    for i in range(first, last):
+        step = desc["steps"][i]
         try:
             event = getattr(program, step["op"])(i, step)
         except BaseException as exc:  # noqa: BLE001 - DCP raises CheckpointException, a BaseException
-            events.append({"op": step["op"], "error": error_text(exc)})
-            break
-        events.append({"op": step["op"], **event})
+            events.append({"op": step["op"], "i": i, "error": error_text(exc)})
+            return False
+        events.append({"op": step["op"], "i": i, **event})
+    return True
+
+
+def run(desc: dict, impl: str, folder: str, phase: int = 1) -> list[dict]:
+    """The events of `desc` on `impl` on this rank (see the module doc). A program with a checkpoint step
+    that loads at another world size runs in two phases, each in its own launch: phase 1 up to that
+    step's save (its last event "save"), phase 2 (at the step's world) from the load on."""
+    events = []
+    k = cross_world_step(desc)
+    n = len(desc["steps"])
+    if phase == 2:
+        program = Program(desc, impl, folder, build=False)
+        for s in desc["steps"][:k]:  # what phase 1 did to the model before its save
+            if s["op"] == "to":
+                program.dtype = DTYPES[s["dtype"]]
+            if s["op"] in ("freeze", "unfreeze"):
+                program.frozen_paths.append((s["path"], s["op"] == "unfreeze"))
+        try:
+            events.append({"op": "checkpoint", "i": k, **program.load_fresh(k, desc["steps"][k])})
+        except BaseException as exc:  # noqa: BLE001
+            return [{"op": "checkpoint", "i": k, "error": error_text(exc)}]
+        first = k + 1
     else:
         try:
-            events.append({"op": "end", "state": program.state("model"), "optim_state": program.optim_state()})
-        except BaseException as exc:  # noqa: BLE001 - DCP raises CheckpointException, a BaseException
-            events.append({"op": "end", "error": error_text(exc)})
+            program = Program(desc, impl, folder)
+        except BaseException as exc:  # noqa: BLE001 - an error is an observation
+            return [{"op": "wrap", "i": -1, "error": error_text(exc)}]
+        events.append({"op": "wrap", "i": -1, "state": program.state("model")})  # the owner's: its own steps
+        if k is not None:
+            if _steps(program, desc, 0, k, events):
+                try:
+                    program.save(k)
+                    events.append({"op": "save", "i": k})
+                except BaseException as exc:  # noqa: BLE001
+                    events.append({"op": "save", "i": k, "error": error_text(exc)})
+            return events
+        first = 0
+    if _steps(program, desc, first, n, events):
+        try:
+            events.append({"op": "end", "i": n, "state": program.state("model"),
+                           "optim_state": program.optim_state()})
+        except BaseException as exc:  # noqa: BLE001
+            events.append({"op": "end", "i": n, "error": error_text(exc)})
     return events
