@@ -1,6 +1,7 @@
 """Two observations -> the differences between them, each in words a person can act on.
 
-Per rank, step by step ("wrap" first): both raising is agreement (messages may differ: PyTorch's are
+Per rank, step by step ("wrap" first): both raising is agreement (unless the unsharded model runs that
+step: then fsdp_mini is compared with it, see `raw_differences`) (messages may differ: PyTorch's are
 often cryptic where fsdp_mini's explain); one raising is a difference; otherwise every field of the
 step's event is compared: floats and tensors to a tolerance (AdamW eps=1e-3 and SGD keep fp32 runs within
 1e-4; bf16 within 3e-2), keys, dtypes, shapes, None-gradients, collective counts and load_state_dict's
@@ -24,14 +25,16 @@ class Difference:
     field: str         # "raises", "losses", "state", "collectives", ...
     text: str
     rank: int = 0
+    against: str = "torch"  # or "plain": the unsharded model, the reference where PyTorch raised
 
     @property
-    def signature(self) -> tuple[str, str]:
+    def signature(self) -> tuple[str, str, str]:
         """What the minimiser keeps while shrinking: the same kind of difference in the same kind of step."""
-        return (self.op, self.field)
+        return (self.op, self.field, self.against)
 
     def __str__(self) -> str:
-        return f"step {self.step} ({self.op}) {self.field}, rank {self.rank}: {self.text}"
+        vs = "" if self.against == "torch" else " [vs the unsharded model: PyTorch raised]"
+        return f"step {self.step} ({self.op}) {self.field}, rank {self.rank}{vs}: {self.text}"
 
 
 def _tol(bf16: bool) -> dict:
@@ -88,27 +91,44 @@ def _bf16_from(desc: dict) -> int:
     return len(desc["steps"]) + 1
 
 
-def raw_differences(desc: dict, obs: dict) -> list[Difference]:
+def _pairwise(desc: dict, ours: list, theirs: list, name: str, since: int = -2) -> list[Difference]:
+    """fsdp_mini's events against `name`'s ("torch", or "plain": the unsharded model), rank by rank, from
+    step `since` on (the plain reference: from where PyTorch raised; it issues no FSDP collectives)."""
     found: dict[tuple, Difference] = {}
     bf16_from = _bf16_from(desc)
-    for rank, (a_events, b_events) in enumerate(zip(obs["fsdp_mini"], obs["torch"])):
+    them = "torch" if name == "torch" else "the unsharded model"
+    for rank, (a_events, b_events) in enumerate(zip(ours, theirs)):
         for a, b in zip(a_events, b_events):
             k = a.get("i", 0)
+            if k < since:
+                continue
             op = a["op"] if a["op"] == b["op"] else f"{a['op']}|{b['op']}"
             ea, eb = a.get("error"), b.get("error")
             if ea or eb:
                 if not (ea and eb):
-                    text = f"fsdp_mini raised {ea}; torch did not" if ea else f"torch raised {eb}; fsdp_mini did not"
-                    found.setdefault((k, "raises"), Difference(k, op, "raises", text, rank))
+                    text = f"fsdp_mini raised {ea}; {them} did not" if ea else f"{them} raised {eb}; fsdp_mini did not"
+                    found.setdefault((k, "raises"), Difference(k, op, "raises", text, rank, name))
                 break
             for field in sorted((set(a) | set(b)) - {"op", "i"}):
-                if field not in a or field not in b:
+                if field not in a or field not in b or (field == "collectives" and name != "torch"):
                     continue
                 why = (_collectives_diff(a[field], b[field]) if field == "collectives" else
                        _value_diff(a[field], b[field], _tol(k >= bf16_from)))
                 if why:
-                    found.setdefault((k, field), Difference(k, op, field, why, rank))
+                    found.setdefault((k, field), Difference(k, op, field, why, rank, name))
     return sorted(found.values(), key=lambda d: (d.step, d.field))
+
+
+def raw_differences(desc: dict, obs: dict) -> list[Difference]:
+    """fsdp_mini against PyTorch; where PyTorch raised (obs has "plain" then), also fsdp_mini against the
+    unsharded model from that step on: when both FSDPs raise and the plain model does not, or fsdp_mini
+    goes on where PyTorch cannot, the plain model says what the result should have been."""
+    found = _pairwise(desc, obs["fsdp_mini"], obs["torch"], "torch")
+    if "plain" in obs:
+        torch_errors = [e["i"] for events in obs["torch"] for e in events if "error" in e and "i" in e]
+        if torch_errors:
+            found += _pairwise(desc, obs["fsdp_mini"], obs["plain"], "plain", since=min(torch_errors))
+    return found
 
 
 def differences(desc: dict, obs: dict) -> tuple[list[Difference], list[tuple[Difference, str]]]:

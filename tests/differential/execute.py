@@ -1,7 +1,8 @@
 """Many descriptions per launch of the world: starting ranks (fork, gloo rendezvous, first-call costs) is
 the main cost, so every description of one world size runs in one launch, both implementations one after
 the other on the same ranks (as tests/library/test_fsdp2_differential.py does), with a barrier between
-programs. Every launch has a timeout. A launch that fails (a crash, a hang, ranks out of step after an
+programs. Where PyTorch raised, the program runs a third time unsharded ("plain": the same model on every
+rank, gradients averaged by hand): the reference for the steps PyTorch could not run. Every launch has a timeout. A launch that fails (a crash, a hang, ranks out of step after an
 error on one rank only) is split in halves and run again, down to one description and then one
 implementation alone, so one bad program costs a few launches and never the others' results.
 """
@@ -35,6 +36,11 @@ def _on_ranks(descs: list[dict], impls: tuple, folder: str, phase: int = 1) -> l
             if desc["wrap"].get("compile"):
                 torch._dynamo.reset()
             dist.barrier()
+        if "torch" in impls and _torch_raised(per["torch"]) and runner.cross_world_step(desc) is None:
+            per["plain"] = runner.run(desc, "plain", folder, phase)  # the reference where torch has none
+            if desc["wrap"].get("compile"):
+                torch._dynamo.reset()
+            dist.barrier()
         out.append(per)
     return out
 
@@ -44,11 +50,18 @@ def _world(desc: dict, phase: int) -> int:
     return desc["steps"][k]["world"] if phase == 2 else desc["world"]
 
 
+def _torch_raised(events: list[dict]) -> bool:
+    """Whether PyTorch raised on any rank (decided together: the reference run has collectives)."""
+    flag = torch.tensor([float(any("error" in e for e in events))])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
 def _launch(descs: list[dict], impls: tuple, folder: str, phase: int) -> list[dict]:
     """[{impl: [events of rank 0, rank 1, ...]}] for each description, or raises LaunchError."""
     per_rank = launch(_on_ranks, _world(descs[0], phase), args=(descs, impls, folder, phase),
                       timeout=_timeout(descs, impls), capture_output=True)
-    return [{impl: [rank[i][impl] for rank in per_rank] for impl in impls} for i in range(len(descs))]
+    return [{impl: [rank[i][impl] for rank in per_rank] for impl in per_rank[0][i]} for i in range(len(descs))]
 
 
 def _isolated(descs: list[dict], folder: str, phase: int, impls: tuple = IMPLS) -> list[dict]:
@@ -59,7 +72,10 @@ def _isolated(descs: list[dict], folder: str, phase: int, impls: tuple = IMPLS) 
             half = len(descs) // 2
             return _isolated(descs[:half], folder, phase, impls) + _isolated(descs[half:], folder, phase, impls)
         if len(impls) > 1:
-            return [{impl: _isolated(descs, folder, phase, (impl,))[0][impl] for impl in impls}]
+            merged: dict = {}
+            for impl in impls:
+                merged.update(_isolated(descs, folder, phase, (impl,))[0])
+            return [merged]
         kind = "hang" if "Timeout" in type(exc).__name__ else "crash"
         text = str(exc).strip().splitlines()
         event = {"op": "launch", "error": f"{kind}: {text[0][:300] if text else type(exc).__name__}"}
@@ -88,8 +104,8 @@ def _merge(into: dict, obs: dict, phase: int) -> None:
         if phase == 1:
             into[impl] = per_rank
             continue
-        mine = into[impl]
-        if not all(events and events[-1]["op"] == "save" and "error" not in events[-1] for events in mine):
+        mine = into.get(impl)
+        if mine is None or not all(events and events[-1]["op"] == "save" and "error" not in events[-1] for events in mine):
             continue
         for r, events in enumerate(per_rank):
             if r < len(mine):

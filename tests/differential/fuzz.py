@@ -50,12 +50,16 @@ def main(argv=None) -> int:
             ran += 1
             findings, known = differences(desc, obs)
             known_count += len(known)
-            for diff in findings:
+            # the first difference of a program is its finding: later ones are mostly its consequences
+            # (a step that went wrong changes every value after it)
+            for diff in findings[:1]:
                 kind = _kind(desc, diff)
                 if kind in seen:
                     seen[kind]["seeds"].append(desc["seed"])
                     continue
                 print(f"[seed {desc['seed']}] {desc['design']}: {diff}", flush=True)
+                for later in findings[1:]:
+                    print(f"    then {later}", flush=True)
                 seen[kind] = {"seeds": [desc["seed"]], "diff": diff, "desc": desc}
                 if time.monotonic() < deadline:
                     small, small_diff = minimise(desc, diff, log=lambda m: print(m, flush=True))

@@ -35,11 +35,11 @@ def _only_kind_differs(diff, kind: str) -> bool:
 
 
 def _after_forward_without_backward(desc, diff) -> bool:
-    return any(s["op"] in ("eval", "nograd") for s in desc["steps"][:max(diff.step - 1, 0)])
+    return any(s["op"] in ("eval", "nograd") for s in desc["steps"][:max(diff.step, 0)])
 
 
 def _to_after_forward_without_backward(desc, diff) -> bool:
-    steps = desc["steps"][:max(diff.step - 1, 0)]
+    steps = desc["steps"][:max(diff.step, 0)]
     return any(s["op"] == "to" and any(t["op"] in ("eval", "nograd") for t in steps[:i])
                for i, s in enumerate(steps))
 

@@ -94,6 +94,7 @@ class Program:
             self.top, self.wrapped = self._build(desc["seed"], desc["wrap"])
 
     def _build(self, seed, spec):
+        self.spec = spec
         top = build(self.desc["model"], seed)
         wrapped = wrapping.wrap(top, self.design, spec, self.impl)
         return (top if isinstance(top, Owner) else wrapped), wrapped
@@ -115,7 +116,7 @@ class Program:
         return [m for m in self.wrapped.modules() if isinstance(m, cls)]
 
     def no_sync(self, on: bool):
-        if not on:
+        if not on or self.impl == "plain":
             return contextlib.nullcontext()
         if self.design == "flat":
             return self.wrapped.no_sync()
@@ -149,21 +150,33 @@ class Program:
         opt, losses = self.optimizer(), []
         with CollectiveCounter() as counter:
             for j in range(s["accum"]):
-                with self.no_sync(s["no_sync"] and j < s["accum"] - 1):
+                unsynced = s["no_sync"] and j < s["accum"] - 1
+                with self.no_sync(unsynced):
                     loss = self.top(self.batch(i, j)).float().pow(2).mean()
                     loss.backward()
+                if self.impl == "plain" and not unsynced:
+                    self.average_grads()
                 losses.append(loss.item())
         out = {"losses": losses, "collectives": counter.counts}
         if self.design == "per_param":
             out["grad_is_none"] = sorted(n for n, p in self.top.named_parameters() if p.grad is None)
         if s["clip"]:
-            if self.design == "flat":
+            if self.design == "flat" and self.impl == "plain":
+                out["clip_norm"] = float(torch.nn.utils.clip_grad_norm_(list(self.wrapped.parameters()), s["clip"]))
+            elif self.design == "flat":
                 out["clip_norm"] = float(self.wrapped.clip_grad_norm_(s["clip"]))
             else:
                 out["clip_norm"] = float(full(torch.nn.utils.clip_grad_norm_(list(self.top.parameters()), s["clip"])))
         opt.step()
         opt.zero_grad(set_to_none=True)
         return out
+
+    def average_grads(self):
+        """The unsharded reference's gradient sync: the mean over ranks of what a wrapping would reduce."""
+        spec = self.spec
+        for p in wrapping.synced_params(self.wrapped, self.design, spec):
+            if p.grad is not None:
+                dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
 
     def eval(self, i, s, train_mode=False):
         was = self.top.training

@@ -87,6 +87,14 @@ def wrap_per_param(net: nn.Module, wrap: dict, impl: str) -> nn.Module:
     return net
 
 
+def synced_params(net: nn.Module, design: str, spec: dict) -> list[nn.Parameter]:
+    """The parameters a wrapping averages across ranks (what the unsharded reference must average): the
+    whole net, except with fully_shard on the blocks alone (no root), which leaves the rest unsynced."""
+    if design == "per_param" and spec["policy"] == "blocks_noroot":
+        return [p for m in net.modules() if isinstance(m, Block) for p in m.parameters()]
+    return list(net.parameters())
+
+
 def compile_blocks(net: nn.Module) -> None:
     """`torch.compile(backend="aot_eager")` on every Block, in place (what FSDP2's docs do per layer)."""
     for m in list(net.modules()):
@@ -95,9 +103,13 @@ def compile_blocks(net: nn.Module) -> None:
 
 
 def wrap(top: nn.Module, design: str, spec: dict, impl: str) -> nn.Module:
-    """Shard `top`'s net (the owner's `.model`, or `top`) in place; returns the wrapped net."""
+    """Shard `top`'s net (the owner's `.model`, or `top`) in place; returns the wrapped net. impl "plain":
+    not sharded at all (the unsharded reference; the runner averages its gradients itself)."""
     net = top.model if isinstance(top, Owner) else top
-    wrapped = wrap_flat(net, spec, impl) if design == "flat" else wrap_per_param(net, spec, impl)
+    if impl == "plain":
+        wrapped = net
+    else:
+        wrapped = wrap_flat(net, spec, impl) if design == "flat" else wrap_per_param(net, spec, impl)
     if isinstance(top, Owner):
         top.model = wrapped
     if spec.get("compile") == "blocks":
@@ -108,7 +120,7 @@ def wrap(top: nn.Module, design: str, spec: dict, impl: str) -> nn.Module:
 def submodule(wrapped: nn.Module, design: str, path: str) -> nn.Module:
     """The module at `path` of the original net, reached through the wrappers (`.module` of the flat
     design's wrapper, then attributes: FSDP1's inner wrappers read through to their module's)."""
-    m = wrapped.module if design == "flat" else wrapped
+    m = getattr(wrapped, "module", wrapped) if design == "flat" else wrapped  # the plain net has no .module
     for part in path.split("."):
         m = getattr(m, part)
     return m
