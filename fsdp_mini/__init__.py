@@ -25,7 +25,8 @@ The library, bottom up (a module imports only from its own layer or the ones bef
      the flat design (FSDP1's): flat_param_handle (one flat parameter's gather / free / reduce), fsdp
      (the wrapper and its units); the per-parameter design (FSDP2's): fsdp_param (one parameter's dim-0
      shard), fsdp_param_group (a unit's collectives and lifecycle), fully_shard (the API and its hooks);
-     replicate (DDP applied in place, beside fully_shard); tp_operators (Megatron's f and g) and
+     replicate (DDP applied in place, beside fully_shard), replicate_with_fsdp (FSDP2's replicate: fully_shard's
+     units over a replicate-only mesh); tp_operators (Megatron's f and g) and
      tensor_parallel (parallelize_module, column- and row-wise, sequence parallel); state_dict (full
      state dicts), checkpoint (sharded DCP checkpoints; sharded_boxes: their pieces, and DCP planners that write them;
      checkpoint_integrity: staging, checksums, atomic commit), memory_ledger (a step's bytes by kind

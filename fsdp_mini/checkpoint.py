@@ -86,7 +86,7 @@ from fsdp_mini.flight_recorder import recorded
 from fsdp_mini.fully_shard import FSDPModule
 from fsdp_mini.runtime import require_distributed
 from fsdp_mini.sharded_boxes import Box, BoxedTensor, BoxesLoadPlanner, BoxesSavePlanner
-from fsdp_mini.state_dict import sharding_design
+from fsdp_mini.state_dict import flat_wrappers, own_state, sharding_design
 from fsdp_mini.zero_checkpoint import is_replicated, replicated_state_dict, unwrapped
 
 __all__ = ["save_checkpoint", "load_checkpoint", "sharded_state_dict", "CheckpointLoadPlanner", "CheckpointError",
@@ -143,13 +143,13 @@ class _HandleBoxes:
     other ranks' boxes are theirs to describe: DCP's coordinator gathers every rank's plan.
     """
 
-    def __init__(self, h, shard_rank: int):
-        self.params = {info.names[0]: info for info in h.layout.params}
+    def __init__(self, h, shard_rank: int, prefix: str = ""):
+        self.params = {prefix + info.names[0]: info for info in h.layout.params}
         self.boxes: dict[str, list[Box]] = {name: [] for name in self.params}
         for piece in h.layout.pieces(shard_rank):
             at = piece.shard_offset
             for offsets, sizes in _boxes(_saved_shape(piece.param), piece.start, piece.end):
-                self.boxes[piece.param.names[0]].append(Box(offsets, sizes, at))
+                self.boxes[prefix + piece.param.names[0]].append(Box(offsets, sizes, at))
                 at += math.prod(sizes)
 
     def boxed(self, flat: torch.Tensor) -> dict[str, BoxedTensor]:
@@ -165,26 +165,42 @@ class _HandleBoxes:
 def _design(model) -> str:
     """"replicated" (a plain or DistributedDataParallel model, under ZeRO-1: `fsdp_mini.zero_checkpoint`),
     else `fsdp_mini.state_dict`'s verdict: "per-parameter" (fully_shard on the model or on some of its
-    modules only) or "flat" (an FSDP wrapper); anything else is a ValueError."""
+    modules only) or "flat" (an FSDP wrapper, or a module that holds FSDP parts); anything else is a ValueError."""
     return "replicated" if is_replicated(model) else sharding_design(model)
 
 
 def _layout_plans(model) -> list[tuple[Any, _HandleBoxes]]:
-    """For each handle, where this rank's boxes live."""
-    return [(h, _HandleBoxes(h, model.mesh_info.shard_mesh_rank)) for h in model.handles]
+    """For each handle of each FSDP part of `model` (the model itself, or the parts a holder has), where this
+    rank's boxes live, under the part's key prefix."""
+    return [(h, _HandleBoxes(h, wrapper.mesh_info.shard_mesh_rank, prefix))
+            for prefix, wrapper in flat_wrappers(model) for h in wrapper.handles]
 
 
-def _optimizer_params(model, optimizer, plans):
-    """(group index, shard, handle plan) for every parameter of `optimizer`; each must be a shard."""
-    by_id = {id(h.sharded_param): (h, boxes) for h, boxes in plans}
-    out = []
-    for gi, group in enumerate(optimizer.param_groups):
-        for p in group["params"]:
-            if id(p) not in by_id:
-                raise ValueError("the optimizer holds a tensor that is not one of this FSDP model's flat "
-                                 "shards: build it over model.parameters() after wrapping")
-            out.append((gi, p, *by_id[id(p)]))
-    return out
+def _first_names(state: dict[str, Any]) -> dict[int, str]:
+    """id -> first name of each tensor in a state dict (a tied tensor is listed under each of its names)."""
+    first: dict[int, str] = {}
+    for name, t in state.items():
+        if torch.is_tensor(t):
+            first.setdefault(id(t), name)
+    return first
+
+
+def _plain_optimizer_state(sd: dict[str, Any], finish: list, state: dict, name: str, saving: bool) -> None:
+    """The optimizer state of a parameter every rank holds whole (a per-parameter model's unsharded part, a
+    holder's own parameters beside its FSDP parts) or a DTensor: tensors go in as they are (DCP writes a
+    replicated one once and loads it in place); a scalar and a plain value are put back after the read."""
+    for key, value in state.items():
+        full_key = f"{OPTIM_PREFIX}{name}.{key}"
+        if isinstance(value, DTensor) or (torch.is_tensor(value) and value.numel() > 1):
+            sd[full_key] = value
+        elif torch.is_tensor(value):
+            sd[full_key] = value if saving else torch.empty_like(value)
+            if not saving:
+                finish.append(lambda v=value, k=full_key: v.copy_(sd[k]))
+        else:
+            sd[full_key] = value if saving else None
+            if not saving:
+                finish.append(lambda s=state, key=key, k=full_key: s.__setitem__(key, sd[k]))
 
 
 def _per_param_state_dict(model, optimizer, saving: bool):
@@ -211,19 +227,7 @@ def _per_param_state_dict(model, optimizer, saving: bool):
             if id(p) not in name_of:
                 raise ValueError("the optimizer holds a tensor that is not one of this model's parameters: build "
                                  "it over model.parameters() after fully_shard")
-            name = name_of[id(p)]
-            for key, value in optimizer.state.get(p, {}).items():
-                full_key = f"{OPTIM_PREFIX}{name}.{key}"
-                if isinstance(value, DTensor) or (torch.is_tensor(value) and value.numel() > 1):
-                    sd[full_key] = value
-                elif torch.is_tensor(value):
-                    sd[full_key] = value if saving else torch.empty_like(value)
-                    if not saving:
-                        finish.append(lambda v=value, k=full_key: v.copy_(sd[k]))
-                else:
-                    sd[full_key] = value if saving else None
-                    if not saving:
-                        finish.append(lambda s=optimizer.state[p], key=key, k=full_key: s.__setitem__(key, sd[k]))
+            _plain_optimizer_state(sd, finish, optimizer.state.get(p, {}), name_of[id(p)], saving)
     sd[PARAM_GROUPS_KEY] = _param_groups(model, optimizer) if saving else None
     return sd, [], finish
 
@@ -234,7 +238,9 @@ def _param_names(model) -> dict[int, list[str]]:
     the names of the parameters in a flat shard."""
     if _design(model) != "flat":
         return {id(p): [name] for name, p in unwrapped(model).named_parameters()}
-    return {id(h.sharded_param): [info.names[0] for info in h.layout.params] for h in model.handles}
+    names = {id_: [name] for id_, name in _first_names(own_state(model)).items()}  # a holder's own parameters
+    return names | {id(h.sharded_param): [prefix + info.names[0] for info in h.layout.params]
+                    for prefix, wrapper in flat_wrappers(model) for h in wrapper.handles}
 
 
 def _group_names(model, optimizer) -> list[list[str]]:
@@ -257,7 +263,11 @@ def _tied_names(model) -> dict[str, str]:
         for name, t in state.items():
             first.setdefault(id(t), name)
         return {name: first[id(t)] for name, t in state.items() if first[id(t)] != name}
-    return {alias: info.names[0] for h in model.handles for info in h.layout.params for alias in info.names[1:]}
+    own = own_state(model)  # a holder's own tensors, tied among themselves
+    first = _first_names(own)
+    return {**{name: first[id(t)] for name, t in own.items() if torch.is_tensor(t) and first[id(t)] != name},
+            **{prefix + alias: prefix + info.names[0] for prefix, wrapper in flat_wrappers(model)
+               for h in wrapper.handles for info in h.layout.params for alias in info.names[1:]}}
 
 
 def _listed(items: list[str], limit: int = 12) -> str:
@@ -328,17 +338,30 @@ def _state_dict(model, optimizer, saving: bool):
     finish: list[Callable[[], Any]] = []
     for h, boxes in plans:
         sd.update(boxes.boxed(h.sharded_param.detach()))
-        for info in h.layout.params:
+        for name, info in boxes.params.items():
             if info.numel == 0:  # no boxes: a plain empty tensor keeps the key (and its shape) in the file
-                sd[info.names[0]] = torch.empty(tuple(info.shape), dtype=h.sharded_param.dtype, device=h.sharded_param.device)
-    persistent = set(model.state_dict_keys)
-    for name, buf in model.module.named_buffers(remove_duplicate=False):
-        if name in persistent:
-            sd[name] = buf  # replicated: DCP writes it once and loads it in place on every rank
+                sd[name] = torch.empty(tuple(info.shape), dtype=h.sharded_param.dtype, device=h.sharded_param.device)
+    for prefix, wrapper in flat_wrappers(model):
+        persistent = set(wrapper.state_dict_keys)
+        for name, buf in wrapper.module.named_buffers(remove_duplicate=False):
+            if name in persistent:
+                sd[prefix + name] = buf  # replicated: DCP writes it once and loads it in place on every rank
+    own = own_state(model)  # a holder's own parameters and buffers beside its FSDP parts: replicated, like buffers
+    own_names = _first_names(own)
+    sd.update({name: t.detach() for name, t in own.items() if torch.is_tensor(t) and own_names[id(t)] == name})
     if optimizer is None:
         return sd, prepare, finish
 
-    for _, p, h, boxes in _optimizer_params(model, optimizer, plans):
+    by_id = {id(h.sharded_param): (h, boxes) for h, boxes in plans}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if id(p) in own_names:
+                _plain_optimizer_state(sd, finish, optimizer.state.get(p, {}), own_names[id(p)], saving)
+            elif id(p) not in by_id:
+                raise ValueError("the optimizer holds a tensor that is not one of this model's parameters or FSDP "
+                                 "flat shards: build it over model.parameters() after wrapping")
+    for p in (p for group in optimizer.param_groups for p in group["params"] if id(p) in by_id):
+        h, boxes = by_id[id(p)]
         names = list(boxes.params)
         for key, value in optimizer.state.get(p, {}).items():
             if torch.is_tensor(value) and value.shape == p.shape:
@@ -614,7 +637,8 @@ def load_checkpoint(path: str | os.PathLike, model, optimizer=None, *, verify: b
     for step in prepare:
         step()
     if _design(model) == "flat":
-        model.reshard()  # the gathered copies would be stale: drop them (as load_full_state_dict does)
+        for _, wrapper in flat_wrappers(model):
+            wrapper.reshard()  # the gathered copies would be stale: drop them (as load_full_state_dict does)
     read = set(objects)
     tensors = {key: value for key, value in sd.items() if key not in read}
     with torch.no_grad(), _as_runtime_error("loading", path), recorded("load_checkpoint", "read"):

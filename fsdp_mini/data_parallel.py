@@ -27,7 +27,7 @@ import torch.distributed as dist
 from fsdp_mini.collectives import torch_all_gather_into_tensor
 
 __all__ = ["check_same_everywhere", "check_same_values", "check_same_fingerprints", "broadcast_from_rank0",
-           "fingerprint", "GradientSync"]
+           "fingerprint", "GradientSync", "refuse_deepcopy"]
 
 
 def _global_ranks(group, ranks: list[int]) -> list[int]:
@@ -85,14 +85,24 @@ def check_same_fingerprints(named: list[tuple[str, torch.Tensor]], group=None, d
     mine = torch.stack([fp for _, fp in named]).to(device)
     everyone = torch.empty((n, *mine.shape), dtype=mine.dtype, device=mine.device)
     torch_all_gather_into_tensor(everyone.view(-1), mine.view(-1), group=group)
-    differ = {r: int((everyone[r] != everyone[0]).any(dim=1).nonzero()[0]) for r in range(1, n)
-              if not torch.equal(everyone[r], everyone[0])}
+    # NaN equals NaN here: a buffer of identical NaN (or ±inf, whose sum is NaN) starts the same everywhere
+    differs = (everyone != everyone[0]) & ~(everyone.isnan() & everyone[0].isnan())
+    differ = {r: int(differs[r].any(dim=1).nonzero()[0]) for r in range(1, n) if differs[r].any()}
     if differ:
         first = named[min(differ.values())][0]
         source, *others = _global_ranks(group, [0, *sorted(differ)])
         raise ValueError(f"ranks {others} start from different values than rank {source} (first differing: "
                          f"{first}{where}): seed every rank the same way before building the model, or pass "
                          f"sync_module_states=True to start every rank from rank {source}'s values")
+
+
+def refuse_deepcopy(design: str):
+    """`copy.deepcopy` of a sharded model (or of a module that holds one, e.g. for an EMA copy): its parameters
+    are this rank's shards, tied to process groups that cannot be copied, so say what to do instead of
+    "cannot pickle ProcessGroup". PyTorch's FSDP2 refuses too ("FSDP does not support deepcopy")."""
+    raise RuntimeError(f"a model sharded by {design} cannot be deep-copied: its parameters are this rank's shards, "
+                       f"bound to process groups. For a copy (an EMA model, say), deep-copy the model before "
+                       f"sharding it, or build a fresh one and load fsdp_mini.full_state_dict(model) into it")
 
 
 def broadcast_from_rank0(tensors: list[torch.Tensor], group=None) -> None:

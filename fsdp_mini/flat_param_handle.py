@@ -31,7 +31,7 @@ import torch.nn as nn
 from fsdp_mini import collectives as C
 from fsdp_mini.comm_log import scope
 from fsdp_mini.flat_param import FlatLayout, flatten, unflatten_views
-from fsdp_mini.gathered_storage import free_storage, refill_storage, restore_version, version_of
+from fsdp_mini.gathered_storage import FreedParameter, free_storage, refill_storage, restore_version, version_of
 from fsdp_mini.grad_reduction import GradReduction
 from fsdp_mini.groups import MeshInfo
 from fsdp_mini.memory import MemoryTracker
@@ -67,9 +67,10 @@ class FlatParamHandle:
         self.aliased = mesh_info.shard_mesh_size == 1 and compute_dtype == full.dtype
         self.unsharded = self.sharded_param.detach() if self.aliased else full.to(compute_dtype)  # `full` is ours now
         self.leaves = [v.requires_grad_(requires_grad) for v in unflatten_views(self.unsharded, layout)]
-        for leaf, owners_of_leaf in zip(self.leaves, owners):
-            for module, name in owners_of_leaf:
-                setattr(module, name, leaf)
+        # what the modules hold while `unsharded` is freed (see FreedParameter): never a view of freed memory
+        self.freed = [FreedParameter(leaf, info.names[0]) for leaf, info in zip(self.leaves, layout.params)]
+        self.originals_registered = False  # inside summon_full_params: the modules hold nn.Parameters instead
+        self._use_unsharded_views()
         self.nbytes = 0 if self.aliased else self.unsharded.numel() * self.unsharded.element_size()
         self.sharded_state = ShardedState.UNSHARDED
         self.gather: PendingGather | None = None
@@ -85,6 +86,7 @@ class FlatParamHandle:
             return
         refill_storage(self.unsharded, self.nbytes)
         self.gathered_memory.alloc(self.nbytes, self.label)
+        self._use_unsharded_views()
         version = version_of(self.unsharded)
         src = self.sharded_param.detach().to(self.compute_dtype)
         if self.mesh_info.shard_process_group is None:
@@ -114,9 +116,34 @@ class FlatParamHandle:
         if self.aliased:
             return
         if self.sharded_state is ShardedState.UNSHARDED:
+            self._use_sharded_views()
             free_storage(self.unsharded)
             self.gathered_memory.free(self.nbytes, self.label)
         self.sharded_state = ShardedState.SHARDED
+
+    def _use_unsharded_views(self) -> None:
+        """The modules compute with views of the gathered buffer (FSDP1's `_use_unsharded_views`)."""
+        self._place(self.leaves)
+
+    def _place(self, tensors: list[torch.Tensor]) -> None:
+        if self.originals_registered:  # summon_full_params' parameters stay until it puts the views back
+            return
+        for tensor, owners_of_leaf in zip(tensors, self.owners):
+            for module, name in owners_of_leaf:
+                setattr(module, name, tensor)
+
+    def _use_sharded_views(self) -> None:
+        """The modules hold a `FreedParameter` per parameter while the gathered buffer is freed: a read between
+        steps is a clear error, not a read of freed memory."""
+        self._place(self.freed)
+
+    def set_requires_grad(self, requires_grad: bool) -> None:
+        """Freeze (or unfreeze) the whole flat parameter after wrapping: its shard and the views autograd
+        differentiates. Only whole, and only one that was built trainable: its gradient hooks and place in the
+        reduction order exist from construction (`FSDP.requires_grad_` checks both)."""
+        self.sharded_param.requires_grad_(requires_grad)
+        for leaf in self.leaves:
+            leaf.requires_grad_(requires_grad)
 
     def register_original_params(self) -> list[tuple[nn.Module, str, torch.Tensor]]:
         """Register the gathered views as the module's own `nn.Parameter`s (aliases of the gathered buffer,
@@ -129,13 +156,16 @@ class FlatParamHandle:
                 delattr(module, name)
                 module.register_parameter(name, alias)
                 placed.append((module, name, leaf))
+        self.originals_registered = True
         return placed
 
     def unregister_original_params(self, placed) -> None:
-        """Put the plain views back (what forward and backward use)."""
+        """Put the plain views back (what forward and backward use), or the freed placeholders if a forward
+        inside `summon_full_params` resharded the unit meanwhile."""
         for module, name, leaf in placed:
             unregister_parameter(module, name)
-            setattr(module, name, leaf)
+        self.originals_registered = False
+        self._place(self.leaves if self.sharded_state is not ShardedState.SHARDED else self.freed)
 
     # --- gradients -----------------------------------------------------------------------------------
 
@@ -209,11 +239,15 @@ class FlatParamHandle:
                 for info, view in zip(self.layout.params, unflatten_views(full, self.layout)) for name in info.names}
 
     def load_full_state(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Copy into this rank's shard the pieces of the full tensors it holds (no communication). The
+        """Copy into this rank's shard the pieces of the full tensors it holds (no communication); a
+        parameter none of whose names is in `state_dict` keeps its values (a non-strict load). The
         gathered copy, if any, is stale afterwards: the caller reshards first."""
         with torch.no_grad():
             for piece in self.layout.pieces(self.mesh_info.shard_mesh_rank):
-                src = state_dict[piece.param.names[0]].reshape(-1)[piece.start:piece.end]
+                name = next((n for n in piece.param.names if n in state_dict), None)
+                if name is None:
+                    continue
+                src = state_dict[name].reshape(-1)[piece.start:piece.end]
                 self.sharded_param[piece.shard_offset:piece.shard_offset + piece.numel].copy_(src)
 
     def __repr__(self) -> str:

@@ -41,6 +41,7 @@ what each strategy implies (reshard after forward, shard-group size) is `fsdp_mi
 from __future__ import annotations
 
 import warnings
+from collections import OrderedDict
 from contextlib import contextmanager
 from functools import partial
 from typing import Callable
@@ -53,7 +54,7 @@ from torch.distributed.tensor import DTensor
 from fsdp_mini import collectives as C
 from fsdp_mini.comm_log import scope
 from fsdp_mini.data_parallel import (GradientSync, broadcast_from_rank0, check_same_everywhere,
-                                     check_same_fingerprints, fingerprint)
+                                     check_same_fingerprints, fingerprint, refuse_deepcopy)
 from fsdp_mini.flat_param import flatten
 from fsdp_mini.flight_recorder import RECORDER
 from fsdp_mini.flat_param_handle import FlatParamHandle
@@ -164,6 +165,8 @@ class FSDP(GradientSync, nn.Module):
         if self.mixed_precision.buffer_dtype is not None:
             self._cast_buffers(self.mixed_precision.buffer_dtype)
         self._flat_params = nn.ParameterList([h.sharded_param for h in self.handles])
+        self._loading_prefix = ""  # where the last load_state_dict found this wrapper's keys
+        self.register_load_state_dict_post_hook(FSDP._drop_inner_missing_keys)
         mark_replaced(originals)  # an optimizer built before wrapping fails at its first step
         mark_wrapped(module, "FSDP")  # fully_shard on one of its modules is refused
         self.state_dict_keys: tuple[str, ...] = plan.state_dict_keys
@@ -183,6 +186,12 @@ class FSDP(GradientSync, nn.Module):
             m is owner for fp in plan.units[0].flat_params for p in fp.params for owner, _ in p.owners)}
         for name, owner in root_owners.values():
             owner.register_forward_pre_hook(partial(self._refuse_sharded_use, name or "the wrapped module"))
+        # A module inside holds no parameters any more: its requires_grad_ would change nothing. It freezes
+        # (or unfreezes) the flat parameters it covers instead, or says why it cannot (`requires_grad_`).
+        flattened = [n for h in self.handles for info in h.layout.params for n in info.names]
+        for name, inner in module.named_modules():
+            if any(_below(n, name) for n in flattened):
+                inner.requires_grad_ = weak_hook(self._requires_grad_below, name)
         for u, unit in enumerate(self.units):
             if not unit.is_root:
                 if self.mixed_precision.cast_forward_inputs:
@@ -240,6 +249,9 @@ class FSDP(GradientSync, nn.Module):
     # --- forward -------------------------------------------------------------------------------------
 
     def forward(self, *args, **kwargs):
+        for h in self.handles:  # a flat shard's requires_grad set directly (model.parameters()): its views follow
+            if h.sharded_param.requires_grad != h.leaves[0].requires_grad:
+                self._set_requires_grad([h], h.sharded_param.requires_grad)
         for t in tensors_in((args, kwargs)):
             if t.device != self.device:
                 raise ValueError(f"input on {t.device}, but this rank computes on {self.device}: "
@@ -390,6 +402,60 @@ class FSDP(GradientSync, nn.Module):
         self._next_reduce, self._complete = 0, set()
         self.backward_order.end_recording()
 
+    # --- after wrapping: freezing, conversions --------------------------------------------------------
+
+    def requires_grad_(self, requires_grad: bool = True) -> "FSDP":
+        """Freeze (or unfreeze) the whole model: every flat parameter (see `_requires_grad_below`)."""
+        self._requires_grad_below("", requires_grad)
+        return self
+
+    def _requires_grad_below(self, name: str, requires_grad: bool = True) -> nn.Module:
+        """`requires_grad_` of the wrapped module `name` ("" for the whole): its parameters live in flat
+        parameters now, so it freezes the flat parameters it covers, as FSDP1 freezes a unit's flat parameter.
+        A flat parameter is one tensor to autograd and to the optimizer: one the module covers only in part
+        cannot be frozen in part, and is a ValueError naming the fix, before anything changes."""
+        covered = []
+        for h in self.handles:
+            inside = [any(_below(n, name) for n in info.names) for info in h.layout.params]
+            if not any(inside):
+                continue
+            if not all(inside):
+                where = f"{name or 'the wrapped module'}"
+                others = [info.names[0] for info, i in zip(h.layout.params, inside) if not i]
+                raise ValueError(f"{where}.requires_grad_({requires_grad}) after FSDP: its parameters share the flat "
+                                 f"parameter '{h.label}' with {_listed(others)}, and the flat design trains a flat "
+                                 f"parameter as one tensor. Set requires_grad before wrapping (frozen parameters "
+                                 f"then get a flat parameter of their own), make the module a unit of its own "
+                                 f"(wrap=...), or use fully_shard, which freezes per parameter")
+            covered.append(h)
+        self._set_requires_grad(covered, requires_grad)
+        return self.module.get_submodule(name)
+
+    def _set_requires_grad(self, handles: list[FlatParamHandle], requires_grad: bool) -> None:
+        built_frozen = [h.label for h in handles if requires_grad and not h.requires_grad]
+        if built_frozen:
+            raise ValueError(f"cannot unfreeze {built_frozen} after FSDP: they were frozen when wrapped, so FSDP built "
+                             f"them without gradient hooks or a place among the reductions. Wrap the model with them "
+                             f"trainable (and freeze them after wrapping, if they start frozen), or use fully_shard")
+        for h in handles:
+            h.set_requires_grad(requires_grad)
+
+    def _apply(self, fn, recurse: bool = True):
+        """`.to()`, `.half()`, `.double()`, `.cpu()` ... on the wrapper or a module holding it: a conversion
+        that would change the flat shards' dtype or device is a ValueError before anything changes. The shards
+        would change while the units go on gathering, computing and reducing in the dtype and on the device
+        chosen at wrapping (PyTorch's FSDP1 accepts `.to(torch.bfloat16)` in torch 2.13; fsdp_mini refuses)."""
+        for h in self.handles:
+            probe = torch.empty(0, dtype=h.sharded_param.dtype, device=h.sharded_param.device)
+            moved = fn(probe)
+            if moved.dtype != probe.dtype or moved.device != probe.device:
+                raise ValueError(f"FSDP holds its parameters in flat shards of {probe.dtype} on {probe.device}; this "
+                                 f"conversion would make them {moved.dtype} on {moved.device} while every unit goes on "
+                                 f"computing as set at wrapping. Convert the model before wrapping it, or compute in "
+                                 f"another dtype with mixed_precision=MixedPrecision(param_dtype=...); fully_shard "
+                                 f"follows .to() after wrapping")
+        return super()._apply(fn, recurse)
+
     # --- public helpers ------------------------------------------------------------------------------
 
     @contextmanager
@@ -459,28 +525,84 @@ class FSDP(GradientSync, nn.Module):
             values[name] = buf.detach().to("cpu", dtype=self._buffer_dtypes[name], copy=True)
         return {k: values[k] for k in self.state_dict_keys}
 
+    def full_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every key of the full state dict -> its shape."""
+        shapes = {name: shape for h in self.handles for name, shape in h.full_shapes().items()}
+        buffers = dict(self.module.named_buffers(remove_duplicate=False))
+        return {k: shapes[k] if k in shapes else tuple(buffers[k].shape) for k in self.state_dict_keys}
+
     def load_full_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Load a full state dict (strict: every key, every shape, or a ValueError before anything is
         copied); each rank keeps only its shards. No communication."""
-        shapes = {name: shape for h in self.handles for name, shape in h.full_shapes().items()}
-        buffers = dict(self.module.named_buffers(remove_duplicate=False))
-        check_full_state_dict({k: shapes[k] if k in shapes else tuple(buffers[k].shape)
-                               for k in self.state_dict_keys}, state_dict)
+        check_full_state_dict(self.full_shapes(), state_dict)
+        self._copy_in(state_dict)
+
+    def _copy_in(self, values: dict[str, torch.Tensor]) -> None:
+        """Copy full tensors (any subset of the full state dict's keys, shapes checked) into the shards and
+        buffers; each rank keeps only its pieces. No communication."""
         self.reshard()  # the gathered copies would be stale
         for h in self.handles:
-            h.load_full_state(state_dict)
+            h.load_full_state(values)
+        buffers = dict(self.module.named_buffers(remove_duplicate=False))
         with torch.no_grad():
             for name in self.state_dict_keys:
-                if name in buffers:
-                    buffers[name].copy_(state_dict[name])
+                if name in buffers and name in values:
+                    buffers[name].copy_(values[name])
 
-    def state_dict(self, *args, **kwargs):  # the familiar call gives the familiar keys
-        return self.full_state_dict()
+    def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
+        """The full state dict (`full_state_dict`): the familiar call gives the familiar keys. With nn.Module's
+        `destination` and `prefix`, which a parent's `state_dict()` passes when it reaches this wrapper, its
+        entries go there under the prefix: a model that holds an FSDP part saves that part whole, as with
+        PyTorch's FSDP1. Collective (every rank must call it). `keep_vars` changes nothing: the values are
+        gathered copies."""
+        if args:  # nn.Module's deprecated positional form: state_dict(destination, prefix, keep_vars)
+            destination, prefix, keep_vars = (*args, *(destination, prefix, keep_vars)[len(args):])[:3]
+        if destination is None:
+            destination = OrderedDict()
+            destination._metadata = OrderedDict()  # type: ignore[attr-defined] - as nn.Module's
+        for name, value in self.full_state_dict().items():
+            destination[prefix + name] = value
+        return destination
 
-    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        if not strict or assign:
-            raise ValueError("FSDP.load_state_dict supports strict=True, assign=False only")
-        self.load_full_state_dict(state_dict)
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs) -> None:
+        """nn.Module's `load_state_dict` (on this wrapper or on a module that holds it) calls this with the
+        keys under `prefix`: the wrapped module's names, as `state_dict()` gives them. The present keys of the
+        right shape are copied into the shards (what `load_state_dict` does with a plain module), the rest
+        reported as nn.Module reports them (missing, unexpected, size mismatch; `strict` decides whether that
+        raises, after the whole traversal, as in PyTorch). The keys are taken out of `state_dict`, so the
+        wrapper's own children (`module`, whose parameters are flattened, and `_flat_params`) see none of
+        them; what those would report missing is dropped by `_drop_inner_missing_keys`. No communication."""
+        if local_metadata.get("assign_to_params_buffers", False):
+            raise ValueError("load_state_dict(assign=True) cannot replace the flat design's parameters (they are "
+                             "views into flat shards): load without assign, which copies into the shards")
+        expected = self.full_shapes()
+        mine = {key[len(prefix):]: key for key in state_dict if key.startswith(prefix)}
+        values = {}
+        for name, shape in expected.items():
+            if name not in mine:
+                missing_keys.append(prefix + name)
+            elif tuple(state_dict[mine[name]].shape) != shape:
+                error_msgs.append(f"size mismatch for {mine[name]}: copying a param with shape "
+                                  f"{state_dict[mine[name]].shape} from checkpoint, the shape in current model is "
+                                  f"{torch.Size(shape)}.")
+            else:
+                values[name] = state_dict[mine[name]]
+        unexpected_keys.extend(key for name, key in mine.items() if name not in expected)
+        for key in mine.values():
+            del state_dict[key]
+        self._loading_prefix = prefix
+        self._copy_in(values)
+
+    @staticmethod
+    def _drop_inner_missing_keys(module: "FSDP", incompatible_keys) -> None:
+        """A load-state-dict post-hook: the keys `module.*` and `_flat_params.*` under this wrapper are its
+        internals (the flattened module's buffers were loaded under their own names), never in a state dict."""
+        inner = tuple(module._loading_prefix + child for child in ("module.", "_flat_params."))
+        incompatible_keys.missing_keys[:] = [k for k in incompatible_keys.missing_keys if not k.startswith(inner)]
+
+    def __deepcopy__(self, memo):
+        refuse_deepcopy("FSDP")
 
     def __getattr__(self, name: str):  # attributes of the wrapped module read through, as in PyTorch
         try:
@@ -490,6 +612,15 @@ class FSDP(GradientSync, nn.Module):
             if inner is None:
                 raise
             return getattr(inner, name)
+
+
+def _below(param_name: str, module_name: str) -> bool:
+    """Whether the parameter `param_name` lies inside the module `module_name` ("" is the whole model)."""
+    return not module_name or param_name.startswith(module_name + ".")
+
+
+def _listed(names: list[str], limit: int = 4) -> str:
+    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
 def _full_flat(fp: FlatParamPlan, layout, device) -> torch.Tensor:

@@ -53,9 +53,12 @@ class FSDPParam:
     """One original parameter: where it lives in the module, its padded dim-0 shard, its gathered copy."""
 
     def __init__(self, name: str, owners: list[tuple[nn.Module, str]], param: nn.Parameter, mesh, shard_rank: int,
-                 shard_size: int, mp_policy: MixedPrecisionPolicy, device: torch.device, shard_dim: int = 0):
+                 shard_size: int, mp_policy: MixedPrecisionPolicy, device: torch.device, shard_dim: int = 0,
+                 placements: tuple | None = None):
         """`mp_policy`: the unit's `MixedPrecisionPolicy` (which dtype the parameter is gathered in).
-        `shard_dim`: the dimension to split (`fully_shard`'s `shard_placement_fn`); 0 by default."""
+        `shard_dim`: the dimension to split (`fully_shard`'s `shard_placement_fn`); 0 by default.
+        `placements`: the DTensor's, when not sharding's (FSDP2's replicate: `(Replicate(),)` on a 1-D mesh,
+        shard_size 1)."""
         if param.dim() == 0:
             raise ValueError(f"parameter {name} is a 0-dim tensor: per-parameter sharding splits dim 0, "
                              f"so give it at least one dimension (e.g. shape (1,))")
@@ -72,7 +75,7 @@ class FSDPParam:
         start = min(shard_rank * self.chunk_rows, self.rows)
         self.row_start = start  # this rank's first row of the parameter
         self.local_rows = max(0, min(self.rows, start + self.chunk_rows) - start)
-        self.placements = (Shard(shard_dim),) if mesh.ndim == 1 else (Replicate(), Shard(shard_dim))
+        self.placements = placements or ((Shard(shard_dim),) if mesh.ndim == 1 else (Replicate(), Shard(shard_dim)))
         self.unsharded: nn.Parameter | None = None
         self.grad_hooked = False  # the unit's post-accumulate-grad hook is on the current `unsharded`
         self.accumulated_grad: torch.Tensor | None = None  # unsynced micro-batches' sum, in the reduce dtype

@@ -95,6 +95,9 @@ class FSDPParamGroup:
         self.partial_outputs: dict[tuple[int, ...], torch.Tensor] = {}  # those chunks, per reduction
         self.grads_ready = 0
         self.expected_grads: int | None = None
+        # ids of the parameters whose modules the root's forward did not run (a unit's forward completed by
+        # the root, FSDPState._force_complete_incomplete_states): this backward brings them no gradient
+        self.params_not_run: set[int] = set()
         self.post_forward_indices: list[int] = []  # where this unit's post-forwards are in the root's order
 
     @property
@@ -280,9 +283,19 @@ class FSDPParamGroup:
             self.grads_ready += 1
             self.maybe_post_backward()
 
-    def inputs_grad_ready(self) -> None:
-        """Backward has computed the gradients of one forward call's inputs."""
+    def inputs_grad_ready(self, partial: bool = False) -> None:
+        """Backward has computed the gradients of one forward call's inputs. `partial`: a call that ran only
+        part of the unit (a chunked loss's head called alone after the root's forward ran the norm): no
+        pre-backward reached it, and its backward is over now, whatever the rest of the unit's parameters
+        do; as in FSDP2 (`is_partial_group_backward`, _fsdp_param_group.py:598), reduce what it produced and
+        reshard, then forget the call, so that the unit's other calls (the root forward's) end as usual."""
         self.finished_calls += 1
+        if partial:
+            self.post_backward()
+            self.hooked_calls -= 1
+            self.finished_calls -= 1
+            self._forget_grads()
+            return
         self.maybe_post_backward()
 
     def maybe_post_backward(self) -> None:
@@ -290,8 +303,10 @@ class FSDPParamGroup:
         gradient and every hooked forward call its input gradients."""
         if self.training_state in (TrainingState.IDLE, TrainingState.POST_BACKWARD):
             return
+        if self.training_state is TrainingState.FORWARD:
+            return  # a call that ran part of the unit: it ends on its inputs' gradients (inputs_grad_ready)
         if self.expected_grads is None:  # read once per backward: the parameters that require grad now
-            self.expected_grads = len(self.trainable)
+            self.expected_grads = len([p for p in self.trainable if id(p) not in self.params_not_run])
         if self.grads_ready == self.expected_grads and self.finished_calls == self.hooked_calls:
             self.post_backward()
 
@@ -386,8 +401,20 @@ class FSDPParamGroup:
     def finalize_backward(self, wait: bool) -> None:
         """End of backward, for each unit the root's forward ran, after `reduce_at_end`: free the gathered
         parameters (unless `reshard_after_backward` is False), forget this backward's counts; `wait` (the
-        last backward of the step) also forgets the step's post-forwards."""
-        if self.reshard_after_backward:
+        last backward of the step) also forgets the step's post-forwards.
+
+        A gather in flight for a unit whose backward is over was prefetched for a use that did not come (the
+        unit that ran before in forward order ran in an earlier micro-batch, say). FSDP2's final callback
+        finalizes only after the last backward (torch/distributed/fsdp/_fully_shard/_fsdp_state.py:418), so
+        after any other the gather stays in flight and the next forward's `unshard` takes it without an
+        AllGather (_fsdp_param_group.py:373); the last backward's `finalize_backward` waits for it and drops
+        it (_fsdp_param_group.py:781). fsdp_mini does the same."""
+        prefetched = (self.sharded_state is ShardedState.UNSHARDING
+                      and self.training_state is TrainingState.POST_BACKWARD)
+        if prefetched:
+            if wait:
+                self.reshard()
+        elif self.reshard_after_backward:
             self.reshard()
         self.reset_backward()
         if wait:
@@ -426,11 +453,17 @@ class FSDPParamGroup:
         self.reset_backward()
 
     def reset_backward(self) -> None:
-        self.grads_ready = self.hooked_calls = self.finished_calls = 0
+        self.hooked_calls = self.finished_calls = 0
+        self.params_not_run = set()
+        self._forget_grads()
+        self.training_state = TrainingState.IDLE
+
+    def _forget_grads(self) -> None:
+        """Forget which parameters have their gradient in this backward."""
+        self.grads_ready = 0
         self.expected_grads = None
         for p in self.params:
             p.grad_ready = False
-        self.training_state = TrainingState.IDLE
 
     def __repr__(self) -> str:
         return f"FSDPParamGroup({self.label}, {len(self.params)} params, {self.sharded_state.name})"

@@ -31,6 +31,12 @@ called again after the previous chunk's backward ended prefetches nothing). `set
 `set_modules_to_backward_prefetch` set both orders by hand; an empty list means what it means in FSDP2:
 no forward prefetch, and backward's default (FSDP2 cannot turn backward prefetch off, _fsdp_state.py:384).
 
+A unit over several modules (`fully_shard([norm, head])`) whose forward ran only some of them (a chunked loss:
+the model's forward stops after the norm, the head runs later on chunks of its output) is completed by the
+root's post-forward, as FSDP2 does: resharded, recorded, and gathered again when backward reaches the root's
+output. Each standalone call of the rest (the head on a chunk) gathers the unit, prefetches nothing, and
+ends on its inputs' gradients: one AllGather and one ReduceScatter per chunk, as in FSDP2.
+
 The optimizer steps on DTensors: every op of its per-parameter loop dispatches through DTensor, so on a
 CPU (where PyTorch does not pick it by default) pass `foreach=True` to the optimizer, one dispatch for
 all parameters: measured ~6x faster for AdamW on the course's GPT.
@@ -44,10 +50,11 @@ import weakref
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from fsdp_mini import collectives as C
-from fsdp_mini.data_parallel import GradientSync, broadcast_from_rank0, check_same_everywhere, check_same_values
+from fsdp_mini.data_parallel import (GradientSync, broadcast_from_rank0, check_same_everywhere, check_same_values,
+                                     refuse_deepcopy)
 from fsdp_mini.flight_recorder import RECORDER
 from fsdp_mini.fsdp_param import FSDPParam
 from fsdp_mini.fsdp_param_group import FSDPParamGroup, post_forward_shards
@@ -128,6 +135,9 @@ class UnshardHandle:
 
 class FSDPModule:
     """The methods a module gains from `fully_shard` (the names of PyTorch's FSDP2)."""
+
+    def __deepcopy__(self, memo):
+        refuse_deepcopy("fully_shard")
 
     def unshard(self, async_op: bool = False) -> UnshardHandle | None:
         """Gather this unit's parameters now (e.g. before a custom use outside forward)."""
@@ -320,6 +330,12 @@ class FSDPState:
         # the root, whose forward ends last, prefetches the last block as soon as backward starts
         self.post_forward_order: list[FSDPParamGroup] = []
         self.backward_queued = False
+        # between the root's pre-forward and post-forward: only then does a unit's forward know which unit
+        # runs next (forward prefetch); a unit called standalone afterwards (a chunked loss's head) does not
+        self.forward_running = False
+        # every state under the root (itself included), in `named_modules()` pre-order (FSDP2's
+        # `all_states`): the root's post-forward completes the units whose forward ran only in part
+        self.all_states: list[FSDPState] = []
         self.reductions = ReductionQueue()  # the root's: every unit's reduction in flight
 
     # --- lazy initialisation at the root -----------------------------------------------------------
@@ -331,6 +347,8 @@ class FSDPState:
         labelled = set()
         for path, m in self.module.named_modules():
             state = _state_or_none(m)
+            if state is not None and not any(s is state for s in self.all_states):
+                self.all_states.append(state)
             if state is not None and state.group is not None and id(state) not in labelled:
                 # a unit over several modules is labelled by the first one's path
                 state.group.lazy_init(unit_label(path), state is self, self.reductions)
@@ -352,7 +370,7 @@ class FSDPState:
                 state.group.reset_iter_state()
         self.reductions.clear()
         self.post_forward_order.clear()
-        self.backward_queued = False
+        self.backward_queued = self.forward_running = False
         RECORDER.in_forward(False)
 
     # --- forward -----------------------------------------------------------------------------------
@@ -366,6 +384,7 @@ class FSDPState:
         args, kwargs = self.mp.cast_inputs(args, kwargs)
         if self is root:  # the collectives until the root's post-forward belong to forward
             RECORDER.in_forward(True)
+            root.forward_running = True
         root.forward_order.join(self)  # first run of this unit (a unit skipped so far joins late)
         if len(self.modules) > 1:
             if not self.to_run_forward:  # the first of the unit's modules in this forward
@@ -387,8 +406,8 @@ class FSDPState:
         first forward recorded (nothing during that first forward, whose order is still being learnt)."""
         if self.forward_prefetch is not None:
             return self.forward_prefetch
-        if self.root.backward_queued:
-            return []
+        if self.root.backward_queued or not self.root.forward_running:
+            return []  # a standalone call (a chunked loss's head): what runs after it is not known
         following = self.root.forward_order.after(self)
         return next(([s] for s in following if s.group is not None), [])
 
@@ -402,27 +421,65 @@ class FSDPState:
         return map_tensors(lambda t: replaced.get(id(t), t), (args, kwargs))
 
     def inputs_grad_ready(self) -> None:
-        self.group.inputs_grad_ready()
+        # still in FORWARD: a call that ran only part of a unit over several modules (its post-forward never
+        # came, nor its pre-backward): FSDP2's "partial group backward" (FSDPParamGroup.post_backward)
+        partial = len(self.modules) > 1 and self.group.training_state is TrainingState.FORWARD
+        self.group.inputs_grad_ready(partial)
 
     def post_forward(self, module, args, out):
         if self.group is not None and self.group.training_state is TrainingState.PRE_BACKWARD:
             return out  # a recomputation inside the unit's backward: keep the parameters it is about to use
         root = self.root
-        grad_outputs = [t for t in tensors_in(out) if t.requires_grad]
-        for t in grad_outputs:
-            t.register_hook(self._pre_backward)
         if len(self.modules) > 1:
             self.to_run_forward.discard(id(module))
             if self.to_run_forward:
-                return out  # the unit's other modules still run forward with these parameters
+                # the unit's other modules still run forward with these parameters, or never do in this
+                # call (a chunked loss's head called alone): no post-forward, no pre-backward hook, as in
+                # FSDP2 (_register_group_forward_hooks, _fsdp_state.py:585); the root's post-forward completes a
+                # unit left so (`_force_complete_incomplete_states`), and a standalone call's backward ends on
+                # its inputs' gradients (FSDPParamGroup.inputs_grad_ready)
+                return self.mp.cast_output(out)
+        self._register_pre_backward_hook(out)
         if self.is_root:
             RECORDER.in_forward(False)
         if self.group is not None:
-            # A recomputation inside backward is no post-forward: it is not recorded; nor is a no-grad
-            # forward (FSDP2 records it too, and an evaluation loop without backward then grows its list forever)
-            record = torch.is_grad_enabled() and not in_backward()
-            self.group.post_forward(root.post_forward_order if record else None)
+            self.group.post_forward(root.post_forward_order if self._records_post_forward() else None)
+        if self.is_root:
+            out = self._force_complete_incomplete_states(out)
+            self.forward_running = False
         return self.mp.cast_output(out)
+
+    @staticmethod
+    def _records_post_forward() -> bool:
+        """A recomputation inside backward is no post-forward: it is not recorded; nor is a no-grad forward
+        (FSDP2 records it too, and an evaluation loop without backward then grows its list forever)."""
+        return torch.is_grad_enabled() and not in_backward()
+
+    def _register_pre_backward_hook(self, out) -> None:
+        for t in tensors_in(out):
+            if t.requires_grad:
+                t.register_hook(self._pre_backward)
+
+    def _force_complete_incomplete_states(self, out):
+        """The root's forward is over, and a unit over several modules ran only some of them (a model whose
+        forward stops before the head: `fully_shard([norm, head])` with only the norm run): end that unit's
+        forward now, as FSDP2's root does (_fsdp_state.py:364, `_force_complete_incomplete_states`): reshard
+        it, record its post-forward, and hook the root's output so that backward gathers it again. The
+        parameters of the modules that did not run get no gradient in that backward, which then ends
+        without them (`FSDPParamGroup.params_not_run`). Deepest first, as FSDP2 (`reversed(all_states)`)."""
+        for state in reversed(self.all_states):
+            if state is self or not state.to_run_forward:
+                continue
+            if state.group is not None and self._records_post_forward():
+                not_run = [m for m in state.modules if id(m) in state.to_run_forward]
+                state.group.params_not_run = {id(p) for p in state.group.params if all(
+                    any(owner is sub for m in not_run for sub in m.modules()) for owner, _ in p.owners)}
+            if state.group is not None:
+                state.group.post_forward(self.post_forward_order if self._records_post_forward() else None)
+            state._register_pre_backward_hook(out)
+            out = state.mp.cast_output(out)
+            state.to_run_forward.clear()
+        return out
 
     # --- backward ----------------------------------------------------------------------------------
 
@@ -447,6 +504,8 @@ class FSDPState:
             self.post_forward_order.clear()  # FSDP2 forgets the step's order after its last backward only
         for group in groups:
             group.finalize_backward(wait=self.is_last_backward)
+        for state in self.all_states:  # a standalone call of part of a unit (a chunked loss's head) left it
+            state.to_run_forward.clear()
         self.backward_queued = False
 
 
@@ -480,22 +539,35 @@ def fully_shard(module: nn.Module | list[nn.Module], *, mesh=None, reshard_after
     nothing is checked for them.
     Collective over the mesh (every rank calls it in the same order); bad input is a ValueError first.
     """
-    require_distributed("fully_shard")
+    return apply_units(module, mesh=mesh, reshard_after_forward=reshard_after_forward,
+                  shard_placement_fn=shard_placement_fn, mp_policy=mp_policy, ignored_params=ignored_params,
+                  impl=impl, sync_module_states=sync_module_states)
+
+
+def apply_units(module, *, mesh, reshard_after_forward, shard_placement_fn, mp_policy, ignored_params, impl,
+           sync_module_states, replicate: "tuple[str, type] | None" = None):
+    """`fully_shard`, or with `replicate` = (its name, its module class) FSDP2's replicate
+    (`fsdp_mini.replicate_with_fsdp`): the same units and lifecycle over a replicate-only mesh, each
+    parameter a whole `Replicate()` DTensor, gradients averaged by one AllReduce per unit, no AllGather."""
+    api = replicate[0] if replicate else "fully_shard"
+    require_distributed(api)
     modules = list(module) if isinstance(module, (list, tuple)) else [module]
     if not modules:
-        raise ValueError("fully_shard was given an empty list of modules")
+        raise ValueError(f"{api} was given an empty list of modules")
     for m in modules:
         if not isinstance(m, nn.Module):
-            raise ValueError(f"fully_shard takes an nn.Module or a list of them, got {type(m).__name__}")
+            raise ValueError(f"{api} takes an nn.Module or a list of them, got {type(m).__name__}")
         if isinstance(m, FSDPModule):
-            raise ValueError(f"fully_shard was already applied to this {type(m).__name__}")
+            which = "replicate" if type(m).__name__.startswith("Replicate") else "fully_shard"
+            raise ValueError(f"{which} was already applied to this {type(m).__name__}: apply {api} once per module, "
+                             f"bottom-up (blocks first, then their parent)")
         flat = next((sub for sub in m.modules() if isinstance(sub, GradientSync)), None)
         if flat is not None:
-            raise ValueError(f"fully_shard was given a module wrapped by {type(flat).__name__} (fsdp_mini's flat "
+            raise ValueError(f"{api} was given a module wrapped by {type(flat).__name__} (fsdp_mini's flat "
                              f"FSDP or DDP, or replicate): the two designs do not mix; apply fully_shard to the plain "
                              f"model (beside replicate: fully_shard the blocks, replicate their parent)")
         if wrapper_of(m) is not None:
-            raise ValueError(f"fully_shard was given a {type(m).__name__} inside a model wrapped by "
+            raise ValueError(f"{api} was given a {type(m).__name__} inside a model wrapped by "
                              f"{wrapper_of(m)} (fsdp_mini's flat design, which holds its parameters in flat "
                              f"shards): the two designs do not mix; apply fully_shard to the plain model")
     mp = mp_policy if mp_policy is not None else MixedPrecisionPolicy()
@@ -504,7 +576,13 @@ def fully_shard(module: nn.Module | list[nn.Module], *, mesh=None, reshard_after
     C.check_impl(impl)
     mesh = default_mesh() if mesh is None else mesh
     _check_mesh(mesh)
-    mesh_info = MeshInfo.from_mesh(mesh)
+    if replicate:  # a replicate-only mesh: no shard group (no AllGather, no ReduceScatter), the AllReduce
+        if mesh.ndim != 1:  # across it (FSDP2's DDPMeshInfo, _fsdp_common.py)
+            raise ValueError(f"replicate takes a 1-D DeviceMesh (the ranks to replicate over), got {mesh.ndim} "
+                             f"dimensions: pass the mesh's replicate dimension, e.g. mesh['replicate']")
+        mesh_info = MeshInfo(None, 1, 0, mesh.get_group(0) if mesh.size() > 1 else None, mesh.size(), mesh)
+    else:
+        mesh_info = MeshInfo.from_mesh(mesh)
     reshard, post_forward_size = _check_reshard_after_forward(reshard_after_forward, mesh_info.shard_mesh_size)
 
     ignored = {id(p) for p in (ignored_params or ())}
@@ -524,7 +602,7 @@ def fully_shard(module: nn.Module | list[nn.Module], *, mesh=None, reshard_after
     mesh_groups = [mesh.get_group(d) for d in range(mesh.ndim)]
     for mesh_group in mesh_groups:
         check_same_everywhere((description, tuple(mesh.mesh.shape), str(reshard_after_forward)),
-                              f"module to fully_shard ({kinds})",
+                              f"module to {api} ({kinds})",
                               " (every rank must apply fully_shard to the same modules, in the same order)",
                               group=mesh_group, device=device)
     buffers = [b for m in modules for b in _own_buffers(m)]
@@ -533,14 +611,14 @@ def fully_shard(module: nn.Module | list[nn.Module], *, mesh=None, reshard_after
         if sync_module_states:
             broadcast_from_rank0([t for _, t in values], group=mesh_group)
         else:
-            check_same_values(values, group=mesh_group, device=device, where=f" of the {kinds} passed to fully_shard")
+            check_same_values(values, group=mesh_group, device=device, where=f" of the {kinds} passed to {api}")
     label = _label(modules[0])
     group = None
     if params:
         fsdp_params = []
         for (name, owners, p), shard_dim in zip(params, shard_dims):
             fsdp_params.append(FSDPParam(name, owners, p, mesh, mesh_info.shard_mesh_rank, mesh_info.shard_mesh_size,
-                                         mp, device, shard_dim))
+                                         mp, device, shard_dim, (Replicate(),) if replicate else None))
             ref = weakref.ref(p, lambda r, key=id(p): _MANAGED.pop(key) if _MANAGED.get(key, (None,))[0] is r else None)
             _MANAGED[id(p)] = (ref, label)
         mark_replaced([p for _, _, p in params])  # an optimizer built before this fails at its first step
@@ -561,7 +639,8 @@ def fully_shard(module: nn.Module | list[nn.Module], *, mesh=None, reshard_after
         m.register_forward_pre_hook(lambda m, a, k: state.pre_forward(m, a, k), prepend=True, with_kwargs=True)
         m.register_forward_hook(lambda m, a, out: state.post_forward(m, a, out))
         cls = type(m)
-        m.__class__ = type(f"FSDP{cls.__name__}", (FSDPModule, cls), {})
+        prefix, mixin = (replicate[0].capitalize(), replicate[1]) if replicate else ("FSDP", FSDPModule)
+        m.__class__ = type(f"{prefix}{cls.__name__}", (mixin, cls), {})
     return module
 
 

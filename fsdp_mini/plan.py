@@ -93,6 +93,9 @@ class Plan:
 
 def wrap_classes(wrap, module: nn.Module) -> tuple[type, ...]:
     """`wrap` (a class or classes) as a tuple, checked: nn.Module subclasses that match a submodule."""
+    if isinstance(wrap, nn.Module):  # wrap=Block() for wrap=(Block,): a module is an instance, not a class
+        raise ValueError(f"wrap takes module classes, got a {type(wrap).__name__} instance: pass "
+                         f"wrap=({type(wrap).__name__},) to make every {type(wrap).__name__} a unit")
     wrap = (wrap,) if isinstance(wrap, type) else tuple(wrap or ())
     for cls in wrap:
         if not (isinstance(cls, type) and issubclass(cls, nn.Module)):

@@ -29,7 +29,8 @@ parameters become `DTensor`s with a `Replicate()` placement and its gradients tr
 replicated module once backward is done with it, as FSDP2 reduces a unit, not in DDP's buckets
 (fsdp/_fully_shard/_fsdp_collectives.py:634, "HSDP or DDP/replicate"). Both train TinyLM beside
 `fully_shard` to the same weights as this one (tests/library/test_replicate.py); the class name
-`Replicate<Class>` is the second's, the plain parameters and the buckets the first's.
+`Replicate<Class>` is the second's, the plain parameters and the buckets the first's. fsdp_mini has the
+second too, applied per block as PyTorch's is: `fsdp_mini.replicate_with_fsdp.replicate`.
 
 PyTorch's `replicate(module, ignored_modules=None, **kwargs)` passes its keyword arguments on to DDP; the
 ones fsdp_mini's DDP has are spelt out here (`device_id`, `bucket_cap_mb`, `process_group`, plus `impl`).
@@ -165,7 +166,8 @@ def replicate(module: nn.Module, ignored_modules=None, *, device_id: int | torch
         if isinstance(sub, ReplicateModule):
             where = f"to {path}" if path else "to this module"
             raise ValueError(f"replicate was already applied {where} ({type(sub).__name__}): its parameters would "
-                             f"be all-reduced twice")
+                             f"be all-reduced twice. To replicate each block and the root as FSDP2's replicate does "
+                             f"(a unit per block, DTensor parameters), use fsdp_mini.replicate_with_fsdp.replicate")
         if isinstance(sub, GradientSync):
             raise ValueError(f"replicate was given a module wrapped by {type(sub).__name__} (fsdp_mini's flat FSDP "
                              f"or DDP), which already synchronises its gradients: apply replicate to the plain model")

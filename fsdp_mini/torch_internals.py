@@ -15,7 +15,8 @@ from torch.utils import _pytree as pytree
 
 __all__ = ["pytree", "new_dtensor", "registered_parameter", "set_registered_parameter", "unregister_parameter",
            "set_registered_buffer", "warm_dynamo", "storage_location", "DCP_METADATA_GLOBALS", "version_of",
-           "restore_version", "queue_after_backward", "chunk_cat_into", "dtensor_spec", "in_backward"]
+           "restore_version", "queue_after_backward", "chunk_cat_into", "dtensor_spec", "in_backward",
+           "save_own_state"]
 
 
 def version_of(tensor: torch.Tensor) -> int:
@@ -92,6 +93,14 @@ def set_registered_buffer(module: torch.nn.Module, name: str, tensor: torch.Tens
     """Replace buffer `name` (materialised from the meta device, or moved) keeping it registered, with its
     persistence as it was: `register_buffer` would reset that."""
     module._buffers[name] = tensor
+
+
+def save_own_state(module: torch.nn.Module, destination: dict, prefix: str) -> None:
+    """Put `module`'s own entries of its state dict (its parameters, persistent buffers and extra state, not
+    its children's) into `destination` under `prefix`, as they are (`nn.Module._save_to_state_dict` with
+    keep_vars): what `state_dict()` does for one module before it recurses. A model that holds FSDP parts
+    lists its own tensors this way, without the FSDP parts' `state_dict()`, which would gather them."""
+    module._save_to_state_dict(destination, prefix, True)
 
 
 def warm_dynamo() -> None:

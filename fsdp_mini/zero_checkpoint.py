@@ -38,8 +38,7 @@ __all__ = ["is_replicated", "unwrapped", "replicated_state_dict"]
 def is_replicated(model) -> bool:
     """A module that every rank holds whole: a plain one, or one wrapped in fsdp_mini's or PyTorch's
     DistributedDataParallel, with no FSDP anywhere inside."""
-    return (isinstance(model, nn.Module) and not isinstance(model, FSDP)
-            and not any(isinstance(m, FSDPModule) for m in model.modules()))
+    return isinstance(model, nn.Module) and not any(isinstance(m, (FSDP, FSDPModule)) for m in model.modules())
 
 
 def unwrapped(model: nn.Module) -> nn.Module:

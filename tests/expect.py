@@ -9,3 +9,12 @@ def error_text(fn, kind: type[Exception] = ValueError) -> str:
     except kind as e:
         return str(e)
     return "no error"
+
+
+def raised(fn) -> str:
+    """"Type: message" of whatever `fn()` raises, or "no error": for comparing what two implementations raise."""
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the type and message are what is tested
+        return f"{type(e).__name__}: {e}"
+    return "no error"

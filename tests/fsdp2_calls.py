@@ -80,3 +80,20 @@ class FSDP2Calls:
 
     def ops(self, op: str) -> list[Call]:
         return [c for c in self.calls if c.op == op]
+
+
+class AllReduces:
+    """Count `dist.all_reduce` calls: both implementations issue the replica AllReduce through it, by attribute
+    at call time (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, foreach_reduce)."""
+
+    def __enter__(self):
+        self.count, self._saved = 0, dist.all_reduce
+
+        def counted(*args, **kwargs):
+            self.count += 1
+            return self._saved(*args, **kwargs)
+        dist.all_reduce = counted
+        return self
+
+    def __exit__(self, *exc):
+        dist.all_reduce = self._saved

@@ -19,7 +19,7 @@ import torch.nn as nn
 
 import fsdp_mini
 from fsdp_mini import launch
-from fsdp2_calls import FSDP2Calls
+from fsdp2_calls import AllReduces, FSDP2Calls
 from launch_cases import run_cases
 
 IMPLS = ("fsdp_mini", "torch")
@@ -473,23 +473,6 @@ def test_fully_shard_of_a_list_makes_one_unit_of_its_modules(no_orphans):
     _assert_same(launch(_both, 2, args=(_one_unit_over_two_modules,), timeout=120), compare)
 
 
-class _AllReduces:
-    """Count `dist.all_reduce` calls (both implementations issue the replica AllReduce through it, by
-    attribute at call time: torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, foreach_reduce)."""
-
-    def __enter__(self):
-        self.count, self._saved = 0, dist.all_reduce
-
-        def counted(*args, **kwargs):
-            self.count += 1
-            return self._saved(*args, **kwargs)
-        dist.all_reduce = counted
-        return self
-
-    def __exit__(self, *exc):
-        dist.all_reduce = self._saved
-
-
 def _hsdp_all_reduce_held(name):
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -499,7 +482,7 @@ def _hsdp_all_reduce_held(name):
     all_reduces = []
     for step, all_reduce in enumerate((False, True)):  # two micro-batches; the replicas meet once
         model.set_requires_all_reduce(all_reduce)
-        with _AllReduces() as counted:
+        with AllReduces() as counted:
             model(_batch(dist.get_rank(), seed=step)).sum().backward()
         all_reduces.append(counted.count)
     return _grads(model), all_reduces

@@ -12,21 +12,14 @@ import torch.nn as nn
 
 from fsdp_mini import FSDP, fully_shard, launch
 from fsdp_mini.replaced_params import OptimizerBuiltBeforeWrapping
-
-
-def _message(fn) -> str:
-    try:
-        fn()
-    except Exception as e:  # noqa: BLE001 - the message is what is tested
-        return f"{type(e).__name__}: {e}"
-    return "no error"
+from expect import raised
 
 
 def _mixing_designs():
     torch.manual_seed(0)
-    flat_then_per_param = _message(lambda: fully_shard(FSDP(nn.Sequential(nn.Linear(4, 4)))))
+    flat_then_per_param = raised(lambda: fully_shard(FSDP(nn.Sequential(nn.Linear(4, 4)))))
     torch.manual_seed(0)
-    per_param_then_flat = _message(lambda: FSDP(fully_shard(nn.Sequential(nn.Linear(4, 4)))))
+    per_param_then_flat = raised(lambda: FSDP(fully_shard(nn.Sequential(nn.Linear(4, 4)))))
     return flat_then_per_param, per_param_then_flat
 
 
@@ -43,7 +36,7 @@ def _fully_shard_inside_flat(which):
     if dist.get_rank() == 0:
         return "rank 0 stays out"
     # rank 1 alone: had it entered a collective, launch would time out
-    return _message(lambda: fully_shard(model[0] if which == "submodule" else model))
+    return raised(lambda: fully_shard(model[0] if which == "submodule" else model))
 
 
 @pytest.mark.parametrize("which", ["submodule", "wrapped module"])
@@ -82,7 +75,7 @@ def _shared_across_units(case, design):
     if design == "fsdp_mini" and dist.get_rank() == 0:
         return "rank 0 stays out"
     # fsdp_mini's rank 1 alone: had it entered a collective, launch would time out
-    return _message(lambda: (shard(model.b), shard(model), model(torch.ones(2, 4)).sum().backward()))
+    return raised(lambda: (shard(model.b), shard(model), model(torch.ones(2, 4)).sum().backward()))
 
 
 @pytest.mark.parametrize("case", ["shared_module", "tied"])
@@ -108,7 +101,7 @@ def _outside_the_mesh():
 
     mesh = DeviceMesh("cpu", [0, 1])  # rank 2 is not in it
     if dist.get_rank() == 2:
-        return _message(lambda: fully_shard(nn.Linear(4, 4), mesh=mesh))
+        return raised(lambda: fully_shard(nn.Linear(4, 4), mesh=mesh))
     return None
 
 
@@ -124,8 +117,8 @@ def _optimizer_first(design):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)  # the mistake: before wrapping
     model = FSDP(model) if design == "flat" else fully_shard(model)
     model(torch.ones(2, 4)).sum().backward()
-    wrong = _message(optimizer.step)
-    right = _message(torch.optim.SGD(model.parameters(), lr=0.1).step)
+    wrong = raised(optimizer.step)
+    right = raised(torch.optim.SGD(model.parameters(), lr=0.1).step)
     return wrong, right
 
 
@@ -155,19 +148,19 @@ def _nonfinite_clip():
     flat = FSDP(nn.Linear(4, 4))
     flat(torch.ones(2, 4)).sum().backward()
     flat.handles[0].sharded_param.grad[0] = float("nan") if dist.get_rank() == 0 else 0.0
-    raised = _message(lambda: flat.clip_grad_norm_(1.0, error_if_nonfinite=True))
-    quiet = _message(lambda: flat.clip_grad_norm_(1.0))
+    refused = raised(lambda: flat.clip_grad_norm_(1.0, error_if_nonfinite=True))
+    quiet = raised(lambda: flat.clip_grad_norm_(1.0))
     torch.manual_seed(0)
     per_param = fully_shard(nn.Linear(4, 4))
     per_param(torch.ones(2, 4)).sum().backward()
     per_param.weight.grad.to_local()[0, 0] = float("inf")
-    torch_raised = _message(lambda: torch.nn.utils.clip_grad_norm_(per_param.parameters(), 1.0,
+    torch_raised = raised(lambda: torch.nn.utils.clip_grad_norm_(per_param.parameters(), 1.0,
                                                                   error_if_nonfinite=True))
-    return raised, quiet, torch_raised
+    return refused, quiet, torch_raised
 
 
 def test_clip_grad_norm_takes_error_if_nonfinite_in_both_designs(no_orphans):
-    for raised, quiet, torch_raised in launch(_nonfinite_clip, 2, timeout=120):
-        assert raised.startswith("RuntimeError: The total norm of order 2.0") and "non-finite" in raised
+    for refused, quiet, torch_raised in launch(_nonfinite_clip, 2, timeout=120):
+        assert refused.startswith("RuntimeError: The total norm of order 2.0") and "non-finite" in refused
         assert quiet == "no error"  # the default scales by the non-finite norm, as PyTorch's
         assert torch_raised.startswith("RuntimeError: The total norm of order 2.0") and "non-finite" in torch_raised
