@@ -75,9 +75,29 @@ KNOWN: list[Known] = [
           "gathered only for the backward that follows a training forward): one AllGather more, less memory",
           lambda d, x: _flat(d) and _only_kind_differs(x, "all_gather") and _after_forward_without_backward(d, x)),
     Known("fully_shard: a unit used twice in one forward",
-          "fsdp_mini keeps a unit that runs twice in a forward gathered through both of its backward passes; "
-          "FSDP2 reshards it after the first and gathers it again: one AllGather fewer, same values",
-          lambda d, x: not _flat(d) and d["model"].get("reuse") and _only_kind_differs(x, "all_gather")),
+          "fsdp_mini keeps a unit that runs twice in a forward gathered through both of its backward passes and "
+          "reduces its gradient once; FSDP2 reshards it after the first, gathers it again and ReduceScatters "
+          "after each: fewer collectives, same values (the values are compared as ever)",
+          lambda d, x: not _flat(d) and d["model"].get("reuse") and x.field == "collectives"
+          and all(p.split()[0] in ("all_gather", "reduce_scatter") for p in x.text.split(", "))),
+    Known("flat design: requires_grad_ after wrapping, on part of a flat parameter",
+          "fsdp_mini trains a flat parameter as one tensor, so it refuses (with the fix in the message) freezing "
+          "or unfreezing after wrapping unless it covers whole flat parameters; FSDP1 with use_orig_params=True "
+          "accepts it (and keeps gradient and optimizer state for the frozen part of the flat parameter)",
+          lambda d, x: _flat(d) and x.field == "raises" and x.text.startswith("fsdp_mini raised ValueError")
+          and ("after FSDP: its parameters share the flat parameter" in x.text or "cannot unfreeze" in x.text)),
+    Known("flat design: a dtype move after wrapping",
+          "fsdp_mini refuses .to(dtype) after wrapping with the fix in the message (convert before wrapping, or "
+          "MixedPrecision); FSDP1 takes the call and fails at the next forward ('Invalid usage of tensors with "
+          "different dtypes')",
+          lambda d, x: _flat(d) and x.field == "raises" and x.op == "to"
+          and "FSDP holds its parameters in flat shards of" in x.text),
+    Known("clip_grad_norm_ over DTensor and plain parameters together (PyTorch's limitation)",
+          "with fully_shard on the blocks only (no root), the model mixes DTensor and plain parameters, and "
+          "torch.nn.utils.clip_grad_norm_ refuses the mix for both implementations ('got mixed torch.Tensor and "
+          "DTensor'); only the unsharded model clips",
+          lambda d, x: not _flat(d) and x.against == "plain" and x.field == "raises"
+          and "got mixed torch.Tensor and DTensor" in x.text),
     Known("fully_shard: .to(dtype) after a forward without backward (a PyTorch bug)",
           "FSDP2 leaves the root's gathered parameters (not resharded after a forward that no backward "
           "follows) in the old dtype, and the next training step fails with 'Expected out tensor to have "
