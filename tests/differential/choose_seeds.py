@@ -1,6 +1,6 @@
 """Choose the CI set: seeds that together cover every feature the generator reaches, few and short.
 
-    PYTHONPATH=tests python -m differential.choose_seeds [--avoid 12,40]
+    PYTHONPATH=tests python -m differential.choose_seeds [--avoid 12,40] [--cover 2]
 
 Greedy set cover over the first 2000 seeds (each pick: the most uncovered features per program step,
 no compile unless it is the only way to cover a feature: compiling costs seconds), first among seeds that
@@ -52,8 +52,12 @@ def main() -> None:
     from differential.test_fixed_seeds import KNOWN_BROKEN
     ap = argparse.ArgumentParser()
     ap.add_argument("--avoid", default="")
-    avoid = {int(s) for s in ap.parse_args().avoid.split(",") if s}
-    chosen = choose(avoid, set(KNOWN_BROKEN))
+    ap.add_argument("--cover", type=int, default=2, help="how many times each feature is covered (disjoint covers)")
+    args = ap.parse_args()
+    avoid = {int(s) for s in args.avoid.split(",") if s}
+    chosen: list[int] = []
+    for _ in range(args.cover):
+        chosen = sorted(chosen + choose(avoid | set(chosen), set(KNOWN_BROKEN)))
     print(f"{len(chosen)} seeds: {tuple(chosen)}")
     descs = [generate(s) for s in chosen]
     for d, o in zip(descs, execute(descs)):

@@ -62,6 +62,12 @@ def generate(seed: int) -> dict:
                 step["world"] = other
             step["rewrap"] = wrapping(rng, design, other, depth)
         steps.append(step)
+    if any(s["op"] == "checkpoint" for s in steps):
+        # fully_shard on the blocks alone leaves the other parameters unsynced: ranks drift apart, and a
+        # checkpoint keeps one rank's copy, each implementation its own choice
+        for w in [wrap] + [s["rewrap"] for s in steps if s["op"] == "checkpoint"]:
+            if w["policy"] == "blocks_noroot":
+                w["policy"] = "blocks"
     if not any(s["op"] == "train" for s in steps):
         steps.append({"op": "train", "accum": 1, "no_sync": False, "clip": None})
     return {"seed": seed, "design": design, "world": world, "model": model, "wrap": wrap, "optim": optim,

@@ -84,7 +84,10 @@ class Owner(nn.Module):
     def __init__(self, net: Net):
         super().__init__()
         self.model = net
-        self.temperature = nn.Parameter(torch.ones(()))
+        # frozen: a trainable parameter outside every FSDP unit is not averaged across ranks, so ranks (and
+        # HSDP's replicas, through clipping) would drift apart, and which rank's copy a checkpoint keeps is
+        # each implementation's own choice
+        self.temperature = nn.Parameter(torch.ones(()), requires_grad=False)
         self.register_buffer("seen", torch.zeros((), dtype=torch.int64))
 
     def forward(self, x):
