@@ -1,9 +1,9 @@
 """Shrink a description that differs while it still differs the same way (same step kind, same field):
 drop steps, switch model features off, simplify the wrapping, the steps and the optimizer.
 
-Each round builds every one-change-smaller candidate and runs them all in one launch per world size
-(starting ranks is the cost, not the programs); the first candidate that still shows the difference
-becomes the description, until no candidate does (or `rounds` is spent).
+Each round builds every one-change-smaller candidate and runs them in batches, a launch per batch and
+world size (starting ranks costs more than a small program); the first candidate that still shows the
+difference becomes the description, until no candidate does (or `rounds` is spent).
 """
 from __future__ import annotations
 
@@ -77,14 +77,21 @@ def minimise(desc: dict, target: Difference, rounds: int = 40, log=print) -> tup
     """(the smallest description found that still shows `target`'s kind of difference, that difference)."""
     for _ in range(rounds):
         cands = candidates(desc)
-        if not cands:
-            break
-        for cand, obs in zip(cands, execute(cands)):
-            same = [d for d in differences(cand, obs)[0] if d.signature == target.signature]
-            if same:
-                desc, target = cand, same[0]
-                log(f"  minimised to {len(desc['steps'])} steps: {target}")
+        found = None
+        # in small batches: the first candidate that still differs is taken, so running all of them would
+        # mostly be wasted (a compiled program takes many seconds; a launch about one)
+        size = 2 if desc["wrap"].get("compile") else 8
+        for start in range(0, len(cands), size):
+            batch = cands[start:start + size]
+            for cand, obs in zip(batch, execute(batch)):
+                same = [d for d in differences(cand, obs)[0] if d.signature == target.signature]
+                if same:
+                    found = cand, same[0]
+                    break
+            if found:
                 break
-        else:
+        if not found:
             break
+        desc, target = found
+        log(f"  minimised to {len(desc['steps'])} steps: {target}")
     return desc, target
