@@ -9,7 +9,7 @@ PY      = $(VENV)/bin/python
 # mkdocs-material's notice about its end of life, printed at every build: known, silenced
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: setup demo test test-fast bench kernels site
+.PHONY: setup demo test test-fast bench kernels site fuzz
 setup: $(VENV)/.installed
 
 # pip byte-compiles what it installs one file at a time; compileall on every core afterwards takes the install of
@@ -41,6 +41,13 @@ test: setup
 # torchrun (marker `torchrun`, a quarter of the library's time); CI runs `make test`, which runs them all.
 test-fast: setup
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not torchrun" tests/library
+
+# The differential harness (tests/differential): random programs on fsdp_mini and on PyTorch (FSDP1 / FSDP2)
+# until MINUTES are up; prints each difference, minimises it and writes it as a failing test under
+# tests/differential/found/. START=<seed> repeats a run (the first seed is printed).
+MINUTES ?= 10
+fuzz: setup
+	OMP_NUM_THREADS=1 PYTHONPATH=tests $(PY) -m differential.fuzz --minutes $(MINUTES) $(if $(START),--start $(START))
 
 bench: setup  # about 5 minutes on 2 cores; lessons/en/performance.md shows a run
 	mkdir -p build

@@ -1,0 +1,1 @@
+"""Differences the harness found, each a test written by `differential.writer` (see tests/differential)."""

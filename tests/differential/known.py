@@ -1,0 +1,114 @@
+"""THE list of known, deliberate differences between fsdp_mini and PyTorch, each with its reason.
+
+The comparator sets a difference apart (reported as "known", not as a finding) when an entry's `applies`
+says so. Keep it short and honest: a difference that is a bug goes in no list here; it stays a finding
+until it is fixed. (Both raising is agreement already, whatever the messages say: no entry needed.)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Known:
+    name: str
+    reason: str
+    applies: Callable[[dict, object], bool]  # (description, Difference) -> bool
+
+
+def _flat(desc) -> bool:
+    return desc["design"] == "flat"
+
+
+def _raised(diff, who: str, words: str) -> bool:
+    return diff.field == "raises" and diff.text.startswith(f"{who} raised") and words in diff.text
+
+
+def _strategies(desc) -> set[str]:
+    return {desc["wrap"].get("strategy")} | {s["rewrap"].get("strategy") for s in desc["steps"] if "rewrap" in s}
+
+
+def _only_kind_differs(diff, kind: str) -> bool:
+    """A collective-count difference in `kind` only (the text names every kind that differs)."""
+    return diff.field == "collectives" and all(part.startswith(kind + " ") for part in diff.text.split(", "))
+
+
+def _after_forward_without_backward(desc, diff) -> bool:
+    return any(s["op"] in ("eval", "nograd") for s in desc["steps"][:max(diff.step, 0)])
+
+
+def _to_after_forward_without_backward(desc, diff) -> bool:
+    steps = desc["steps"][:max(diff.step, 0)]
+    return any(s["op"] == "to" and any(t["op"] in ("eval", "nograd") for t in steps[:i])
+               for i, s in enumerate(steps))
+
+
+KNOWN: list[Known] = [
+    Known("flat design: integer parameters",
+          "fsdp_mini's flat design keeps one flat shard per (dtype, requires_grad) in a unit, so an int64 "
+          "parameter gets a flat shard of its own (never reduced); FSDP1 refuses the unit ('Cannot flatten "
+          "integer dtype tensors')",
+          lambda d, x: _flat(d) and d["model"].get("int_param") and _raised(x, "torch", "Cannot flatten integer")),
+    Known("flat design: a tie across units",
+          "fsdp_mini refuses a parameter tied across two units (each unit's flat shard would hold its own "
+          "copy); FSDP1 (use_orig_params=True) accepts it",
+          lambda d, x: _flat(d) and d["model"].get("tied") and _raised(x, "fsdp_mini", "which is in another FSDP unit")),
+    Known("fully_shard: a parameter shared by two units",
+          "fsdp_mini refuses a parameter shared by two fully_shard units with a clear error (group them: "
+          "fully_shard([a, b])); FSDP2 accepts the second fully_shard of an already sharded parameter without "
+          "a word",
+          lambda d, x: not _flat(d) and d["model"].get("tied") and _raised(x, "fsdp_mini", "is shared with another unit")),
+    Known("flat design: NO_SHARD's gradient buckets",
+          "fsdp_mini's NO_SHARD AllReduces gradients in DDP's buckets of bucket_cap_mb (one AllReduce for a small "
+          "model); FSDP1's NO_SHARD AllReduces each flat parameter's gradient on its own",
+          lambda d, x: _flat(d) and "NO_SHARD" in _strategies(d) and _only_kind_differs(x, "all_reduce")),
+    Known("flat design: one flat shard per requires_grad",
+          "fsdp_mini keeps a unit's frozen and trainable parameters in two flat shards (frozen ones get no "
+          "gradient buffer and the optimizer never sees them), so it issues two AllGathers where FSDP1 "
+          "(use_orig_params=True: one flat parameter per unit) issues one",
+          lambda d, x: _flat(d) and (d["model"].get("frozen") or d["model"].get("int_param"))
+          and _only_kind_differs(x, "all_gather")),
+    Known("flat design: the root after a forward without backward",
+          "FSDP1 leaves the root unit's parameters gathered after a forward that no backward follows (eval, "
+          "no_grad), so its next forward skips their AllGather; fsdp_mini frees them (the root keeps them "
+          "gathered only for the backward that follows a training forward): one AllGather more, less memory",
+          lambda d, x: _flat(d) and _only_kind_differs(x, "all_gather") and _after_forward_without_backward(d, x)),
+    Known("fully_shard: a unit used twice in one forward",
+          "fsdp_mini keeps a unit that runs twice in a forward gathered through both of its backward passes and "
+          "reduces its gradient once; FSDP2 reshards it after the first, gathers it again and ReduceScatters "
+          "after each: fewer collectives, same values (the values are compared as ever)",
+          lambda d, x: not _flat(d) and d["model"].get("reuse") and x.field == "collectives"
+          and all(p.split()[0] in ("all_gather", "reduce_scatter") for p in x.text.split(", "))),
+    Known("flat design: requires_grad_ after wrapping, on part of a flat parameter",
+          "fsdp_mini trains a flat parameter as one tensor, so it refuses (with the fix in the message) freezing "
+          "or unfreezing after wrapping unless it covers whole flat parameters; FSDP1 with use_orig_params=True "
+          "accepts it (and keeps gradient and optimizer state for the frozen part of the flat parameter)",
+          lambda d, x: _flat(d) and x.field == "raises" and x.text.startswith("fsdp_mini raised ValueError")
+          and ("after FSDP: its parameters share the flat parameter" in x.text or "cannot unfreeze" in x.text)),
+    Known("flat design: a dtype move after wrapping",
+          "fsdp_mini refuses .to(dtype) after wrapping with the fix in the message (convert before wrapping, or "
+          "MixedPrecision); FSDP1 takes the call and fails at the next forward ('Invalid usage of tensors with "
+          "different dtypes')",
+          lambda d, x: _flat(d) and x.field == "raises" and x.op == "to"
+          and "FSDP holds its parameters in flat shards of" in x.text),
+    Known("clip_grad_norm_ over DTensor and plain parameters together (PyTorch's limitation)",
+          "with fully_shard on the blocks only (no root), the model mixes DTensor and plain parameters, and "
+          "torch.nn.utils.clip_grad_norm_ refuses the mix for both implementations ('got mixed torch.Tensor and "
+          "DTensor'); only the unsharded model clips",
+          lambda d, x: not _flat(d) and x.against == "plain" and x.field == "raises"
+          and "got mixed torch.Tensor and DTensor" in x.text),
+    Known("fully_shard: .to(dtype) after a forward without backward (a PyTorch bug)",
+          "FSDP2 leaves the root's gathered parameters (not resharded after a forward that no backward "
+          "follows) in the old dtype, and the next training step fails with 'Expected out tensor to have "
+          "dtype double, but got float'; fsdp_mini casts them",
+          lambda d, x: not _flat(d) and _raised(x, "torch", "Expected out tensor to have dtype")
+          and _to_after_forward_without_backward(d, x)),
+]
+
+
+def reason_for(desc: dict, diff) -> str | None:
+    for k in KNOWN:
+        if k.applies(desc, diff):
+            return f"{k.name}: {k.reason}"
+    return None
