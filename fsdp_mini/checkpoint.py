@@ -566,6 +566,28 @@ def _init_optimizer_state(optimizer) -> list[torch.Tensor]:
     return created
 
 
+def _keep_fresh_where_saved_fresh(model, optimizer, created: list[torch.Tensor], metadata) -> list[torch.Tensor]:
+    """Drop the state `_init_optimizer_state` just created for a parameter that has no optimizer state at all in
+    the checkpoint: the saved optimizer had not stepped it yet (a checkpoint written before the first step),
+    or kept none for it (SGD without momentum), and a fresh optimizer is what it loads as (PyTorch's
+    `set_optimizer_state_dict` keeps the state of its loading step instead: AdamW's step 1 with zero moments;
+    tests/differential/known.py). A parameter with any state saved (another optimizer's, say) keeps the created
+    state, and a mismatch is named by `_check_against_checkpoint`. Returns the parameters whose state stays."""
+    saved, names = metadata.state_dict_metadata, _param_names(model)
+    if PARAM_GROUPS_KEY not in saved:  # saved without an optimizer: `_check_against_checkpoint` says so
+        return created
+    prefixes = {id(p): [f"{OPTIM_PREFIX}{n}." for n in names.get(id(p), [])] for p in created}
+    with_state = {id(p) for p in created for key in saved for prefix in prefixes[id(p)]
+                  if key.startswith(prefix) and "." not in key[len(prefix):]}  # optim.<name>.<state>, any state
+    kept = []
+    for p in created:
+        if prefixes[id(p)] and id(p) not in with_state:
+            del optimizer.state[p]
+        else:
+            kept.append(p)
+    return kept
+
+
 @contextmanager
 def _drop_state_on_error(optimizer, created: list[torch.Tensor]):
     """Checks that fail after `_init_optimizer_state` leave the optimizer as it was: without that state."""
@@ -623,6 +645,7 @@ def load_checkpoint(path: str | os.PathLike, model, optimizer=None, *, verify: b
     if optimizer is not None:
         _state_dict(model, optimizer, saving=False)  # the optimizer's parameters are the model's, before stepping it
         created = _init_optimizer_state(optimizer)
+        created = _keep_fresh_where_saved_fresh(model, optimizer, created, opened.metadata)
     with _drop_state_on_error(optimizer, created):
         sd, prepare, finish = _state_dict(model, optimizer, saving=False)
         _check_against_checkpoint(path, opened.metadata, sd, tied, optimizer=optimizer is not None)

@@ -38,6 +38,18 @@ def _after_forward_without_backward(desc, diff) -> bool:
     return any(s["op"] in ("eval", "nograd") for s in desc["steps"][:max(diff.step, 0)])
 
 
+def _checkpoint_before_training(desc, diff) -> bool:
+    """A checkpoint saved before the optimizer's first step, and what follows from loading it: PyTorch keeps
+    state that fsdp_mini does not (keys only on torch's side), or PyTorch raises for want of param groups."""
+    steps = desc["steps"]
+    first_train = next((i for i, s in enumerate(steps) if s["op"] == "train"), len(steps))
+    if not any(s["op"] == "checkpoint" for s in steps[:first_train]):
+        return False
+    if diff.field == "optim_state":
+        return diff.against == "torch" and "keys only in fsdp_mini: [];" in diff.text
+    return _raised(diff, "torch", "Missing key in checkpoint state_dict: optim.param_groups")
+
+
 def _to_after_forward_without_backward(desc, diff) -> bool:
     steps = desc["steps"][:max(diff.step, 0)]
     return any(s["op"] == "to" and any(t["op"] in ("eval", "nograd") for t in steps[:i])
@@ -104,6 +116,13 @@ KNOWN: list[Known] = [
           "dtype double, but got float'; fsdp_mini casts them",
           lambda d, x: not _flat(d) and _raised(x, "torch", "Expected out tensor to have dtype")
           and _to_after_forward_without_backward(d, x)),
+    Known("a checkpoint saved before the optimizer's first step",
+          "fsdp_mini loads it as a fresh optimizer (no state), which is what the saved optimizer was and what a "
+          "run that never stopped has; PyTorch's set_optimizer_state_dict keeps the state its loading creates "
+          "(`_init_optim_state`, a step on zero gradients: zero momentum buffers, AdamW's step 1 with zero moments, "
+          "so its first update after the resume differs), or raises 'Missing key in checkpoint state_dict: "
+          "optim.param_groups'",
+          _checkpoint_before_training),
 ]
 
 

@@ -134,6 +134,27 @@ def _owner_checkpoint(path):
     return _cpu(owner.state_dict()), _cpu(fresh.state_dict()), same_state, _cpu(model_only.state_dict())
 
 
+def _checkpoint_before_the_first_step(path):
+    """Saved before the optimizer ever stepped: it loads as a fresh optimizer (PyTorch's DCP would keep the
+    state of its loading step: AdamW's step 1, tests/differential/known.py), and the next step is the
+    uninterrupted run's."""
+    from fsdp_mini.checkpoint import load_checkpoint, save_checkpoint
+    runs = []
+    for resumed in (False, True):
+        model = _flat(Owner().enc)
+        opt = torch.optim.AdamW(model.parameters(), lr=0.1, eps=1e-3)
+        if resumed:
+            save_checkpoint(path, model, opt, overwrite=True)
+            model = _flat(Owner(7).enc)  # other values: the checkpoint brings them back
+            opt = torch.optim.AdamW(model.parameters(), lr=0.1, eps=1e-3)
+            load_checkpoint(path, model, opt)
+            runs.append(len(opt.state))
+        model(_batch()).sum().backward()
+        opt.step()
+        runs.append(model.full_state_dict())
+    return runs
+
+
 def _freeze_after_wrapping(wrap):
     torch.manual_seed(0)
     model = WRAPPERS[wrap](Encoder())
@@ -280,6 +301,13 @@ def test_a_sharded_checkpoint_of_an_owner_holds_the_wrapped_part(tmp_path, no_or
     for folder in ("ck", "ck-model"):
         files = list((tmp_path / folder).glob("*.distcp"))
         assert files and all(f.stat().st_size > 0 for f in files)
+
+
+def test_a_checkpoint_saved_before_the_first_step_loads_a_fresh_optimizer(tmp_path, no_orphans):
+    for uninterrupted, state_after_load, resumed in run_cases(_checkpoint_before_the_first_step,
+                                                              [str(tmp_path / "ck")], 2)[str(tmp_path / "ck")]:
+        assert state_after_load == 0
+        _same(resumed, uninterrupted)
 
 
 @pytest.mark.parametrize("wrap", WRAPPERS)
