@@ -321,6 +321,10 @@ class FSDPState:
         # `fully_shard([a, b])`: one unit over several modules; its post-forward waits for the last of them
         self.modules = modules or [module]
         self.to_run_forward: set[int] = set()  # ids of this pass's modules that have not run forward yet
+        # ids of the unit's modules that ran in this root forward, over all its calls: a module run again
+        # after the unit's forward ended (a block reused) starts a call that the others never finish, and
+        # only the modules that never ran bring no gradient (`_force_complete_incomplete_states`)
+        self.ran_forward: set[int] = set()
         self.is_last_backward = True  # the root's: wait for the reductions at the end of backward
         self.forward_prefetch: list[FSDPState] | None = None  # None: the next unit in the recorded order
         self.backward_prefetch: list[FSDPState] | None = None
@@ -369,6 +373,7 @@ class FSDPState:
         states = {id(s): s for s in map(_state_or_none, self.module.modules()) if s is not None}
         for state in states.values():
             state.to_run_forward.clear()
+            state.ran_forward.clear()
             if state.group is not None:
                 state.group.reset_iter_state()
         self.reductions.clear()
@@ -389,6 +394,8 @@ class FSDPState:
         if self is root:  # the collectives until the root's post-forward belong to forward
             RECORDER.in_forward(True)
             root.forward_running = True
+            for state in root.all_states:  # what standalone calls since the last forward ran is not this forward's
+                state.ran_forward.clear()
         root.forward_order.join(self)  # first run of this unit (a unit skipped so far joins late)
         if len(self.modules) > 1:
             if not self.to_run_forward:  # the first of the unit's modules in this forward
@@ -437,6 +444,8 @@ class FSDPState:
         root = self.root
         if len(self.modules) > 1:
             self.to_run_forward.discard(id(module))
+            if self._records_post_forward():
+                self.ran_forward.add(id(module))
             if self.to_run_forward:
                 # the unit's other modules still run forward with these parameters, or never do in this
                 # call (a chunked loss's head called alone): no post-forward, no pre-backward hook, as in
@@ -476,7 +485,7 @@ class FSDPState:
             if state is self or not state.to_run_forward:
                 continue
             if state.group is not None and self._records_post_forward():
-                not_run = [m for m in state.modules if id(m) in state.to_run_forward]
+                not_run = [m for m in state.modules if id(m) not in state.ran_forward]
                 state.group.params_not_run = {id(p) for p in state.group.params if all(
                     any(owner is sub for m in not_run for sub in m.modules()) for owner, _ in p.owners)}
             if state.group is not None:
@@ -484,6 +493,8 @@ class FSDPState:
             state._register_pre_backward_hook(out)
             out = state.mp.cast_output(out)
             state.to_run_forward.clear()
+        for state in self.all_states:
+            state.ran_forward.clear()
         return out
 
     # --- backward ----------------------------------------------------------------------------------
