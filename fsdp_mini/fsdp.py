@@ -345,7 +345,15 @@ class FSDP(GradientSync, nn.Module):
             self._complete.add(id(handle))
             if self.requires_gradient_sync:
                 self._start_reductions(end_of_backward=False)
-            handle.reshard()
+            if self._frees_in_backward():
+                handle.reshard()
+
+    def _frees_in_backward(self) -> bool:
+        """Whether backward frees the gathered parameters. Inside `no_sync()` a strategy that keeps them after
+        forward (SHARD_GRAD_OP, NO_SHARD) keeps them after backward too, for the next micro-batch: one AllGather
+        per accumulation instead of one per micro-batch, for the memory of a gathered model, as FSDP1 trades
+        (`_should_free_in_backward`, torch/distributed/fsdp/_runtime_utils.py:811). The synced backward frees."""
+        return self.requires_gradient_sync or self.reshard_after_forward
 
     def _start_reductions(self, end_of_backward: bool) -> None:
         """Reduce the handles of `_reduce_order` from the next one on, while each is complete; at the end
@@ -391,13 +399,14 @@ class FSDP(GradientSync, nn.Module):
 
     def _finish_backward(self) -> None:
         """End of backward: reduce what post-backward did not (unused parameters, accumulated no_sync
-        gradients), wait for every reduction, and free every gathered unit."""
+        gradients), wait for every reduction, and free every gathered unit (see `_frees_in_backward`)."""
         if self.requires_gradient_sync:
             self._start_reductions(end_of_backward=True)
         self.grad_buckets.wait()
         self.reductions.wait_all()
         for unit in self.units:
-            unit.reshard()
+            if self._frees_in_backward():
+                unit.reshard()
             unit.training_state = TrainingState.IDLE
             for h in unit.handles:
                 h.grads_ready = 0
