@@ -38,9 +38,9 @@ def _after_forward_without_backward(desc, diff) -> bool:
     return any(s["op"] in ("eval", "nograd") for s in desc["steps"][:max(diff.step, 0)])
 
 
-def _to_after_forward_without_backward(desc, diff) -> bool:
+def _to_after_a_forward(desc, diff) -> bool:
     steps = desc["steps"][:max(diff.step, 0)]
-    return any(s["op"] == "to" and any(t["op"] in ("eval", "nograd") for t in steps[:i])
+    return any(s["op"] == "to" and any(t["op"] in ("train", "eval", "nograd") for t in steps[:i])
                for i, s in enumerate(steps))
 
 
@@ -98,12 +98,17 @@ KNOWN: list[Known] = [
           "DTensor'); only the unsharded model clips",
           lambda d, x: not _flat(d) and x.against == "plain" and x.field == "raises"
           and "got mixed torch.Tensor and DTensor" in x.text),
-    Known("fully_shard: .to(dtype) after a forward without backward (a PyTorch bug)",
-          "FSDP2 leaves the root's gathered parameters (not resharded after a forward that no backward "
-          "follows) in the old dtype, and the next training step fails with 'Expected out tensor to have "
-          "dtype double, but got float'; fsdp_mini casts them",
+    Known("fully_shard: .to(dtype) after a forward (a PyTorch bug)",
+          "FSDP2 keeps the buffers it gathered into in the first forward in the old dtype, so after .to(float64) "
+          "the next training step fails with 'Expected out tensor to have dtype double, but got float'; fsdp_mini "
+          "trains in the new dtype (and agrees with the unsharded model, which the comparator then checks)",
           lambda d, x: not _flat(d) and _raised(x, "torch", "Expected out tensor to have dtype")
-          and _to_after_forward_without_backward(d, x)),
+          and _to_after_a_forward(d, x)),
+    Known("flat design: DCP of FSDP1 with a parameter smaller than the world (a PyTorch bug)",
+          "with a one-element parameter at world 2 (one rank holds none of it), torch.distributed.checkpoint's "
+          "get_state_dict / set_state_dict of FSDP1 fail on load ('Missing key in checkpoint state_dict: "
+          "optim.param_groups'); fsdp_mini's checkpoint loads it (and agrees with the unsharded model)",
+          lambda d, x: _flat(d) and d["model"].get("tiny") and _raised(x, "torch", "optim.param_groups")),
 ]
 
 

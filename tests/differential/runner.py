@@ -224,7 +224,7 @@ class Program:
         opt = self.optimizer()
         if self.impl == "fsdp_mini":
             from fsdp_mini.checkpoint import save_checkpoint
-            save_checkpoint(self.path(i), self.top, opt)
+            save_checkpoint(self.path(i), self.top, opt, overwrite=True)  # a re-run launch saves again
         else:
             import torch.distributed.checkpoint as dcp
             from torch.distributed.checkpoint.state_dict import get_state_dict
