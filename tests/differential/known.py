@@ -109,6 +109,19 @@ KNOWN: list[Known] = [
           "get_state_dict / set_state_dict of FSDP1 fail on load ('Missing key in checkpoint state_dict: "
           "optim.param_groups'); fsdp_mini's checkpoint loads it (and agrees with the unsharded model)",
           lambda d, x: _flat(d) and d["model"].get("tiny") and _raised(x, "torch", "optim.param_groups")),
+    Known("flat design: zero gradients for parameters a unit did not use",
+          "the flat design reduces a flat parameter as one tensor, so a parameter that got no gradient gets "
+          "zeros and AdamW's weight decay still moves it (documented in fsdp_mini/fsdp.py; FSDP warns, naming "
+          "it; FSDP1 does the same); the unsharded model leaves it untouched. Seen only against the unsharded "
+          "model, when FSDP1 refused the program (an integer parameter)",
+          lambda d, x: _flat(d) and x.against == "plain" and d["model"].get("unused")
+          and x.field in ("state", "optim_state") and x.text.startswith("heads.aux.")),
+    Known("fully_shard: DCP after a no-grad forward with reshard_after_forward=False (a PyTorch crash)",
+          "torch.distributed.checkpoint's get_state_dict of an FSDP2 model whose parameters are still gathered "
+          "after a forward under no_grad (reshard_after_forward=False) kills the rank with SIGSEGV; fsdp_mini "
+          "saves it",
+          lambda d, x: not _flat(d) and _raised(x, "torch", "SIGSEGV") and d["wrap"].get("reshard_after_forward") is False
+          and any(s["op"] == "checkpoint" for s in d["steps"])),
 ]
 
 
