@@ -53,12 +53,14 @@ KNOWN: list[Known] = [
     Known("flat design: a tie across units",
           "fsdp_mini refuses a parameter tied across two units (each unit's flat shard would hold its own "
           "copy); FSDP1 (use_orig_params=True) accepts it",
-          lambda d, x: _flat(d) and d["model"].get("tied") and _raised(x, "fsdp_mini", "which is in another FSDP unit")),
+          lambda d, x: _flat(d) and d["model"].get("tied")
+          and _raised(x, "fsdp_mini", "which is in another FSDP unit")),
     Known("fully_shard: a parameter shared by two units",
           "fsdp_mini refuses a parameter shared by two fully_shard units with a clear error (group them: "
           "fully_shard([a, b])); FSDP2 accepts the second fully_shard of an already sharded parameter without "
           "a word",
-          lambda d, x: not _flat(d) and d["model"].get("tied") and _raised(x, "fsdp_mini", "is shared with another unit")),
+          lambda d, x: not _flat(d) and d["model"].get("tied")
+          and _raised(x, "fsdp_mini", "is shared with another unit")),
     Known("flat design: NO_SHARD's gradient buckets",
           "fsdp_mini's NO_SHARD AllReduces gradients in DDP's buckets of bucket_cap_mb (one AllReduce for a small "
           "model); FSDP1's NO_SHARD AllReduces each flat parameter's gradient on its own",
@@ -120,7 +122,8 @@ KNOWN: list[Known] = [
           "torch.distributed.checkpoint's get_state_dict of an FSDP2 model whose parameters are still gathered "
           "after a forward under no_grad (reshard_after_forward=False) kills the rank with SIGSEGV; fsdp_mini "
           "saves it",
-          lambda d, x: not _flat(d) and _raised(x, "torch", "SIGSEGV") and d["wrap"].get("reshard_after_forward") is False
+          lambda d, x: not _flat(d) and _raised(x, "torch", "SIGSEGV")
+          and d["wrap"].get("reshard_after_forward") is False
           and any(s["op"] == "checkpoint" for s in d["steps"])),
 ]
 

@@ -6,6 +6,7 @@ bug (strict: the test then fails as soon as the fix lands, so that the marker is
 from __future__ import annotations
 
 import pprint
+import re
 import textwrap
 from pathlib import Path
 
@@ -49,7 +50,9 @@ def write(desc: dict, difference, folder: Path = FOUND, xfail: str | None = None
     marker = f"\npytestmark = pytest.mark.xfail(strict=True, reason={xfail!r})\n" if xfail else ""
     compact = {k: v for k, v in desc.items() if k != "index"}
     compact["model"] = {k: v for k, v in desc["model"].items() if v is not False}  # features off: left out
-    text = TEMPLATE.format(seed=desc["seed"], difference=str(difference).replace('"""', "'''"), marker=marker,
+    said = re.sub(r"/tmp/differential_\w+/", "<folder>/", str(difference)).replace('"""', "'''")
+    said = textwrap.fill(said, 110)
+    text = TEMPLATE.format(seed=desc["seed"], difference=said, marker=marker,
                            reference="FSDP1" if desc["design"] == "flat" else "FSDP2", name=name,
                            words=textwrap.fill(describe(desc), 110, subsequent_indent=""),
                            imports="import pytest\n\n" if xfail else "",
