@@ -13,7 +13,8 @@ The library, bottom up (a module imports only from its own layer or the ones bef
      gathered bytes, byte counts), flight_recorder (each rank's last collectives, and the first one
      where ranks diverged), replaced_params (an optimizer built before wrapping fails loudly),
      gathered_storage (gathered parameters freed and refilled), full_state (what a full state dict is),
-     weak_hooks (gradient hooks that let a dropped model be freed)
+     weak_hooks (gradient hooks that let a dropped model be freed), compile_boundary (FSDP's hooks run
+     outside torch.compile, in both designs)
   beside the engines, never imported by them (analysis and measuring tools): strategy_facts (what each
      ZeRO stage shards and gathers, `ZERO1` included), estimates (the ZeRO paper's arithmetic per strategy:
      `estimate_memory`), saved_activations (bytes autograd keeps for backward)

@@ -53,6 +53,7 @@ from torch.distributed.tensor import DTensor
 
 from fsdp_mini import collectives as C
 from fsdp_mini.comm_log import scope
+from fsdp_mini.compile_boundary import dynamo_disable, skipped_by_dynamo
 from fsdp_mini.data_parallel import (GradientSync, broadcast_from_rank0, check_same_everywhere,
                                      check_same_fingerprints, fingerprint, refuse_deepcopy)
 from fsdp_mini.flat_param import flatten
@@ -196,8 +197,8 @@ class FSDP(GradientSync, nn.Module):
             if not unit.is_root:
                 if self.mixed_precision.cast_forward_inputs:
                     unit.module.register_forward_pre_hook(self._cast_unit_inputs, with_kwargs=True)
-                unit.module.register_forward_pre_hook(partial(self._pre_forward, unit))
-                unit.module.register_forward_hook(partial(self._post_forward, unit))
+                unit.module.register_forward_pre_hook(skipped_by_dynamo(partial(self._pre_forward, unit)))
+                unit.module.register_forward_hook(skipped_by_dynamo(partial(self._post_forward, unit)))
             for i, h in enumerate(unit.handles):
                 for leaf in (h.leaves if h.requires_grad else []):  # by index: a handle holds its leaves
                     leaf.register_post_accumulate_grad_hook(weak_hook(self._on_grad, u, i))
@@ -292,6 +293,7 @@ class FSDP(GradientSync, nn.Module):
                                f"sharded: call the wrapper (model(...)), or use it inside "
                                f"`with model.summon_full_params():`")
 
+    @dynamo_disable  # under torch.compile the hooks run eagerly, at graph breaks (fsdp_mini.compile_boundary)
     def _pre_forward(self, unit: FSDPUnit, module, args) -> None:
         if unit.training_state is TrainingState.PRE_BACKWARD:  # activation checkpointing recomputes the unit inside
             return                                     # its backward: pre-backward has gathered it already
@@ -305,6 +307,7 @@ class FSDP(GradientSync, nn.Module):
         if self.prefetch and following is not None:
             following.unshard(async_op=True)
 
+    @dynamo_disable
     def _post_forward(self, unit: FSDPUnit, module, args, out) -> None:
         if unit.training_state is TrainingState.PRE_BACKWARD:  # a recomputation: its backward needs the parameters
             return

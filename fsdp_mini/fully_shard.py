@@ -53,6 +53,8 @@ import torch.nn as nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from fsdp_mini import collectives as C
+from fsdp_mini.compile_boundary import dynamo_disable as _dynamo_disable
+from fsdp_mini.compile_boundary import skipped_by_dynamo as _skipped_by_dynamo
 from fsdp_mini.data_parallel import (GradientSync, broadcast_from_rank0, check_same_everywhere, check_same_values,
                                      refuse_deepcopy)
 from fsdp_mini.flight_recorder import RECORDER
@@ -82,6 +84,7 @@ _HOLDERS: dict[int, weakref.ref] = {}
 # parameter tied into a module sharded later must name the unit that took it); the entry goes with it
 _MANAGED: dict[int, tuple[weakref.ref, str]] = {}
 _DEFAULT_MESH: dict[int, object] = {}
+_FSDP_CLASSES: dict[tuple[type, type], type] = {}  # (a module's class, the mixin) -> its subclass (`_fsdp_class`)
 
 
 def state_of(module: nn.Module) -> "FSDPState":
@@ -375,6 +378,7 @@ class FSDPState:
 
     # --- forward -----------------------------------------------------------------------------------
 
+    @_dynamo_disable
     def pre_forward(self, module, args, kwargs):
         if self.group is not None and self.group.training_state is TrainingState.PRE_BACKWARD:
             return args, kwargs  # activation checkpointing's recomputation: pre-backward gathered the unit
@@ -426,6 +430,7 @@ class FSDPState:
         partial = len(self.modules) > 1 and self.group.training_state is TrainingState.FORWARD
         self.group.inputs_grad_ready(partial)
 
+    @_dynamo_disable
     def post_forward(self, module, args, out):
         if self.group is not None and self.group.training_state is TrainingState.PRE_BACKWARD:
             return out  # a recomputation inside the unit's backward: keep the parameters it is about to use
@@ -483,6 +488,7 @@ class FSDPState:
 
     # --- backward ----------------------------------------------------------------------------------
 
+    @_dynamo_disable
     def _pre_backward(self, grad):
         root = self.root
         if not root.backward_queued:
@@ -493,6 +499,7 @@ class FSDPState:
             prefetch = None if explicit is None else [s.group for s in explicit if s.group is not None]
             self.group.pre_backward(root.post_forward_order, prefetch)
 
+    @_dynamo_disable
     def _finish_backward(self) -> None:
         """End of backward: reduce what post-backward did not (unused parameters, accumulated gradients),
         wait for every reduction, free every gathered unit."""
@@ -636,12 +643,23 @@ def apply_units(module, *, mesh, reshard_after_forward, shard_placement_fn, mp_p
     _share_gathered_memory(state)
     for m in modules:
         m.__dict__[_STATE_ATTR] = state
-        m.register_forward_pre_hook(lambda m, a, k: state.pre_forward(m, a, k), prepend=True, with_kwargs=True)
-        m.register_forward_hook(lambda m, a, out: state.post_forward(m, a, out))
-        cls = type(m)
+        m.register_forward_pre_hook(_skipped_by_dynamo(state.pre_forward), prepend=True, with_kwargs=True)
+        m.register_forward_hook(_skipped_by_dynamo(state.post_forward))
         prefix, mixin = (replicate[0].capitalize(), replicate[1]) if replicate else ("FSDP", FSDPModule)
-        m.__class__ = type(f"{prefix}{cls.__name__}", (mixin, cls), {})
+        m.__class__ = _fsdp_class(type(m), prefix, mixin)
     return module
+
+
+def _fsdp_class(cls: type, prefix: str = "FSDP", mixin: type = FSDPModule) -> type:
+    """`FSDP<cls>`, the subclass of `cls` that adds `FSDPModule`'s methods, made once per class: every block of
+    a model then has one class, as in FSDP2 (`cls_to_fsdp_cls`, torch/distributed/fsdp/_fully_shard/
+    _fully_shard.py:55, filled by `_apply_to_module`, _fsdp_init.py:404). torch.compile guards on a module's
+    class: with a new class per block, each block of a compiled model compiled its own graph, and past
+    Dynamo's `recompile_limit` (8) the other blocks ran eagerly, with a logged warning only (a 10-block
+    TinyLM: 8 graphs, 8 of its 10 blocks compiled; FSDP2: 1 graph, all 10)."""
+    if (cls, mixin) not in _FSDP_CLASSES:  # `replicate_with_fsdp` makes Replicate<cls> with ReplicateModule
+        _FSDP_CLASSES[cls, mixin] = type(f"{prefix}{cls.__name__}", (mixin, cls), {})
+    return _FSDP_CLASSES[cls, mixin]
 
 
 def _share_gathered_memory(state: "FSDPState") -> None:

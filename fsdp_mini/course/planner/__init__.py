@@ -7,7 +7,10 @@
 One concept per module: `models` (presets and parameter counts), `hardware` (GPU presets with sources),
 `layout` (degrees, switches, their checks), `activations` (what a block saves per checkpointing mode),
 `memory` (the per-GPU breakdown and peak), `step_time` (work, links, overlap), `calibration` (the three
-fitted constants), `validation` (the published rows they were fitted on), `compare` (every layout ranked).
+fitted constants, and profiles of them), `validation` (the published rows they were fitted on), `compare` (every
+layout ranked); for models, GPUs and runs of your own: `hf_config` (a model from a Hugging Face `config.json`),
+`arguments` (what `--model`, `--gpu` and the layout flags accept), `fitting` (the constants fitted to measured
+runs), `runs_file` (a CSV of measured runs).
 Course floor: the library never imports it.
 """
 from __future__ import annotations

@@ -38,9 +38,12 @@ x 35 / 73 (`FA2_HOPPER_SHARE`): published measurements of the kernel, not fitted
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
-__all__ = ["GPU", "GPUS", "get_gpu", "GiB", "FA2_HOPPER_SHARE", "PCIE_GEN4_X16", "PCIE_GEN5_X16"]
+__all__ = ["GPU", "GPUS", "get_gpu", "load_gpu", "GiB", "FA2_HOPPER_SHARE", "PCIE_GEN4_X16", "PCIE_GEN5_X16"]
 
 GiB = 1024 ** 3
 ALPHA_NVLINK = 5e-6
@@ -92,6 +95,11 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     # name its A100 cluster's network: this is the DGX reference design, an assumption.
     GPU("a100-80gb", 312e12, None, 80 * 1024 ** 3, 2.039e12, 300e9, 25e9,
         pcie_bandwidth=PCIE_GEN4_X16, host_memory_bandwidth=DDR4_3200_PER_GPU),
+    # The same datasheet's A100 40GB SXM column: bf16 312 TFLOP/s dense, 40 GB HBM2 at 1,555 GB/s, NVLink 600 GB/s,
+    # PCIe Gen4; the DGX A100 320GB that first shipped it: 8 x 200 Gb/s HDR InfiniBand and 2 AMD EPYC 7742 as in the
+    # 640GB system (DGX A100 datasheet). 40 GiB, as the 80 GB card holds 80 GiB (nvidia-smi: 40,960 MiB).
+    GPU("a100-40gb", 312e12, None, 40 * 1024 ** 3, 1.555e12, 300e9, 25e9,
+        pcie_bandwidth=PCIE_GEN4_X16, host_memory_bandwidth=DDR4_3200_PER_GPU),
     # NVIDIA H100 Tensor Core GPU datasheet (SXM5): bf16 989 TFLOP/s dense (1,979 with sparsity), fp8
     # 1,979 dense, 80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s; DGX H100: 8 x 400 Gb/s ConnectX-7 = 50 GB/s per GPU.
     GPU("h100-sxm", 989e12, 1979e12, 80 * 1024 ** 3, 3.35e12, 450e9, 50e9, attention_flops=989e12 * FA2_HOPPER_SHARE,
@@ -117,3 +125,39 @@ def get_gpu(name: str) -> GPU:
         return GPUS[name]
     except KeyError:
         raise ValueError(f"unknown GPU {name!r}; presets: {', '.join(GPUS)}") from None
+
+
+def load_gpu(path: str | Path) -> GPU:
+    """A GPU described in a JSON file with a preset's fields (`GPU`'s: FLOP/s, bytes, bytes/s, seconds; those with a
+    default may be left out). An unknown field, a missing one, or a value that is not a positive number (or null
+    where the field allows it) is an error that names it."""
+    path = Path(path)
+    try:
+        spec = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"cannot read GPU file {str(path)!r}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"GPU file {str(path)!r} is not JSON: {exc}") from None
+    if not isinstance(spec, dict):
+        raise ValueError(f"GPU file {str(path)!r} must hold a JSON object of GPU fields")
+    fields = {f.name: f for f in dataclasses.fields(GPU)}
+    unknown = sorted(set(spec) - set(fields))
+    if unknown:
+        raise ValueError(f"GPU file {str(path)!r}: unknown field {unknown[0]!r}; fields: {', '.join(fields)}")
+    required = [name for name, f in fields.items() if f.default is dataclasses.MISSING]
+    missing = [name for name in required if name not in spec]
+    if missing:
+        raise ValueError(f"GPU file {str(path)!r}: missing field {missing[0]!r}; required: {', '.join(required)}")
+    for name, value in spec.items():
+        if name == "name":
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"GPU file {str(path)!r}: name={value!r} must be a non-empty string")
+            continue
+        nullable = name in ("fp8_flops", "attention_flops", "pcie_bandwidth", "host_memory_bandwidth")
+        if value is None and nullable:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise ValueError(f"GPU file {str(path)!r}: {name}={value!r} must be a positive number"
+                             + (" or null" if nullable else ""))
+    spec["memory_bytes"] = int(spec["memory_bytes"])
+    return GPU(**spec)

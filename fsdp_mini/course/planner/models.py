@@ -13,7 +13,9 @@ from them, so a preset is right exactly when its count equals the published one 
   (1,024), one fused qkv matrix, a GELU MLP of 4 x hidden, biases everywhere, the output head tied to
   the input embedding (Radford et al. 2019; Hugging Face's `gpt2*` configs).
 
-`custom_model` builds any other shape with the same checks.
+`custom_model` builds any other shape with the same checks; `hf_config.load_model_config` builds one from a
+Hugging Face `config.json` (Llama, Mistral, Qwen2, GPT-2, MPT), which needs the two switches presets leave off:
+`qkv_bias` (Qwen2's q, k and v alone have biases) and `norm_bias` (llm-foundry's `no_bias` removes LayerNorm's).
 """
 from __future__ import annotations
 
@@ -29,7 +31,9 @@ _NORMS = ("rmsnorm", "layernorm")
 class ModelSpec:
     """A decoder's shapes. `mlp` is "swiglu" (three matrices) or "gelu" (two); `norm` "rmsnorm" (a weight)
     or "layernorm" (weight and bias); `bias`: linear layers have biases; `tied`: the output head is the
-    input embedding; `positions`: rows of a learned position table (0: rotary, no parameters)."""
+    input embedding; `positions`: rows of a learned position table (0: rotary, no parameters); `qkv_bias`: q, k
+    and v have biases though the other linear layers do not (Qwen2); `norm_bias`: LayerNorm has its bias
+    (False: MPT with `no_bias`)."""
 
     name: str
     hidden: int
@@ -43,6 +47,8 @@ class ModelSpec:
     bias: bool = False
     tied: bool = False
     positions: int = 0
+    qkv_bias: bool = False
+    norm_bias: bool = True
 
     def __post_init__(self) -> None:
         for field in ("hidden", "layers", "heads", "kv_heads", "ffn", "vocab"):
@@ -88,15 +94,15 @@ class ModelSpec:
     def bias_params(self) -> int:
         """A block's linear biases (0 for Llama)."""
         if not self.bias:
-            return 0
+            return self.hidden + 2 * self.kv_dim if self.qkv_bias else 0
         if self.mlp == "swiglu":
             return 2 * self.hidden + 2 * self.kv_dim + 2 * self.ffn + self.hidden
         return (self.hidden + 2 * self.kv_dim) + self.hidden + self.ffn + self.hidden
 
     @property
     def norm_params(self) -> int:
-        """One norm: a weight (RMSNorm), or a weight and a bias (LayerNorm)."""
-        return self.hidden * (2 if self.norm == "layernorm" else 1)
+        """One norm: a weight (RMSNorm), or a weight and a bias (LayerNorm, unless `norm_bias` is off)."""
+        return self.hidden * (2 if self.norm == "layernorm" and self.norm_bias else 1)
 
     @property
     def block_params(self) -> int:
@@ -113,6 +119,12 @@ class ModelSpec:
     def params(self) -> int:
         """All parameters, embeddings included (the N of torchtitan's MFU)."""
         return self.layers * self.block_params + self.root_params
+
+    def check_seq(self, seq: int) -> None:
+        """A learned position table has a row per position: a longer sequence has no embedding to look up."""
+        if self.positions and seq > self.positions:
+            raise ValueError(f"--seq {seq} is longer than {self.name}'s learned position table of {self.positions} "
+                             f"rows")
 
     def check_tp(self, tp: int) -> None:
         """TP must give each rank whole query heads, whole key/value heads and an equal share of the MLP."""

@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass
 
 from fsdp_mini.course.planner.calibration import CALIBRATION, Calibration
+from fsdp_mini.course.planner.fitting import MeasuredRun, fit_constants
 from fsdp_mini.course.planner.hardware import GiB, get_gpu
 from fsdp_mini.course.planner.layout import Checkpointing, Layout
 from fsdp_mini.course.planner.memory import memory_breakdown
@@ -182,50 +183,9 @@ def validate(rows=CALIBRATION_ROWS, calibration: Calibration = CALIBRATION) -> l
 
 
 def fit(rows=CALIBRATION_ROWS) -> Calibration:
-    """The three constants that minimise the sum of squared relative errors of the step times of `rows`.
-
-    The step time has kinks (a collective hides until it no longer does), so no gradient is trusted: for
-    each network fraction on a grid (0.05 to 1.00, step 0.01) the two compute fractions come from
-    Gauss-Newton (smooth in them), the best grid point is refined by golden-section search on the network
-    fraction. Deterministic: fixed grid, fixed starts, fixed passes."""
-    import numpy as np
-
-    cases = [(get_model(r.model), get_gpu(r.gpu), r.layout()) for r in rows]
-    published = np.array([lay.tokens_per_step / lay.gpus / r.tokens_per_s for (_, _, lay), r in zip(cases, rows)])
-
-    def steps(x, network) -> np.ndarray:
-        cal = Calibration(1 / x[0], 1 / x[1], network)
-        return np.array([step_time(m, g, lay, cal).step_s for m, g, lay in cases])
-
-    def best_compute(network):
-        x = np.array([1.5, 1.5])
-        for _ in range(30):
-            now = steps(x, network)
-            jac = np.empty((len(cases), 2))
-            for k in range(2):
-                dx = np.zeros(2)
-                dx[k] = 1e-6 * x[k]
-                jac[:, k] = (steps(x + dx, network) - now) / dx[k]
-            delta, *_ = np.linalg.lstsq(jac / published[:, None], (published - now) / published, rcond=None)
-            x = x + delta
-            if np.max(np.abs(delta / x)) < 1e-12:
-                break
-        return x, float(np.sum(((steps(x, network) - published) / published) ** 2))
-
-    grid = [round(0.05 + 0.01 * i, 2) for i in range(96)]
-    costs = [best_compute(n)[1] for n in grid]
-    i = int(np.argmin(costs))
-    lo, hi = grid[max(0, i - 1)], grid[min(len(grid) - 1, i + 1)]
-    ratio = (5 ** 0.5 - 1) / 2
-    for _ in range(40):
-        a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
-        if best_compute(a)[1] <= best_compute(b)[1]:
-            hi = b
-        else:
-            lo = a
-    network = (lo + hi) / 2
-    x, _ = best_compute(network)
-    return Calibration(float(1 / x[0]), float(1 / x[1]), float(network))
+    """The three constants that minimise the sum of squared relative errors of the step times of `rows`
+    (`fitting.fit_constants`: the same fit `python -m fsdp_mini fit` runs on a user's own runs)."""
+    return fit_constants([MeasuredRun(get_model(r.model), get_gpu(r.gpu), r.layout(), r.tokens_per_s) for r in rows])
 
 
 def _ru(text: str) -> str:
