@@ -19,9 +19,6 @@ FIXED_SEEDS = (1, 2, 4, 7, 17, 55, 83, 157, 204, 261, 268, 314, 399, 413, 419, 4
 # uses one is skipped until the fix lands. EMPTY THIS LIST as the fixes land (the skipped seeds then run;
 # tests/differential/found/ holds a minimal failing test per bug). Feature names: generator.features_of.
 KNOWN_BROKEN = {
-    "per_param:compile:blocks": "torch.compile on a fully_shard block fails (BackendCompilerFailed)",
-    "flat:compile:blocks": "torch.compile on a block of FSDP (flat design) fails: dynamo reads the sharded "
-                           "parameter ('blocks.0.lin.weight is sharded now'); found by this harness",
     "op:checkpoint:before_training": "load_checkpoint with an optimizer fails on a checkpoint saved before the "
                                      "optimizer's first step ('missing keys optim.*.momentum_buffer'); found by "
                                      "this harness",

@@ -7,12 +7,9 @@ In words: fully_shard vs FSDP2 on 2 ranks; Net(width 4, depth 1) wrapped with {'
 'reshard_after_forward': True, 'compile': 'blocks'}; sgd; steps: train
 
 fsdp_mini and PyTorch (FSDP2) differ on the program below; this test passes once they agree.
+Fixed on main since (merge 75cff24): kept as a regression test.
 """
-import pytest
-
 from differential.check import assert_agrees
-
-pytestmark = pytest.mark.xfail(strict=True, reason='known bug (issue 39): torch.compile on a fully_shard block fails (BackendCompilerFailed)')
 
 DESCRIPTION = {'seed': 92,
  'design': 'per_param',
