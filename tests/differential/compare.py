@@ -28,9 +28,11 @@ class Difference:
     against: str = "torch"  # or "plain": the unsharded model, the reference where PyTorch raised
 
     @property
-    def signature(self) -> tuple[str, str, str]:
-        """What the minimiser keeps while shrinking: the same kind of difference in the same kind of step."""
-        return (self.op, self.field, self.against)
+    def signature(self) -> tuple[str, ...]:
+        """What the minimiser keeps while shrinking: the same kind of difference in the same kind of step
+        (for an error: the same side raising the same exception type)."""
+        raised = self.text.split(":")[0] if self.field == "raises" else ""
+        return (self.op, self.field, self.against, raised)
 
     def __str__(self) -> str:
         vs = "" if self.against == "torch" else " [vs the unsharded model: PyTorch raised]"

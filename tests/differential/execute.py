@@ -1,10 +1,11 @@
-"""Many descriptions per launch of the world: starting ranks (fork, gloo rendezvous, first-call costs) is
-the main cost, so every description of one world size runs in one launch, both implementations one after
-the other on the same ranks (as tests/library/test_fsdp2_differential.py does), with a barrier between
-programs. Where PyTorch raised, the program runs a third time unsharded ("plain": the same model on every
-rank, gradients averaged by hand): the reference for the steps PyTorch could not run. Every launch has a timeout. A launch that fails (a crash, a hang, ranks out of step after an
-error on one rank only) is split in halves and run again, down to one description and then one
-implementation alone, so one bad program costs a few launches and never the others' results.
+"""Many descriptions per launch of the world: starting ranks (fork, gloo rendezvous, first-call costs) is the
+main cost, so every description of one world size runs in one launch, both implementations one after the other
+on the same ranks (as tests/library/test_fsdp2_differential.py does), with a barrier between programs. Where
+PyTorch raised, the program runs a third time unsharded ("plain": the same model on every rank, gradients
+averaged by hand): the reference for the steps PyTorch could not run. Every launch has a timeout. A launch
+that fails (a crash, a hang, ranks out of step after an error on one rank only) is split in halves and run
+again, down to one description and then one implementation alone, so one bad program costs a few launches and
+never the others' results.
 """
 from __future__ import annotations
 
@@ -105,7 +106,9 @@ def _merge(into: dict, obs: dict, phase: int) -> None:
             into[impl] = per_rank
             continue
         mine = into.get(impl)
-        if mine is None or not all(events and events[-1]["op"] == "save" and "error" not in events[-1] for events in mine):
+        saved = mine is not None and all(events and events[-1]["op"] == "save" and "error" not in events[-1]
+                                         for events in mine)
+        if not saved:
             continue
         for r, events in enumerate(per_rank):
             if r < len(mine):

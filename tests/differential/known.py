@@ -50,9 +50,9 @@ def _checkpoint_before_training(desc, diff) -> bool:
     return _raised(diff, "torch", "Missing key in checkpoint state_dict: optim.param_groups")
 
 
-def _to_after_forward_without_backward(desc, diff) -> bool:
+def _to_after_a_forward(desc, diff) -> bool:
     steps = desc["steps"][:max(diff.step, 0)]
-    return any(s["op"] == "to" and any(t["op"] in ("eval", "nograd") for t in steps[:i])
+    return any(s["op"] == "to" and any(t["op"] in ("train", "eval", "nograd") for t in steps[:i])
                for i, s in enumerate(steps))
 
 
@@ -65,12 +65,14 @@ KNOWN: list[Known] = [
     Known("flat design: a tie across units",
           "fsdp_mini refuses a parameter tied across two units (each unit's flat shard would hold its own "
           "copy); FSDP1 (use_orig_params=True) accepts it",
-          lambda d, x: _flat(d) and d["model"].get("tied") and _raised(x, "fsdp_mini", "which is in another FSDP unit")),
+          lambda d, x: _flat(d) and d["model"].get("tied")
+          and _raised(x, "fsdp_mini", "which is in another FSDP unit")),
     Known("fully_shard: a parameter shared by two units",
           "fsdp_mini refuses a parameter shared by two fully_shard units with a clear error (group them: "
           "fully_shard([a, b])); FSDP2 accepts the second fully_shard of an already sharded parameter without "
           "a word",
-          lambda d, x: not _flat(d) and d["model"].get("tied") and _raised(x, "fsdp_mini", "is shared with another unit")),
+          lambda d, x: not _flat(d) and d["model"].get("tied")
+          and _raised(x, "fsdp_mini", "is shared with another unit")),
     Known("flat design: NO_SHARD's gradient buckets",
           "fsdp_mini's NO_SHARD AllReduces gradients in DDP's buckets of bucket_cap_mb (one AllReduce for a small "
           "model); FSDP1's NO_SHARD AllReduces each flat parameter's gradient on its own",
@@ -89,9 +91,10 @@ KNOWN: list[Known] = [
     Known("fully_shard: a unit used twice in one forward",
           "fsdp_mini keeps a unit that runs twice in a forward gathered through both of its backward passes and "
           "reduces its gradient once; FSDP2 reshards it after the first, gathers it again and ReduceScatters "
-          "after each: fewer collectives, same values (the values are compared as ever)",
+          "after each (and AllReduces across HSDP replicas after each): fewer collectives, same values (the values "
+          "are compared as ever)",
           lambda d, x: not _flat(d) and d["model"].get("reuse") and x.field == "collectives"
-          and all(p.split()[0] in ("all_gather", "reduce_scatter") for p in x.text.split(", "))),
+          and all(p.split()[0] in ("all_gather", "reduce_scatter", "all_reduce") for p in x.text.split(", "))),
     Known("flat design: requires_grad_ after wrapping, on part of a flat parameter",
           "fsdp_mini trains a flat parameter as one tensor, so it refuses (with the fix in the message) freezing "
           "or unfreezing after wrapping unless it covers whole flat parameters; FSDP1 with use_orig_params=True "
@@ -110,12 +113,41 @@ KNOWN: list[Known] = [
           "DTensor'); only the unsharded model clips",
           lambda d, x: not _flat(d) and x.against == "plain" and x.field == "raises"
           and "got mixed torch.Tensor and DTensor" in x.text),
-    Known("fully_shard: .to(dtype) after a forward without backward (a PyTorch bug)",
-          "FSDP2 leaves the root's gathered parameters (not resharded after a forward that no backward "
-          "follows) in the old dtype, and the next training step fails with 'Expected out tensor to have "
-          "dtype double, but got float'; fsdp_mini casts them",
-          lambda d, x: not _flat(d) and _raised(x, "torch", "Expected out tensor to have dtype")
-          and _to_after_forward_without_backward(d, x)),
+    Known("fully_shard: .to(dtype) after a forward (a PyTorch bug)",
+          "FSDP2 keeps the buffers it gathered into in the first forward in the old dtype, so after .to(float64) "
+          "the next training step fails with 'Expected out tensor to have dtype double, but got float'; fsdp_mini "
+          "trains in the new dtype (and agrees with the unsharded model, which the comparator then checks)",
+          lambda d, x: not _flat(d) and _to_after_a_forward(d, x)
+          and (_raised(x, "torch", "Expected out tensor to have dtype")
+               or _raised(x, "torch", "mat1 and mat2 must have the same dtype"))),
+    Known("flat design: DCP of FSDP1 when a rank holds none of a parameter (a PyTorch bug)",
+          "torch.distributed.checkpoint's get_state_dict / set_state_dict of FSDP1 (use_orig_params=True) fail on "
+          "load with 'Missing key in checkpoint state_dict: optim.param_groups' when some rank's flat shard holds "
+          "no element of a parameter (a one-element parameter at world 2; a checkpoint saved after resharding "
+          "across world sizes); fsdp_mini's checkpoint loads it (and agrees with the unsharded model)",
+          lambda d, x: _flat(d) and _raised(x, "torch", "Missing key in checkpoint state_dict: optim.param_groups")),
+    Known("flat design: zero gradients for parameters a unit did not use",
+          "the flat design reduces a flat parameter as one tensor, so a parameter that got no gradient gets "
+          "zeros and AdamW's weight decay still moves it (documented in fsdp_mini/fsdp.py; FSDP warns, naming "
+          "it; FSDP1 does the same); the unsharded model leaves it untouched. Seen only against the unsharded "
+          "model, when FSDP1 refused the program (an integer parameter)",
+          lambda d, x: _flat(d) and x.against == "plain" and d["model"].get("unused")
+          and x.field in ("state", "optim_state") and x.text.startswith("heads.aux.")),
+    Known("fully_shard: DCP after a no-grad forward with reshard_after_forward=False (a PyTorch crash)",
+          "torch.distributed.checkpoint's get_state_dict of an FSDP2 model whose parameters are still gathered "
+          "after a forward under no_grad (reshard_after_forward=False) kills the rank with SIGSEGV; fsdp_mini "
+          "saves it",
+          lambda d, x: not _flat(d) and _raised(x, "torch", "SIGSEGV")
+          and d["wrap"].get("reshard_after_forward") is False
+          and any(s["op"] == "checkpoint" for s in d["steps"])),
+    Known("fully_shard: a forward without gradients is not a post-forward of the step",
+          "FSDP2 records every post-forward, a no-grad one too (_fsdp_param_group.py, `_record_post_forward`), so an "
+          "evaluation forward before a training step leaves entries that the step's backward prefetches from: "
+          "one AllGather of a unit it does not use (and a list an evaluation loop without backward grows forever); "
+          "fsdp_mini records only forwards that a backward can follow (FSDPState._records_post_forward). Values "
+          "agree",
+          lambda d, x: not _flat(d) and _only_kind_differs(x, "all_gather") and _after_forward_without_backward(d, x)
+          and int(x.text.split()[1]) < int(x.text.split()[3])),  # "all_gather 6 vs 7": fsdp_mini's fewer
     Known("a checkpoint saved before the optimizer's first step",
           "fsdp_mini loads it as a fresh optimizer (no state), which is what the saved optimizer was and what a "
           "run that never stopped has; PyTorch's set_optimizer_state_dict keeps the state its loading creates "

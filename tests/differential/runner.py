@@ -1,11 +1,12 @@
 """One description on one implementation, on this rank: an observation (plain data and CPU tensors).
 
 The observation is a list of events, one per step that ran ("wrap" first; "i": the step's index in the
-description, -1 for "wrap"), each a dict of what that step
-showed: losses, the clip norm, which gradients are None, collectives issued per kind, state-dict keys
-and values (full tensors), what load_state_dict returned, the optimizer's state, outputs of eval and
-no-grad forwards. A step that raises ends the program: its event holds the error's type and first line.
-Every rank runs every step on its own data (the batch is seeded by seed, step, micro-batch and rank).
+description, -1 for "wrap"), each a dict of what that step showed: losses, the clip norm, which gradients
+are None, collectives issued per kind, state-dict keys and values (full tensors), what load_state_dict
+returned, the optimizer's state, outputs of eval and no-grad forwards. A step that raises ends the
+program: its event holds the error's type and first line. Every rank runs every step on its own data (the
+batch is seeded by seed, step, micro-batch and rank). impl "plain" is the unsharded reference (see
+execute.py): the same model unwrapped, its gradients averaged across ranks by `Program.average_grads`.
 """
 from __future__ import annotations
 
@@ -224,7 +225,7 @@ class Program:
         opt = self.optimizer()
         if self.impl == "fsdp_mini":
             from fsdp_mini.checkpoint import save_checkpoint
-            save_checkpoint(self.path(i), self.top, opt)
+            save_checkpoint(self.path(i), self.top, opt, overwrite=True)  # a re-run launch saves again
         else:
             import torch.distributed.checkpoint as dcp
             from torch.distributed.checkpoint.state_dict import get_state_dict

@@ -1,0 +1,23 @@
+"""Found by the differential harness (tests/differential, seed 100055), minimised:
+
+step 0 (train) collectives, rank 0: all_gather 2 vs 1
+
+In words: fsdp_mini.FSDP vs FSDP1 on 2 ranks; Net(width 4, depth 1) wrapped with {'policy': 'none', 'strategy':
+'SHARD_GRAD_OP'}; sgd; steps: train(accum=2, no_sync=True)
+
+fsdp_mini and PyTorch (FSDP1) differ on the program below; this test passes once they agree.
+"""
+from differential.check import assert_agrees
+
+
+DESCRIPTION = {'seed': 100055,
+ 'design': 'flat',
+ 'world': 2,
+ 'model': {'width': 4, 'depth': 1},
+ 'wrap': {'policy': 'none', 'strategy': 'SHARD_GRAD_OP', 'hsdp': False, 'compile': None},
+ 'optim': {'kind': 'sgd', 'lr': 0.05},
+ 'steps': [{'op': 'train', 'accum': 2, 'no_sync': True, 'clip': None}]}
+
+
+def test_found_shard_grad_op_no_sync_allgathers(no_orphans):
+    assert_agrees(DESCRIPTION)
