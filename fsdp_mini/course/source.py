@@ -29,7 +29,9 @@ def source_of(obj, start: str | None = None, end: str | None = None, header: boo
     lo = next((i for i, line in enumerate(lines) if start is None or start in line), None)
     if lo is None:
         raise ValueError(f"{start!r} not found in the source of {getattr(obj, '__qualname__', obj)}")
-    hi = next((i for i in range(lo, len(lines)) if end is not None and end in lines[i]), len(lines) - 1)
+    hi = next((i for i in range(lo, len(lines)) if end is not None and end in lines[i]), None if end else len(lines) - 1)
+    if hi is None:  # a marker the source lost would silently show the rest of it
+        raise ValueError(f"{end!r} not found after {start!r} in the source of {getattr(obj, '__qualname__', obj)}")
     return textwrap.dedent("\n".join(lines[lo:hi + 1])).rstrip()
 
 
