@@ -12,8 +12,9 @@ from differential.compare import differences
 from differential.execute import execute
 from differential.generator import features_of, generate, reachable_features
 
-FIXED_SEEDS = (1, 2, 4, 7, 17, 55, 83, 157, 204, 261, 268, 314, 399, 413, 419, 461, 476, 483, 569, 593, 600, 629, 678,
-               682, 780, 786, 884, 955, 993, 1039, 1074, 1187, 1191, 1298, 1469, 1775, 1972)
+# every feature the generator reaches, each at least once (`python -m differential.choose_seeds --cover 1`): the
+# suite's time is short, and `make fuzz` covers the rest
+FIXED_SEEDS = (16, 73, 157, 204, 215, 314, 461, 649, 786, 893, 1039, 1191, 1201, 1251, 1298, 1732)
 
 # Features fsdp_mini gets wrong today (issue 39's list, and what this harness found): a fixed seed that
 # uses one is skipped until the fix lands. EMPTY THIS LIST as the fixes land (the skipped seeds then run;
