@@ -544,9 +544,11 @@ def _extra_state_key(metadata) -> str | None:
 def _init_optimizer_state(optimizer) -> list[torch.Tensor]:
     """Create a fresh optimizer's state tensors, so that DCP has something to load into: one step on
     zero gradients with every lr at 0, which leaves the parameters as they are (as
-    torch.distributed.checkpoint.state_dict does). Grads and lrs are put back afterwards. Returns the
-    parameters whose state this created, for `_drop_state_on_error` to undo should the load be refused."""
-    params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]  # frozen: no state
+    torch.distributed.checkpoint.state_dict does). Grads and lrs are put back afterwards. A frozen parameter
+    gets state too: one frozen after training has its state in the checkpoint (and one without any there is
+    left fresh again by `_keep_fresh_where_saved_fresh`). Returns the parameters whose state this created,
+    for `_drop_state_on_error` to undo should the load be refused."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
     created = [p for p in params if not optimizer.state.get(p)]
     if not created:
         return []

@@ -54,6 +54,22 @@ def _checkpoint_before_training(desc, diff) -> bool:
     return _raised(diff, "torch", "Missing key in checkpoint state_dict: optim.param_groups")
 
 
+def _optimizer_state_the_checkpoint_lacks(desc, diff) -> bool:
+    """PyTorch raised on load because its loading step created state for a parameter the saved optimizer had
+    none for (unused, so never stepped); fsdp_mini leaves that parameter's state fresh."""
+    return any(s["op"] == "checkpoint" for s in desc["steps"]) and _raised(
+        diff, "torch", "Missing key in checkpoint state_dict: optim.state.")
+
+
+def _state_of_frozen_parameters(desc, diff) -> bool:
+    """Optimizer state that only fsdp_mini holds after a load, all of it of parameters the program froze."""
+    frozen = [s["path"] + "." for s in desc["steps"] if s["op"] == "freeze"]
+    if not (frozen and diff.field == "optim_state" and diff.text.endswith("only in torch: []")):
+        return False
+    keys = diff.text.split("keys only in fsdp_mini: ")[1].split("; only in torch")[0].strip("[]").split(", ")
+    return all(any(k.strip("'").startswith(f) for f in frozen) for k in keys)
+
+
 def _to_after_a_forward(desc, diff) -> bool:
     steps = desc["steps"][:max(diff.step, 0)]
     return any(s["op"] == "to" and any(t["op"] in ("train", "eval", "nograd") for t in steps[:i])
@@ -159,6 +175,16 @@ KNOWN: list[Known] = [
           "so its first update after the resume differs), or raises 'Missing key in checkpoint state_dict: "
           "optim.param_groups'",
           _checkpoint_before_training),
+    Known("the optimizer state of a parameter frozen after training",
+          "a checkpoint holds the state of a parameter trained, then frozen; fsdp_mini restores it (a resume "
+          "that later unfreezes it goes on with its momentum), while PyTorch's set_optimizer_state_dict leaves "
+          "it without state: its loading step gives zero gradients to trainable parameters only",
+          _state_of_frozen_parameters),
+    Known("a parameter the saved optimizer had no state for",
+          "a parameter no step ever reached (an unused branch) has no optimizer state in the checkpoint; fsdp_mini "
+          "leaves its state fresh, while PyTorch's set_optimizer_state_dict, whose loading step created state for "
+          "it, raises 'Missing key in checkpoint state_dict: optim.state.<name>.<state>'",
+          _optimizer_state_the_checkpoint_lacks),
 ]
 
 
