@@ -548,7 +548,7 @@ def _init_optimizer_state(optimizer) -> list[torch.Tensor]:
     gets state too: one frozen after training has its state in the checkpoint (and one without any there is
     left fresh again by `_keep_fresh_where_saved_fresh`). Returns the parameters whose state this created,
     for `_drop_state_on_error` to undo should the load be refused."""
-    params = [p for g in optimizer.param_groups for p in g["params"]]
+    params = [p for g in optimizer.param_groups for p in g["params"] if p.is_floating_point() or p.is_complex()]
     created = [p for p in params if not optimizer.state.get(p)]
     if not created:
         return []

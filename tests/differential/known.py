@@ -47,7 +47,10 @@ def _checkpoint_before_training(desc, diff) -> bool:
         return False
     if diff.field == "optim_state" and "keys only in fsdp_mini: [];" in diff.text:
         return diff.against == "torch"
-    if desc["optim"]["kind"] == "adamw" and diff.against == "torch" and diff.step > first_train:
+    if diff.field == "optim_state" and ": dtype " in diff.text:
+        return True  # fsdp_mini's state is made at the first step, in the dtype the parameters have by then
+    # the unsharded reference loads through PyTorch's DCP state-dict functions too (runner.Program.load_fresh)
+    if desc["optim"]["kind"] == "adamw" and diff.step > first_train:
         # AdamW resumed by PyTorch counts its loading step: step 1 more, and every update's bias correction
         # after it differs, so the values trained from there on differ (SGD's zero momentum is a fresh one)
         return diff.field in ("losses", "clip_norm", "grad_norm", "state", "optim_state", "output_sum")
