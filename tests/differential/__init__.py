@@ -4,6 +4,7 @@ generator (seed -> a program description: plain, printable data), models (the de
 wrapping (each implementation's way to shard it), runner (a description on one implementation, inside
 launched ranks: an observation), execute (many descriptions per launch of the world), compare (two
 observations -> differences in words), known (the deliberate differences, each with its reason),
-minimise (a smaller description that still differs), writer (a minimised difference as a pytest file),
+minimise (a smaller description that still differs), writer (a minimised difference as a case of
+test_found.py: found/<name>.py),
 fuzz (`make fuzz`: random seeds until the time is up).
 """

@@ -1,6 +1,6 @@
 """`make fuzz MINUTES=30`: random seeds, in batches (one launch per world size per batch), until the time
 is up; prints how many programs ran and every difference; minimises the first program of each distinct
-difference and writes it as a failing test (tests/differential/found/test_found_<seed>.py).
+difference and writes it as a failing test case (tests/differential/found/seed_<seed>.py, run by test_found.py).
 
     PYTHONPATH=tests python -m differential.fuzz --minutes 15 [--start SEED] [--batch 32] [--no-write]
 

@@ -6,10 +6,9 @@ but its data is not allocated yet.; torch did not
 In words: fully_shard vs FSDP2 on 2 ranks; Net(width 4, depth 2, reuse, frozen, layernorm) wrapped with {'policy':
 'group', 'reshard_after_forward': True}; sgd; steps: train
 
-fsdp_mini and PyTorch (FSDP2) differ on the program below; this test passes once they agree.
+fsdp_mini and PyTorch (FSDP2) differ on the program below; tests/differential/test_found.py passes on it
+once they agree.
 """
-from differential.check import assert_agrees
-
 
 DESCRIPTION = {'seed': 100202,
  'design': 'per_param',
@@ -18,7 +17,3 @@ DESCRIPTION = {'seed': 100202,
  'wrap': {'policy': 'group', 'hsdp': False, 'reshard_after_forward': True, 'compile': None},
  'optim': {'kind': 'sgd', 'lr': 0.05},
  'steps': [{'op': 'train', 'accum': 1, 'no_sync': False, 'clip': None}]}
-
-
-def test_found_group_unit_run_twice_layernorm(no_orphans):
-    assert_agrees(DESCRIPTION)

@@ -6,10 +6,10 @@ not
 In words: fully_shard vs FSDP2 on 2 ranks; Net(width 4, depth 1) wrapped with {'policy': 'blocks',
 'reshard_after_forward': True, 'compile': 'blocks'}; sgd; steps: train
 
-fsdp_mini and PyTorch (FSDP2) differ on the program below; this test passes once they agree.
+fsdp_mini and PyTorch (FSDP2) differ on the program below; tests/differential/test_found.py passes on it
+once they agree.
 Fixed on main since (merge 75cff24): kept as a regression test.
 """
-from differential.check import assert_agrees
 
 DESCRIPTION = {'seed': 92,
  'design': 'per_param',
@@ -18,7 +18,3 @@ DESCRIPTION = {'seed': 92,
  'wrap': {'policy': 'blocks', 'hsdp': False, 'reshard_after_forward': True, 'compile': 'blocks'},
  'optim': {'kind': 'sgd', 'lr': 0.1},
  'steps': [{'op': 'train', 'accum': 1, 'no_sync': False, 'clip': None}]}
-
-
-def test_found_compile_fully_shard_block(no_orphans):
-    assert_agrees(DESCRIPTION)
