@@ -29,6 +29,8 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
+from fsdp_mini.course.planner.json_file import read_json
+
 __all__ = ["Calibration", "CALIBRATION", "MATMUL_FRACTION", "HBM_FRACTION", "NETWORK_FRACTION", "save_profile",
            "load_profile"]
 
@@ -64,13 +66,7 @@ def save_profile(calibration: Calibration, path, **about) -> None:
 def load_profile(path) -> Calibration:
     """The calibration of a profile that `fit` wrote (`plan --profile`); an unknown or missing field, or a value
     that is not a positive number, is an error that names it."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            profile = json.load(f)
-    except OSError as exc:
-        raise ValueError(f"cannot read profile {str(path)!r}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"profile {str(path)!r} is not JSON: {exc}") from None
+    profile = read_json(path, "profile")
     values = profile.get("calibration") if isinstance(profile, dict) else None
     if not isinstance(values, dict):
         raise ValueError(f"profile {str(path)!r} has no \"calibration\" object (python -m fsdp_mini fit writes one)")

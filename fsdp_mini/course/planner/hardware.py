@@ -39,9 +39,10 @@ x 35 / 73 (`FA2_HOPPER_SHARE`): published measurements of the kernel, not fitted
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
+
+from fsdp_mini.course.planner.json_file import read_json
 
 __all__ = ["GPU", "GPUS", "get_gpu", "load_gpu", "GiB", "FA2_HOPPER_SHARE", "PCIE_GEN4_X16", "PCIE_GEN5_X16"]
 
@@ -132,12 +133,7 @@ def load_gpu(path: str | Path) -> GPU:
     default may be left out). An unknown field, a missing one, or a value that is not a positive number (or null
     where the field allows it) is an error that names it."""
     path = Path(path)
-    try:
-        spec = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ValueError(f"cannot read GPU file {str(path)!r}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"GPU file {str(path)!r} is not JSON: {exc}") from None
+    spec = read_json(path, "GPU file")
     if not isinstance(spec, dict):
         raise ValueError(f"GPU file {str(path)!r} must hold a JSON object of GPU fields")
     fields = {f.name: f for f in dataclasses.fields(GPU)}

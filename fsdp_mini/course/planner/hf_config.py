@@ -33,9 +33,9 @@ shapes and is an error.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from fsdp_mini.course.planner.json_file import read_json
 from fsdp_mini.course.planner.models import ModelSpec
 
 __all__ = ["ARCHITECTURES", "model_from_config", "load_model_config"]
@@ -150,11 +150,6 @@ def model_from_config(config: dict, name: str = "config") -> ModelSpec:
 def load_model_config(path: str | Path) -> ModelSpec:
     """The `ModelSpec` of the `config.json` at `path`, named after the file's folder (or the file)."""
     path = Path(path)
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ValueError(f"cannot read model config {str(path)!r}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"model config {str(path)!r} is not JSON: {exc}") from None
+    config = read_json(path, "model config")
     name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
     return model_from_config(config, name)
