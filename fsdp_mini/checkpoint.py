@@ -256,16 +256,17 @@ def _param_groups(model, optimizer) -> list[dict[str, Any]]:
             for group, names in zip(optimizer.param_groups, _group_names(model, optimizer))]
 
 
+def _aliases(state: dict[str, Any]) -> dict[str, str]:
+    """Every further name of a tensor a state dict lists under several names, with its first name."""
+    first = _first_names(state)
+    return {name: first[id(t)] for name, t in state.items() if torch.is_tensor(t) and first[id(t)] != name}
+
+
 def _tied_names(model) -> dict[str, str]:
     """Every further name of a tied tensor, with its first name (`{"head.weight": "embed.weight"}`)."""
     if _design(model) != "flat":
-        state, first = unwrapped(model).state_dict(keep_vars=True), {}
-        for name, t in state.items():
-            first.setdefault(id(t), name)
-        return {name: first[id(t)] for name, t in state.items() if first[id(t)] != name}
-    own = own_state(model)  # a holder's own tensors, tied among themselves
-    first = _first_names(own)
-    return {**{name: first[id(t)] for name, t in own.items() if torch.is_tensor(t) and first[id(t)] != name},
+        return _aliases(unwrapped(model).state_dict(keep_vars=True))
+    return {**_aliases(own_state(model)),  # a holder's own tensors, tied among themselves
             **{prefix + alias: prefix + info.names[0] for prefix, wrapper in flat_wrappers(model)
                for h in wrapper.handles for info in h.layout.params for alias in info.names[1:]}}
 
@@ -353,14 +354,13 @@ def _state_dict(model, optimizer, saving: bool):
         return sd, prepare, finish
 
     by_id = {id(h.sharded_param): (h, boxes) for h, boxes in plans}
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            if id(p) in own_names:
-                _plain_optimizer_state(sd, finish, optimizer.state.get(p, {}), own_names[id(p)], saving)
-            elif id(p) not in by_id:
-                raise ValueError("the optimizer holds a tensor that is not one of this model's parameters or FSDP "
-                                 "flat shards: build it over model.parameters() after wrapping")
-    for p in (p for group in optimizer.param_groups for p in group["params"] if id(p) in by_id):
+    for p in (p for group in optimizer.param_groups for p in group["params"]):
+        if id(p) in own_names:
+            _plain_optimizer_state(sd, finish, optimizer.state.get(p, {}), own_names[id(p)], saving)
+            continue
+        if id(p) not in by_id:
+            raise ValueError("the optimizer holds a tensor that is not one of this model's parameters or FSDP "
+                             "flat shards: build it over model.parameters() after wrapping")
         h, boxes = by_id[id(p)]
         names = list(boxes.params)
         for key, value in optimizer.state.get(p, {}).items():

@@ -145,25 +145,22 @@ class FlatParamHandle:
         for leaf in self.leaves:
             leaf.requires_grad_(requires_grad)
 
-    def register_original_params(self) -> list[tuple[nn.Module, str, torch.Tensor]]:
+    def register_original_params(self) -> None:
         """Register the gathered views as the module's own `nn.Parameter`s (aliases of the gathered buffer,
-        no copy), so that a plain use of the module sees its parameters; returns (module, name, plain view)
-        for each, for `unregister_original_params`."""
-        placed = []
+        no copy), so that a plain use of the module sees its parameters, until `unregister_original_params`."""
         for leaf, owners_of_leaf in zip(self.leaves, self.owners):
             alias = nn.Parameter(leaf.detach(), requires_grad=False)
             for module, name in owners_of_leaf:
                 delattr(module, name)
                 module.register_parameter(name, alias)
-                placed.append((module, name, leaf))
         self.originals_registered = True
-        return placed
 
-    def unregister_original_params(self, placed) -> None:
+    def unregister_original_params(self) -> None:
         """Put the plain views back (what forward and backward use), or the freed placeholders if a forward
         inside `summon_full_params` resharded the unit meanwhile."""
-        for module, name, leaf in placed:
-            unregister_parameter(module, name)
+        for owners_of_leaf in self.owners:
+            for module, name in owners_of_leaf:
+                unregister_parameter(module, name)
         self.originals_registered = False
         self._place(self.leaves if self.sharded_state is not ShardedState.SHARDED else self.freed)
 

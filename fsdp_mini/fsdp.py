@@ -432,7 +432,7 @@ class FSDP(GradientSync, nn.Module):
             if not any(inside):
                 continue
             if not all(inside):
-                where = f"{name or 'the wrapped module'}"
+                where = name or "the wrapped module"
                 others = [info.names[0] for info, i in zip(h.layout.params, inside) if not i]
                 raise ValueError(f"{where}.requires_grad_({requires_grad}) after FSDP: its parameters share the flat "
                                  f"parameter '{h.label}' with {_listed(others)}, and the flat design trains a flat "
@@ -477,14 +477,15 @@ class FSDP(GradientSync, nn.Module):
         `.parameters()`, `.device`); read-only: the shards are not updated from them."""
         for unit in self.units:
             unit.unshard()
-        registered = [h.register_original_params() for h in self.handles]
+        for h in self.handles:
+            h.register_original_params()
         previous, self._running = self._running, True
         try:
             yield
         finally:
             self._running = previous
-            for h, names in zip(self.handles, registered):
-                h.unregister_original_params(names)
+            for h in self.handles:
+                h.unregister_original_params()
             for unit in self.units:
                 unit.reshard()
 

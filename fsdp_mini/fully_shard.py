@@ -481,15 +481,16 @@ class FSDPState:
         it, record its post-forward, and hook the root's output so that backward gathers it again. The
         parameters of the modules that did not run get no gradient in that backward, which then ends
         without them (`FSDPParamGroup.params_not_run`). Deepest first, as FSDP2 (`reversed(all_states)`)."""
+        record = self._records_post_forward()
         for state in reversed(self.all_states):
             if state is self or not state.to_run_forward:
                 continue
-            if state.group is not None and self._records_post_forward():
-                not_run = [m for m in state.modules if id(m) not in state.ran_forward]
-                state.group.params_not_run = {id(p) for p in state.group.params if all(
-                    any(owner is sub for m in not_run for sub in m.modules()) for owner, _ in p.owners)}
+            if state.group is not None and record:
+                not_run = {id(sub) for m in state.modules if id(m) not in state.ran_forward for sub in m.modules()}
+                state.group.params_not_run = {id(p) for p in state.group.params
+                                              if all(id(owner) in not_run for owner, _ in p.owners)}
             if state.group is not None:
-                state.group.post_forward(self.post_forward_order if self._records_post_forward() else None)
+                state.group.post_forward(self.post_forward_order if record else None)
             state._register_pre_backward_hook(out)
             out = state.mp.cast_output(out)
             state.to_run_forward.clear()
@@ -558,12 +559,12 @@ def fully_shard(module: nn.Module | list[nn.Module], *, mesh=None, reshard_after
     Collective over the mesh (every rank calls it in the same order); bad input is a ValueError first.
     """
     return apply_units(module, mesh=mesh, reshard_after_forward=reshard_after_forward,
-                  shard_placement_fn=shard_placement_fn, mp_policy=mp_policy, ignored_params=ignored_params,
-                  impl=impl, sync_module_states=sync_module_states)
+                       shard_placement_fn=shard_placement_fn, mp_policy=mp_policy, ignored_params=ignored_params,
+                       impl=impl, sync_module_states=sync_module_states)
 
 
 def apply_units(module, *, mesh, reshard_after_forward, shard_placement_fn, mp_policy, ignored_params, impl,
-           sync_module_states, replicate: "tuple[str, type] | None" = None):
+                sync_module_states, replicate: "tuple[str, type] | None" = None):
     """`fully_shard`, or with `replicate` = (its name, its module class) FSDP2's replicate
     (`fsdp_mini.replicate_with_fsdp`): the same units and lifecycle over a replicate-only mesh, each
     parameter a whole `Replicate()` DTensor, gradients averaged by one AllReduce per unit, no AllGather."""
