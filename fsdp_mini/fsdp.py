@@ -85,6 +85,10 @@ class FSDPUnit:
     def __init__(self, label: str, module: nn.Module, handles: list[FlatParamHandle], is_root: bool):
         self.label, self.module, self.handles, self.is_root = label, module, handles, is_root
         self.training_state = TrainingState.IDLE
+        # whether this step's backward reaches the unit: its forward's output needed a gradient (FSDP1's
+        # `_needs_pre_backward_unshard`); a unit frozen after the first step is in the recorded backward
+        # order but never runs backward, so it is not prefetched
+        self.needs_pre_backward_unshard = False
 
     def unshard(self, async_op: bool = False) -> None:
         for h in self.handles:
@@ -302,9 +306,11 @@ class FSDP(GradientSync, nn.Module):
         unit.wait_for_unshard()
 
     def _prefetch_after(self, unit: FSDPUnit, order: ExecutionOrder) -> None:
-        """Record the execution order in the first pass; later, start gathering the unit that comes next."""
+        """Record the execution order in the first pass; later, start gathering the unit that comes next
+        (in backward, if this step's backward reaches it)."""
         following = order.reached(unit)
-        if self.prefetch and following is not None:
+        if self.prefetch and following is not None and (order is self.forward_order
+                                                         or following.needs_pre_backward_unshard):
             following.unshard(async_op=True)
 
     @dynamo_disable
@@ -314,6 +320,7 @@ class FSDP(GradientSync, nn.Module):
         needs_grad = [t for t in tensors_in(out) if t.requires_grad]
         for t in needs_grad:
             t.register_hook(partial(self._pre_backward, unit))
+        unit.needs_pre_backward_unshard = bool(needs_grad)
         if unit.is_root:
             self.forward_order.end_recording()
             if not needs_grad:  # inference: no backward will come to free anything
@@ -408,6 +415,7 @@ class FSDP(GradientSync, nn.Module):
             if self._frees_in_backward():
                 unit.reshard()
             unit.training_state = TrainingState.IDLE
+            unit.needs_pre_backward_unshard = False
             for h in unit.handles:
                 h.grads_ready = 0
         self.backward_queued = False

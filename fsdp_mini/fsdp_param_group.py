@@ -141,18 +141,22 @@ class FSDPParamGroup:
             other.unshard(async_op=True)
         self.wait_for_unshard()
 
-    def post_forward(self, post_forward_order: list["FSDPParamGroup"] | None) -> None:
+    def post_forward(self, post_forward_order: list["FSDPParamGroup"] | None, backward_follows: bool = True) -> None:
         """The unit's forward is over: free its parameters, keep them, or keep a 1/k share, as
         `reshard_after_forward` says; record it in the root's `post_forward_order` (None: not recorded).
 
-        As in FSDP2, what reshard_after_forward says, with or without grad: a unit that keeps its
-        parameters (the root, by default) keeps them after a no-grad forward or `generate()` too, until a
-        backward's end or `reshard()`. One exception, FSDP2's too: a call that wraps another (a registered
+        A unit kept gathered (the root, by default) is kept for the backward that follows; a forward that
+        none can follow (`backward_follows` False: under no_grad, or no output needs a gradient, as in
+        evaluation or a registered `generate()`) frees the unit whatever reshard_after_forward says, as the
+        flat design does. FSDP2 keeps it (pytorch#131965), and until the next backward the
+        module's parameters are the gathered copies: an optimizer made then, `AdamW(model.parameters())`
+        after an evaluation pass, steps tensors that the next reshard discards, and the model never trains.
+        The price: the next forward gathers the unit again. A call that wraps another (a registered
         `generate` that calls forward) finds the unit out of FORWARD when it ends (the inner call ended it)
-        and frees it (FSDPParamGroup.reshard, _fsdp_param_group.py)."""
+        and frees it too, as FSDP2 does (FSDPParamGroup.reshard, _fsdp_param_group.py)."""
         ends_forward = self.training_state is TrainingState.FORWARD
         self.training_state = TrainingState.IDLE
-        if self.reshard_after_forward or not ends_forward:
+        if self.reshard_after_forward or not ends_forward or not backward_follows:
             self.reshard()
         elif self.post_forward_shards is not None:
             self.reshard_post_forward()

@@ -457,7 +457,8 @@ class FSDPState:
         if self.is_root:
             RECORDER.in_forward(False)
         if self.group is not None:
-            self.group.post_forward(root.post_forward_order if self._records_post_forward() else None)
+            self.group.post_forward(root.post_forward_order if self._records_post_forward() else None,
+                                    self._backward_follows(out))
         if self.is_root:
             out = self._force_complete_incomplete_states(out)
             self.forward_running = False
@@ -468,6 +469,12 @@ class FSDPState:
         """A recomputation inside backward is no post-forward: it is not recorded; nor is a no-grad forward
         (FSDP2 records it too, and an evaluation loop without backward then grows its list forever)."""
         return torch.is_grad_enabled() and not in_backward()
+
+    @staticmethod
+    def _backward_follows(out) -> bool:
+        """Whether a backward can reach the unit through this forward's output (no: under no_grad, or in
+        a no-grad method such as `generate()` whose hooks run outside its no_grad)."""
+        return torch.is_grad_enabled() and any(t.requires_grad for t in tensors_in(out))
 
     def _register_pre_backward_hook(self, out) -> None:
         for t in tensors_in(out):
@@ -490,7 +497,7 @@ class FSDPState:
                 state.group.params_not_run = {id(p) for p in state.group.params
                                               if all(id(owner) in not_run for owner, _ in p.owners)}
             if state.group is not None:
-                state.group.post_forward(self.post_forward_order if record else None)
+                state.group.post_forward(self.post_forward_order if record else None, self._backward_follows(out))
             state._register_pre_backward_hook(out)
             out = state.mp.cast_output(out)
             state.to_run_forward.clear()

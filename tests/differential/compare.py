@@ -35,7 +35,7 @@ class Difference:
         return (self.op, self.field, self.against, raised)
 
     def __str__(self) -> str:
-        vs = "" if self.against == "torch" else " [vs the unsharded model: PyTorch raised]"
+        vs = "" if self.against == "torch" else " [vs the unsharded model]"
         return f"step {self.step} ({self.op}) {self.field}, rank {self.rank}{vs}: {self.text}"
 
 
@@ -93,7 +93,7 @@ def _bf16_from(desc: dict) -> int:
     return len(desc["steps"]) + 1
 
 
-def _pairwise(desc: dict, ours: list, theirs: list, name: str, since: int = -2) -> list[Difference]:
+def pairwise(desc: dict, ours: list, theirs: list, name: str, since: int = -2) -> list[Difference]:
     """fsdp_mini's events against `name`'s ("torch", or "plain": the unsharded model), rank by rank, from
     step `since` on (the plain reference: from where PyTorch raised; it issues no FSDP collectives)."""
     found: dict[tuple, Difference] = {}
@@ -124,14 +124,15 @@ def _pairwise(desc: dict, ours: list, theirs: list, name: str, since: int = -2) 
 
 
 def raw_differences(desc: dict, obs: dict) -> list[Difference]:
-    """fsdp_mini against PyTorch; where PyTorch raised (obs has "plain" then), also fsdp_mini against the
-    unsharded model from that step on: when both FSDPs raise and the plain model does not, or fsdp_mini
-    goes on where PyTorch cannot, the plain model says what the result should have been."""
-    found = _pairwise(desc, obs["fsdp_mini"], obs["torch"], "torch")
+    """fsdp_mini against PyTorch; where the unsharded model ran too (obs has "plain": PyTorch raised, or
+    the two computed different values), also fsdp_mini against it, from the step where PyTorch raised (from
+    the start if it did not): when both FSDPs raise and the plain model does not, fsdp_mini goes on where
+    PyTorch cannot, or one of them computes something else, the plain model says what the result should
+    have been."""
+    found = pairwise(desc, obs["fsdp_mini"], obs["torch"], "torch")
     if "plain" in obs:
         torch_errors = [e["i"] for events in obs["torch"] for e in events if "error" in e and "i" in e]
-        if torch_errors:
-            found += _pairwise(desc, obs["fsdp_mini"], obs["plain"], "plain", since=min(torch_errors))
+        found += pairwise(desc, obs["fsdp_mini"], obs["plain"], "plain", since=min(torch_errors, default=-2))
     return found
 
 

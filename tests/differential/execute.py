@@ -1,8 +1,8 @@
 """Many descriptions per launch of the world: starting ranks (fork, gloo rendezvous, first-call costs) is the
 main cost, so every description of one world size runs in one launch, both implementations one after the other
 on the same ranks (as tests/library/test_fsdp2_differential.py does), with a barrier between programs. Where
-PyTorch raised, the program runs a third time unsharded ("plain": the same model on every rank, gradients
-averaged by hand): the reference for the steps PyTorch could not run. Every launch has a timeout. A launch
+PyTorch raised, or the two computed different values, the program runs a third time unsharded ("plain": the
+same model on every rank, gradients averaged by hand): the reference that says which one is right. Every launch has a timeout. A launch
 that fails (a crash, a hang, ranks out of step after an error on one rank only) is split in halves and run
 again, down to one description and then one implementation alone, so one bad program costs a few launches and
 never the others' results.
@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from fsdp_mini import LaunchError, launch
-from differential import runner
+from differential import compare, known, runner
 
 IMPLS = ("fsdp_mini", "torch")
 
@@ -37,7 +37,7 @@ def _on_ranks(descs: list[dict], impls: tuple, folder: str, phase: int = 1) -> l
             if desc["wrap"].get("compile"):
                 torch._dynamo.reset()
             dist.barrier()
-        if "torch" in impls and _torch_raised(per["torch"]) and runner.cross_world_step(desc) is None:
+        if "torch" in impls and runner.cross_world_step(desc) is None and _needs_reference(desc, per):
             per["plain"] = runner.run(desc, "plain", folder, phase)  # the reference where torch has none
             if desc["wrap"].get("compile"):
                 torch._dynamo.reset()
@@ -51,9 +51,13 @@ def _world(desc: dict, phase: int) -> int:
     return desc["steps"][k]["world"] if phase == 2 else desc["world"]
 
 
-def _torch_raised(events: list[dict]) -> bool:
-    """Whether PyTorch raised on any rank (decided together: the reference run has collectives)."""
-    flag = torch.tensor([float(any("error" in e for e in events))])
+def _needs_reference(desc: dict, per: dict) -> bool:
+    """Whether the unsharded model must decide, on any rank (decided together: its run has collectives):
+    PyTorch raised, or the two computed different values (a loss, an output, a parameter), where either
+    may be the wrong one."""
+    events = per["torch"]
+    values_differ = any(d.field in known.VALUES for d in compare.pairwise(desc, [per["fsdp_mini"]], [events], "torch"))
+    flag = torch.tensor([float(values_differ or any("error" in e for e in events))])
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return bool(flag.item())
 

@@ -46,7 +46,7 @@ def _checkpoint_before_training(desc, diff) -> bool:
     if not any(s["op"] == "checkpoint" for s in steps[:first_train]):
         return False
     if diff.field == "optim_state" and "keys only in fsdp_mini: [];" in diff.text:
-        return diff.against == "torch"
+        return True  # against the unsharded model too: it loads through the same DCP functions
     if diff.field == "optim_state" and ": dtype " in diff.text:
         return True  # fsdp_mini's state is made at the first step, in the dtype the parameters have by then
     # the unsharded reference loads through PyTorch's DCP state-dict functions too (runner.Program.load_fresh)
@@ -73,6 +73,16 @@ def _state_of_frozen_parameters(desc, diff) -> bool:
         return False
     keys = diff.text.split("keys only in fsdp_mini: ")[1].split("; only in torch")[0].strip("[]").split(", ")
     return all(any(k.strip("'").startswith(f) for f in frozen) for k in keys)
+
+
+VALUES = ("losses", "output_sum", "clip_norm", "state", "optim_state", "grad_is_none")  # what a program computed
+
+
+def _forward_without_backward_before_the_optimizer(desc) -> bool:
+    """An eval or no-grad forward before the first training step (where runner.Program makes the optimizer)."""
+    ops = [s["op"] for s in desc["steps"]]
+    first_train = ops.index("train") if "train" in ops else len(ops)
+    return any(op in ("eval", "nograd") for op in ops[:first_train])
 
 
 def _to_after_a_forward(desc, diff) -> bool:
@@ -165,14 +175,25 @@ KNOWN: list[Known] = [
           lambda d, x: not _flat(d) and _raised(x, "torch", "SIGSEGV")
           and d["wrap"].get("reshard_after_forward") is False
           and any(s["op"] == "checkpoint" for s in d["steps"])),
-    Known("fully_shard: a forward without gradients is not a post-forward of the step",
-          "FSDP2 records every post-forward, a no-grad one too (_fsdp_param_group.py, `_record_post_forward`), so an "
-          "evaluation forward before a training step leaves entries that the step's backward prefetches from: "
-          "one AllGather of a unit it does not use (and a list an evaluation loop without backward grows forever); "
-          "fsdp_mini records only forwards that a backward can follow (FSDPState._records_post_forward). Values "
-          "agree",
-          lambda d, x: not _flat(d) and _only_kind_differs(x, "all_gather") and _after_forward_without_backward(d, x)
-          and int(x.text.split()[1]) < int(x.text.split()[3])),  # "all_gather 6 vs 7": fsdp_mini's fewer
+    Known("fully_shard: a forward without gradients",
+          "fsdp_mini frees every unit after a forward that no backward can follow (FSDPParamGroup.post_forward: "
+          "no_grad, or no output needs a gradient), as its flat design does; FSDP2 keeps a unit with "
+          "reshard_after_forward=False (the root, by default) gathered, so its next forward skips that AllGather "
+          "(fsdp_mini: one more). And FSDP2 records every post-forward, a no-grad one too (_fsdp_param_group.py, "
+          "`_record_post_forward`), so an evaluation forward before a training step leaves entries that the "
+          "step's backward prefetches from: one AllGather of a unit it does not use (and a list an evaluation loop "
+          "without backward grows forever); fsdp_mini records only forwards that a backward can follow "
+          "(FSDPState._records_post_forward). Values agree",
+          lambda d, x: not _flat(d) and _only_kind_differs(x, "all_gather") and _after_forward_without_backward(d, x)),
+    Known("fully_shard: an optimizer made after a forward without gradients (a PyTorch silent loss)",
+          "after a no-grad forward FSDP2 leaves a unit with reshard_after_forward=False (the root, by default) "
+          "gathered, and its module's parameters are the gathered copies until a backward ends (pytorch#131965): "
+          "the optimizer the program makes at its first training step holds them, and its steps move tensors "
+          "that the next reshard discards, so those parameters never train. fsdp_mini freed the unit: its "
+          "optimizer holds the sharded parameters (and the comparator checks fsdp_mini against the unsharded "
+          "model, which it then runs)",
+          lambda d, x: not _flat(d) and x.against == "torch" and x.field in VALUES
+          and _forward_without_backward_before_the_optimizer(d)),
     Known("a checkpoint saved before the optimizer's first step",
           "fsdp_mini loads it as a fresh optimizer (no state), which is what the saved optimizer was and what a "
           "run that never stopped has; PyTorch's set_optimizer_state_dict keeps the state its loading creates "

@@ -807,20 +807,54 @@ def _generate_then_train(name, calls_forward):
 
 
 @pytest.mark.parametrize("calls_forward", [False, True])
-def test_the_root_stays_gathered_after_a_no_grad_generate(calls_forward, no_orphans):
+def test_a_no_grad_generate_frees_the_root_which_fsdp2_keeps_gathered(calls_forward, no_orphans):
     # FSDP2's post-forward reshards by reshard_after_forward alone, with or without grad: the root keeps its
-    # parameters and the next step does not gather it again. A generate that calls forward ends the root's
-    # FORWARD inside, and its own end then frees the root (FSDPParamGroup.reshard outside FORWARD)
+    # parameters (head.weight stays a plain Parameter) and the next step does not gather it again, unless a
+    # generate that calls forward ends the root's FORWARD inside (FSDPParamGroup.reshard outside FORWARD).
+    # fsdp_mini frees a unit after any no-grad forward (FSDPParamGroup.post_forward): one AllGather more
     def compare(a, b):
         torch.testing.assert_close(a[0], b[0])
-        assert a[1] == b[1] and a[1]["layers.0.weight"] == "DTensor"
-        assert a[1]["head.weight"] == ("DTensor" if calls_forward else "Parameter")
-        # the layers, forward and backward, and the root again unless it stayed gathered
-        _same_collectives_but_the_roots_reduce_scatter(a[2], b[2])
-        assert sum(op == "all_gather" for op, _, _ in a[2]) == 6 + calls_forward
+        assert a[1]["layers.0.weight"] == b[1]["layers.0.weight"] == "DTensor"
+        assert a[1]["head.weight"] == "DTensor"
+        assert b[1]["head.weight"] == ("DTensor" if calls_forward else "Parameter")
+        assert sum(op == "all_gather" for op, _, _ in b[2]) == 6 + calls_forward
+        assert len(_gathers(a[2])) == 7 and _gathers(a[2])[7 - len(_gathers(b[2])):] == _gathers(b[2])  # the root's first
         _same_tensors(a[3], b[3])
 
     _assert_same(_both_cases(_generate_then_train, "calls_forward", [False, True])[calls_forward], compare)
+
+
+def _optimizer_after_an_evaluation(name):
+    """An evaluation pass before training, then the optimizer; the root has parameters of its own (the
+    head), kept gathered after forward by default."""
+    fully_shard, _ = _impl(name)
+    model = _Generating(calls_forward=False)
+    for layer in model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    with torch.no_grad():
+        model(_batch(dist.get_rank()))
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    before = _params(model)
+    model(_batch(dist.get_rank(), seed=1)).square().sum().backward()
+    opt.step()
+    after = _params(model)
+    return {n: type(p).__name__ for n, p in zip(before, opt.param_groups[0]["params"])}, \
+        sorted(n for n in before if not torch.equal(before[n], after[n]))
+
+
+def test_an_optimizer_made_after_an_evaluation_pass_trains_the_model(no_orphans):
+    # FSDP2 (pytorch#131965): after the no-grad forward the root's module holds the gathered copies of the
+    # head, the optimizer gets them, and its step moves tensors the backward's reshard discarded: the head
+    # stays as it was, without a word. fsdp_mini freed the root after the no-grad forward: the optimizer holds
+    # the sharded parameters and the step trains every one of them
+    def compare(a, b):
+        names = sorted(a[0])
+        assert set(a[0].values()) == {"DTensor"} and a[1] == names
+        assert b[0]["head.weight"] == b[0]["head.bias"] == "Parameter"
+        assert b[1] == [n for n in names if not n.startswith("head.")]
+
+    _assert_same(launch(_both, 2, args=(_optimizer_after_an_evaluation,), timeout=120), compare)
 
 
 class _Embedded(nn.Module):

@@ -10,7 +10,6 @@ fsdp_mini and PyTorch (FSDP2) differ on the program below; tests/differential/te
 once they agree.
 """
 
-XFAIL = 'open: .to(dtype) on fully_shard while a no-grad forward left the unit gathered (reshard_after_forward=False) loses what the sharded parameters hold (values, requires_grad) for the next steps; FSDP2 raises there (see to_float64_after_a_no_grad_forward)'  # an open bug: test_found.py expects the difference until it is fixed
 
 DESCRIPTION = {'seed': 65352605,
  'design': 'per_param',

@@ -9,7 +9,6 @@ fsdp_mini and PyTorch (FSDP1) differ on the program below; tests/differential/te
 once they agree.
 """
 
-XFAIL = "open: after a unit is frozen post-wrap, the flat design's backward still prefetches it (one unused AllGather); FSDP1 prefetches only a handle whose forward output needed a gradient (_needs_pre_backward_unshard); values agree"  # an open bug: test_found.py expects the difference until it is fixed
 
 DESCRIPTION = {'seed': 65350492,
  'design': 'flat',
