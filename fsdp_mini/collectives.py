@@ -8,7 +8,8 @@ Signatures mirror torch.distributed: `ring_reduce_scatter(output, input, op, gro
 output elements, `ring_all_gather(output, input, group)` with output = n x input elements,
 `ring_all_reduce(tensor, op, group)` in place for any size. The wrappers `all_reduce`,
 `reduce_scatter_tensor` and `all_gather_into_tensor` take torch's arguments plus `impl="builtin"` or
-`"ring"`, so the engine can switch between them. All of them log to `CommLog`. Ops: SUM and AVG,
+`"ring"`, so the engine can switch between them. Each call is published to whoever listens
+(`fsdp_mini.collective_calls`: CommLog, the flight recorder). Ops: SUM and AVG,
 and MAX for the all-reduces and the ring reduce-scatter (a gradient's infinity norm).
 
 `async_op=True` returns a handle with `.wait()`, as torch does. Hand-written ops then run on one
@@ -25,8 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from fsdp_mini.comm_log import PendingRecord
-from fsdp_mini.flight_recorder import RECORDER
+from fsdp_mini.collective_calls import CollectiveCall
 from fsdp_mini.ring_model import ring_model_sent
 
 __all__ = ["ring_reduce_scatter", "ring_all_gather", "ring_all_reduce", "all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "IMPLS", "SUM", "AVG", "MAX",
@@ -72,11 +72,9 @@ def _group(group) -> _Group:
     return _Group(pg, dist.get_rank(pg), dist.get_world_size(pg), dist.get_rank(), ranks)
 
 
-def _issue(op: str, impl: str, nbytes: int, g: _Group, tensors, sent: int = 0) -> PendingRecord:
-    """The CommLog record of a collective being issued, entered in the flight recorder too."""
-    pending = PendingRecord(op, impl, nbytes, g.size, g.global_rank, sent=sent)
-    pending.flight = RECORDER.issue(op, g.ranks, tensors, pending.label)
-    return pending
+def _issue(op: str, impl: str, nbytes: int, g: _Group, tensors, sent: int = 0) -> CollectiveCall:
+    """A collective being issued, published to the listeners (CommLog, the flight recorder)."""
+    return CollectiveCall(op, impl, nbytes, g.size, g.global_rank, sent=sent, group=g.ranks, tensors=tensors)
 
 
 def _check_op(op, allowed=(SUM, AVG)) -> None:
@@ -94,7 +92,7 @@ def _flat(t: torch.Tensor, name: str) -> torch.Tensor:
 class Work:
     """Handle of an async collective, like torch's `Work`: `wait()` blocks until it is done."""
 
-    def __init__(self, wait_fn, pending: PendingRecord):
+    def __init__(self, wait_fn, pending: CollectiveCall):
         self._wait_fn, self._pending, self._done = wait_fn, pending, False
 
     def wait(self) -> bool:
@@ -120,7 +118,7 @@ def _comm_thread() -> ThreadPoolExecutor:
         return _executor[1]
 
 
-def _exchange(send: torch.Tensor, recv: torch.Tensor, g: _Group, pending: PendingRecord) -> None:
+def _exchange(send: torch.Tensor, recv: torch.Tensor, g: _Group, pending: CollectiveCall) -> None:
     """One ring step: send `send` to the right neighbour while receiving `recv` from the left one."""
     reqs = [dist.isend(send, group=g.pg, group_dst=g.right), dist.irecv(recv, group=g.pg, group_src=g.left)]
     for req in reqs:
@@ -145,7 +143,7 @@ def _buffer(slot: int, numel: int, like: torch.Tensor) -> torch.Tensor:
 _PIECE_ELEMS = 1 << 20  # 4 MiB of fp32: reduce one piece while the next one is still arriving
 
 
-def _rs(out: torch.Tensor, inp: torch.Tensor, op, g: _Group, pending: PendingRecord) -> None:
+def _rs(out: torch.Tensor, inp: torch.Tensor, op, g: _Group, pending: CollectiveCall) -> None:
     n, r = g.size, g.rank
     chunks = inp.view(n, -1)
     if n == 1:
@@ -173,7 +171,7 @@ def _rs(out: torch.Tensor, inp: torch.Tensor, op, g: _Group, pending: PendingRec
         out.div_(n)
 
 
-def _ag(out: torch.Tensor, inp: torch.Tensor, g: _Group, pending: PendingRecord) -> None:
+def _ag(out: torch.Tensor, inp: torch.Tensor, g: _Group, pending: CollectiveCall) -> None:
     n, r = g.size, g.rank
     chunks = out.view(n, -1)
     if chunks[r].data_ptr() != inp.data_ptr():
@@ -183,7 +181,7 @@ def _ag(out: torch.Tensor, inp: torch.Tensor, g: _Group, pending: PendingRecord)
         _exchange(chunks[(r - step) % n], chunks[(r - step - 1) % n], g, pending)
 
 
-def _run(body, pending: PendingRecord, async_op: bool, n: int):
+def _run(body, pending: CollectiveCall, async_op: bool, n: int):
     """Run a ring op on the communication thread; block unless async_op."""
     if n == 1 and not async_op:
         body()
@@ -265,7 +263,7 @@ def check_impl(impl: str) -> None:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
 
 
-def _builtin(call, post, pending: PendingRecord, async_op: bool):
+def _builtin(call, post, pending: CollectiveCall, async_op: bool):
     work = call()
     handle = Work(lambda: (work.wait(), post and post()), pending)
     return handle if async_op else handle.wait() and None

@@ -1,8 +1,9 @@
 """CommLog: what every collective sent, and when.
 
 FSDP is a schedule of collectives, so the course's main instrument is a log of them. Every collective
-issued through `fsdp_mini.collectives` (hand-written ring ops and wrappers of the builtins alike) appends
-a `CommRecord` to each active `CommLog` of its process:
+issued through `fsdp_mini.collectives` (hand-written ring ops and wrappers of the builtins alike) is a
+`fsdp_mini.collective_calls.CollectiveCall`; this module listens to them and, when one completes,
+appends a `CommRecord` to each active `CommLog` of its process:
 
     with CommLog() as log:
         ring_all_reduce(t)
@@ -12,22 +13,21 @@ a `CommRecord` to each active `CommLog` of its process:
 output). `sent` is what this rank put on the wire: counted send by send for the hand-written ops, and
 the ring model for builtins, whose algorithm we cannot see (`fsdp_mini.ring_model.ring_model_sent`,
 re-exported here: all-reduce 2(n-1)·ceil(numel/n) elements, reduce-scatter and all-gather (n-1)/n·S).
+`scope` (the label of the calls issued inside) lives with the calls and is re-exported here.
 """
 from __future__ import annotations
 
 import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from fsdp_mini.flight_recorder import RECORDER
+from fsdp_mini.collective_calls import CollectiveCall, scope, subscribe
 from fsdp_mini.ring_model import ring_model_sent
 
-__all__ = ["CommLog", "CommRecord", "PendingRecord", "ring_model_sent", "scope"]
+__all__ = ["CommLog", "CommRecord", "ring_model_sent", "scope"]
 
 _active: list["CommLog"] = []
 _lock = threading.Lock()
-_scope = threading.local()
 
 
 @dataclass(frozen=True)
@@ -47,41 +47,25 @@ class CommRecord:
         return self.end - self.start
 
 
-@contextmanager
-def scope(label: str):
-    """Label the collectives issued inside (e.g. "layers.0 forward"); shown by `CommLog.table`."""
-    previous = getattr(_scope, "label", "")
-    _scope.label = label
-    try:
-        yield
-    finally:
-        _scope.label = previous
+class _Listener:
+    """CommLog's ear on the collectives: a completed call becomes a record in every active log."""
 
+    @staticmethod
+    def issued(call: CollectiveCall, tensors: tuple) -> None:
+        return None
 
-class PendingRecord:
-    """One collective in flight: created when the op is issued, by `fsdp_mini.collectives` or any other
-    hand-written collective (the issue time and the caller's `scope` are taken then), counted up in `sent`
-    while it sends, and appended to every active CommLog as a `CommRecord` by `finish()` when it is complete."""
-
-    __slots__ = ("op", "impl", "nbytes", "group_size", "rank", "start", "label", "sent", "flight")
-
-    def __init__(self, op, impl, nbytes, group_size, rank, sent=0):
-        self.op, self.impl, self.nbytes, self.group_size, self.rank = op, impl, nbytes, group_size, rank
-        self.sent = sent
-        self.start = time.time()
-        self.label = getattr(_scope, "label", "")
-        self.flight = None  # the flight recorder's entry for this collective (set by whoever issues it)
-
-    def finish(self) -> None:
-        if self.flight is not None:
-            RECORDER.complete(self.flight)
+    @staticmethod
+    def completed(call: CollectiveCall, note: None) -> None:
         if not _active:
             return
-        rec = CommRecord(self.op, self.impl, self.nbytes, self.sent, self.group_size, self.rank,
-                         self.start, time.time(), self.label)
+        rec = CommRecord(call.op, call.impl, call.nbytes, call.sent, call.group_size, call.rank,
+                         call.start, time.time(), call.label)
         with _lock:
             for log in _active:
                 log.records.append(rec)
+
+
+subscribe(_Listener)
 
 
 @dataclass

@@ -23,8 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fsdp_mini.memory import format_bytes
-from fsdp_mini.strategy import StrategyLike, check_shard_size
-from fsdp_mini.strategy_facts import facts, shard_group_size_with_zero1
+from fsdp_mini.fsdp.strategy import StrategyLike, check_shard_size
+from fsdp_mini.fsdp.strategy_facts import facts, shard_group_size_with_zero1
 
 __all__ = ["MemoryEstimate", "estimate_memory"]
 
@@ -67,7 +67,7 @@ def estimate_memory(
     `strategy` is a `ShardingStrategy` (or its name) or `ZERO1`. A sharded state is split over all
     `world_size` ranks, except for the hybrid strategies, which split it over a shard group of
     `shard_size` ranks and replicate it across the `world_size // shard_size` groups; `shard_size`
-    follows `fsdp_mini.strategy_facts.shard_group_size_with_zero1` (default: one node), and is rejected for the others.
+    follows `fsdp_mini.fsdp.strategy_facts.shard_group_size_with_zero1` (default: one node), and is rejected for the others.
 
     `tp` is the tensor-parallel degree of a 2-D mesh (tp x dp). Tensor parallelism splits every weight
     matrix over the tp ranks of its group for the whole step, so each TP rank owns ceil(num_params / tp)

@@ -11,8 +11,9 @@ collective where they differ:
     rank 1 waits in AllGather #17 (blocks.2, forward) while ranks 0, 2, 3 wait in ReduceScatter #17
     (blocks.3, backward)
 
-`fsdp_mini.collectives` records into `RECORDER` (one per process; about 10 microseconds per
-collective, under 1% of a step, so it is always on), which mirrors itself into a memory-mapped file:
+`RECORDER` (one per process) hears of every collective `fsdp_mini.collectives` issues: it subscribes to
+the calls (`fsdp_mini.collective_calls`) when this module is imported, as `fsdp_mini.launch` and
+`fsdp_mini.init()` do; about 10 microseconds per collective, under 1% of a step, so it is always on. It which mirrors itself into a memory-mapped file:
 under `fsdp_mini.launch` in the launch's folder, whose records the caller reads when a rank fails or the
 ranks time out (the verdict is in its error); under torchrun in a folder of its own per run
 (`default_folder`, or `$FSDP_MINI_FLIGHT_DIR` when it is set), which `fsdp_mini.init()` attaches and names
@@ -55,7 +56,7 @@ from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
-from fsdp_mini.torch_internals import in_backward
+from fsdp_mini.collective_calls import CollectiveCall, subscribe
 
 __all__ = ["Entry", "FlightRecorder", "RECORDER", "find_divergence", "diagnose", "load_run", "Run",
            "record_path", "new_run_id", "default_folder", "install_verdict_hook", "failure_note", "FLIGHT_DIR_ENV",
@@ -181,7 +182,6 @@ class FlightRecorder:
         self._seq: dict[tuple[int, ...], int] = {}
         self._issued = 0
         self._lock = threading.Lock()
-        self._in_forward = False
         self._map: mmap.mmap | None = None
         self.ended: Ending | None = None  # the end record written into it, if any
         self.enabled = True  # False only to measure what recording costs (the bench's `:norecord` cases)
@@ -215,13 +215,18 @@ class FlightRecorder:
         start = (self.capacity + 1) * _SLOT
         self._map[start:start + _SLOT] = data.ljust(_SLOT, b" ")
 
-    def issue(self, op: str, group: tuple[int, ...], tensors, label: str) -> "_Token | None":
+    def issued(self, call: CollectiveCall, tensors: tuple) -> "_Token | None":
+        """A call was issued (`fsdp_mini.collective_calls`' listener): record it."""
+        return self.issue(call.op, call.group, tensors, call.label, call.phase)
+
+    def completed(self, call: CollectiveCall, token: "_Token | None") -> None:
+        self.complete(token)
+
+    def issue(self, op: str, group: tuple[int, ...], tensors, label: str, phase: str = "") -> "_Token | None":
         """Record a collective at issue time; returns the token that `complete` takes. On the hot path
         of every collective, so it only stores plain values; `entries()` builds the `Entry` objects."""
         if not self.enabled:
             return None
-        # autograd knows when it runs a backward; a forward is announced by the engines (`in_forward`)
-        phase = "backward" if in_backward() else ("forward" if self._in_forward else "")
         with self._lock:
             seq = self._seq[group] = self._seq.get(group, 0) + 1
             token = _Token((seq, op, group, tuple(tuple(t.shape) for t in tensors),
@@ -251,11 +256,6 @@ class FlightRecorder:
             self._map[start:start + _SLOT] = data.ljust(_SLOT, b" ")
             token.done_at = start + len(data) - len(b"false}")
 
-    def in_forward(self, running: bool) -> None:
-        """The engines say when a model's (root) forward starts and ends, so that the collectives in
-        between are labelled "forward"."""
-        self._in_forward = running
-
     def entries(self) -> list[Entry]:
         with self._lock:
             return [Entry(*t.fields, done=t.done) for t in self._entries]
@@ -266,7 +266,6 @@ class FlightRecorder:
             self._entries.clear()
             self._seq.clear()
             self._issued = 0
-            self._in_forward = False
             self._map = None
             self.ended = None
 
@@ -285,6 +284,7 @@ _SLOT = 512  # bytes per entry in the file
 
 
 RECORDER = FlightRecorder()
+subscribe(RECORDER)
 
 
 @contextlib.contextmanager

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
-from fsdp_mini.fsdp import FSDP
-from fsdp_mini.fully_shard import FSDPModule, gathered_memory, state_of
+from fsdp_mini.fsdp.fully_sharded_data_parallel import FSDP
+from fsdp_mini.fsdp._fully_shard.fully_shard import FSDPModule, gathered_memory, state_of
 from fsdp_mini.memory import MemoryChange, format_bytes, optimizer_state_bytes, tensor_bytes
 from fsdp_mini.torch_internals import in_backward
 

@@ -34,8 +34,6 @@ import torch
 import torch.distributed as dist
 from torch.distributed.constants import default_pg_timeout
 
-from fsdp_mini.flight_recorder import (FLIGHT_DIR_ENV, RECORDER, Ending, default_folder, install_verdict_hook,
-                                       new_run_id, record_path, remove_if_ended_well)
 
 __all__ = ["init", "finish", "get_device", "under_torchrun", "require_distributed", "local_world_size", "default_backend",
            "check_backend", "BACKENDS", "STARTUP_TIMEOUT", "wait_for_every_rank", "Launcher", "launcher", "mark_launched",
@@ -86,7 +84,7 @@ class Launcher(enum.Enum):
 
     SCRIPT = "a plain script"        # nothing: `init()` forms a world of one
     TORCHRUN = "torchrun"            # torchrun's agent, or another launcher of the env:// convention
-    LAUNCH = "fsdp_mini.launch"      # forked by `launch`, which owns the rank's start and end
+    LAUNCH = "fsdp_mini.launch"   # forked by `launch`, which owns the rank's start and end
 
 
 _launched = False  # set in the ranks that `launch` forks (`mark_launched`)
@@ -199,7 +197,12 @@ def _record_flight() -> None:
     On in every world of several ranks (FSDP_MINI_FLIGHT_DIR chooses the folder), and in a world of one
     only when FSDP_MINI_FLIGHT_DIR asks for it. The run id comes from rank 0 (one small broadcast), so that
     every rank's file says which run it belongs to, and so does the default folder's name. A chosen folder
-    is kept; the run's own is removed by the last rank to end well (`finish()`, or the script's end)."""
+    is kept; the run's own is removed by the last rank to end well (`finish()`, or the script's end).
+    The flight recorder is imported here, when a run starts recording: a script that never does never
+    loads it (`import fsdp_mini.fsdp` does not), and importing it subscribes it to the collectives."""
+    from fsdp_mini.flight_recorder import (FLIGHT_DIR_ENV, RECORDER, default_folder, install_verdict_hook, new_run_id,
+                                           record_path)
+
     rank, world = dist.get_rank(), dist.get_world_size()
     chosen = os.environ.get(FLIGHT_DIR_ENV)
     if world == 1 and not chosen:
@@ -255,9 +258,12 @@ def finish(exit_code: int = 0) -> None:
     """
     if launcher() is Launcher.LAUNCH:
         raise RankFinished(exit_code)
-    RECORDER.end(Ending.FINISHED if exit_code == 0 else Ending.EXITED, str(exit_code))
-    if _flight is not None and _flight.tidy and RECORDER.ended is Ending.FINISHED:
-        remove_if_ended_well(_flight.path)
+    if _flight is not None:  # recording (`_record_flight`): the end record, and the folder removed if all ended well
+        from fsdp_mini.flight_recorder import RECORDER, Ending, remove_if_ended_well
+
+        RECORDER.end(Ending.FINISHED if exit_code == 0 else Ending.EXITED, str(exit_code))
+        if _flight.tidy and RECORDER.ended is Ending.FINISHED:
+            remove_if_ended_well(_flight.path)
     try:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -135,5 +135,5 @@ def _dcp_metadata_globals() -> frozenset:
 # `_StorageInfo` (where each item lies) and `_MEM_FORMAT_ENCODING`, and what their fields hold: torch.Size, a
 # layout (pickled through the private `torch.serialization._get_layout`, a lookup by name), the checkpoint_id
 # path. Each is harmless to call with any arguments: a constructor of plain data or a lookup.
-# `fsdp_mini.checkpoint_integrity` unpickles `.metadata` allowing these only.
+# `fsdp_mini.checkpoint.integrity` unpickles `.metadata` allowing these only.
 DCP_METADATA_GLOBALS = _dcp_metadata_globals()

@@ -23,7 +23,7 @@ each feature is here because an engine case needs it:
   models do: `register_fsdp_forward_method` and `summon_full_params` cases.
 - **Initialisation by parameter name** (`init_parameter(name, tensor)`): the values depend on the name
   and `seed` only, never on the global random stream, so a model built eagerly, on every rank, or on
-  the meta device and materialised unit by unit (`param_init_fn=fsdp_mini.fsdp.materialise_by_name(model, model.init_parameter)`) is the same one.
+  the meta device and materialised unit by unit (`param_init_fn=fsdp_mini.fsdp.fully_sharded_data_parallel.materialise_by_name(model, model.init_parameter)`) is the same one.
 - **A deterministic global batch** (`batch`) that every rank builds and takes its rows of
   (`rank_rows`), so that the mean of the ranks' losses is the one-process loss: what parity means.
 """

@@ -39,7 +39,7 @@ from fsdp_mini.course.models import GPT, Block, GPTConfig, make_batch
 from fsdp_mini.course.pytorch_equivalent import pytorch_full_state_dict
 from fsdp_mini.course.trace import Trace
 from fsdp_mini.course.train import local_rows, train
-from fsdp_mini.fully_shard import gathered_memory
+from fsdp_mini.fsdp._fully_shard.fully_shard import gathered_memory
 
 __all__ = ["Engine", "SPAN", "CheckpointedRun", "train_checkpointed", "checkpoint_then_shard",
            "pytorch_checkpointing", "OverlapTimes", "overlap_times", "RecordedTo"]

@@ -24,7 +24,7 @@ from fsdp_mini.course.planner.layout import Checkpointing
 from fsdp_mini.collectives import ring_all_reduce
 from fsdp_mini.comm_log import CommLog
 from fsdp_mini.flight_recorder import diagnose
-from fsdp_mini.launch import launch
+from fsdp_mini.run import launch
 from fsdp_mini.runtime import finish, init, under_torchrun
 
 

@@ -12,7 +12,7 @@ this module prices every collective of one training step on such a cluster:
 The model, and why each piece is what it is:
 
 * Ranks are numbered node by node (ranks 0..g-1 on node 0, as torchrun numbers them), so the grid of
-  `fsdp_mini.groups.grid` applies: shard groups are rows of `shard_size` consecutive ranks, replica
+  `fsdp_mini.fsdp.groups.grid` applies: shard groups are rows of `shard_size` consecutive ranks, replica
   groups are columns.
 * A ring moves in lockstep: each of its steps ends when the slowest of its links has delivered its
   chunk. So a collective over a group whose ranks all live on one node runs at `intra_bandwidth` and
@@ -23,12 +23,12 @@ The model, and why each piece is what it is:
   own links; the bandwidths are per GPU (one NIC per GPU). With one NIC shared by a node's g GPUs,
   divide `inter_bandwidth` by g.
 * Per step and unit (P = the unit's flat parameter, padded to a multiple of the shard group size n as
-  fsdp_mini pads it; r = number of replicas), exactly `fsdp_mini.fsdp`'s schedule:
+  fsdp_mini pads it; r = number of replicas), exactly `fsdp_mini.fsdp.fully_sharded_data_parallel`'s schedule:
 
       FULL_SHARD, HYBRID_SHARD      2 AllGather(P) + ReduceScatter(P)   [+ AllReduce(P/n) across r]
       SHARD_GRAD_OP, _HYBRID_ZERO2  1 AllGather(P) + ReduceScatter(P)   [+ AllReduce(P/n) across r]
       NO_SHARD                      AllReduce across all ranks of the P's, in buckets of at least
-                                    `bucket_cap_mb` filled in backward order (`fsdp_mini.grad_buckets`)
+                                    `bucket_cap_mb` filled in backward order (`fsdp_mini.parallel.grad_buckets`)
 
   FULL_SHARD shards over the whole world, so its shard group spans nodes and every AllGather and
   ReduceScatter crosses the network. HYBRID_SHARD shards inside a node (default `shard_size` =
@@ -52,11 +52,11 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from fsdp_mini.course.cost import predict
-from fsdp_mini.grad_buckets import MiB, assign_buckets
-from fsdp_mini.groups import grid
+from fsdp_mini.parallel.grad_buckets import MiB, assign_buckets
+from fsdp_mini.fsdp.groups import grid
 from fsdp_mini.ring_model import ring_model_sent
-from fsdp_mini.strategy import StrategyLike, as_strategy, is_hybrid, shard_group_size
-from fsdp_mini.strategy_facts import all_gathers_per_step
+from fsdp_mini.fsdp.strategy import StrategyLike, as_strategy, is_hybrid, shard_group_size
+from fsdp_mini.fsdp.strategy_facts import all_gathers_per_step
 
 __all__ = ["Cluster", "Collective", "StepComm", "step_communication", "compare_strategies"]
 
@@ -192,7 +192,7 @@ def _unit_sizes(num_params, units: int) -> list[int]:
 
 def _buckets(unit_sizes: list[int], grad_bytes: int, cap_mb: float) -> list[int]:
     """Elements per gradient bucket: units join in backward order (the last unit first, the root last)
-    by DDP's bucket rule, the one `fsdp_mini.grad_buckets` gives the engine."""
+    by DDP's bucket rule, the one `fsdp_mini.parallel.grad_buckets` gives the engine."""
     backward_order = [(numel, numel * grad_bytes, None) for numel in reversed(unit_sizes)]
     return [sum(bucket) for bucket in assign_buckets(backward_order, cap_mb * MiB)]
 

@@ -13,18 +13,18 @@ import torch
 import torch.distributed as dist
 
 from fsdp_mini.comm_log import CommLog
-from fsdp_mini.fsdp import FSDP
+from fsdp_mini.fsdp.fully_sharded_data_parallel import FSDP
 from fsdp_mini.runtime import get_device
 from fsdp_mini.memory import format_bytes, optimizer_state_bytes, tensor_bytes
 from fsdp_mini.course.models import GPT, Block, GPTConfig, make_batch
 from fsdp_mini.course.pytorch_equivalent import pytorch_full_state_dict, shard_per_parameter, wrap_like_pytorch
 from fsdp_mini.course.tensor_parallel_plan import (parallelize_gpt, parallelize_gpt_with_pytorch,
                                                    pytorch_gpt_full_state_dict)
-from fsdp_mini.tensor_parallel import ParallelDims, gather_tensor_parallel
-from fsdp_mini.fully_shard import gathered_memory, memory_stats
-from fsdp_mini.state_dict import full_state_dict
+from fsdp_mini.tensor.parallel.parallelize import ParallelDims, gather_tensor_parallel
+from fsdp_mini.fsdp._fully_shard.fully_shard import gathered_memory, memory_stats
+from fsdp_mini.checkpoint.state_dict import full_state_dict
 from fsdp_mini.course.train import hybrid_shard_size, local_rows, train
-from fsdp_mini.zero import ZeroRedundancyOptimizer
+from fsdp_mini.optim.zero import ZeroRedundancyOptimizer
 
 __all__ = ["CFG", "worker", "reference", "table"]
 

@@ -19,7 +19,7 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 from torch.distributed.tensor import DTensor
 
 from fsdp_mini import FSDP, CommLog, full_state_dict
-from fsdp_mini.fully_shard import memory_stats
+from fsdp_mini.fsdp._fully_shard.fully_shard import memory_stats
 from fsdp_mini.course.language import num, plural
 from fsdp_mini.course.models import GPT, Block, GPTConfig, make_batch
 from fsdp_mini.course.show import text

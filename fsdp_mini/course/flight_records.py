@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from fsdp_mini.flight_recorder import RECORDER, find_divergence, load_run, record_path
-from fsdp_mini.launch import frozen_heap
+from fsdp_mini.run import frozen_heap
 from fsdp_mini.runtime import STARTUP_TIMEOUT, wait_for_every_rank
 
 __all__ = ["BUFFER_ENV", "dump_trace", "record_both", "fsdp_mini_verdict", "fr_trace", "first_finding"]

@@ -17,7 +17,7 @@ from fsdp_mini.comm_log import CommRecord
 from fsdp_mini.course.models import GPT, Block, GPTConfig, make_batch
 from fsdp_mini.course.trace import MemoryEvent, Span, Trace
 from fsdp_mini.course.train import local_rows, train
-from fsdp_mini.strategy import ShardingStrategy
+from fsdp_mini.fsdp.strategy import ShardingStrategy
 
 __all__ = ["LoggedStep", "logged_step"]
 

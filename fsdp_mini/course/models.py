@@ -79,7 +79,7 @@ class GPT(nn.Module):
 
     Initialisation is a function of each parameter's *name* and `seed` (`init_parameter`), not of the
     global random stream, so the same weights come out however the model is built: here, on every
-    rank, or on the meta device and materialised unit by unit by FSDP (`param_init_fn=materialise_by_name(model, model.init_parameter)`, fsdp_mini.fsdp).
+    rank, or on the meta device and materialised unit by unit by FSDP (`param_init_fn=materialise_by_name(model, model.init_parameter)`, fsdp_mini.fsdp.fully_sharded_data_parallel).
     """
 
     def __init__(self, cfg: GPTConfig = GPTConfig(), seed: int = 0):

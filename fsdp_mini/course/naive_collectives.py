@@ -3,9 +3,8 @@
 Every rank sends its tensor to rank 0, which sums them and sends the result back to each (a reduce, then a
 broadcast). Rank 0 sends (n-1)·S bytes, so its link is the bottleneck and the time grows linearly with n,
 where the ring (`fsdp_mini.collectives.ring_all_reduce`) sends 2(n-1)/n·S from every rank. No engine uses
-it: it is a teaching baseline, so it lives on the course floor. It is logged as the library's collectives
-are, through their public pieces: a `comm_log.PendingRecord` (CommLog counts its bytes send by send) and
-an entry in the flight recorder (`flight_recorder.RECORDER`).
+it: it is a teaching baseline, so it lives on the course floor. It is published as the library's collectives
+are, as a `collective_calls.CollectiveCall` (CommLog counts its bytes send by send; the flight recorder enters it).
 """
 from __future__ import annotations
 
@@ -13,8 +12,7 @@ import torch
 import torch.distributed as dist
 
 from fsdp_mini.collectives import AVG, SUM
-from fsdp_mini.comm_log import PendingRecord
-from fsdp_mini.flight_recorder import RECORDER
+from fsdp_mini.collective_calls import CollectiveCall
 
 __all__ = ["naive_all_reduce"]
 
@@ -33,8 +31,8 @@ def naive_all_reduce(tensor: torch.Tensor, op=SUM, group=None) -> None:
     rank, n = dist.get_rank(group), dist.get_world_size(group)
     flat = tensor.view(-1)
     nbytes = flat.numel() * flat.element_size()
-    pending = PendingRecord("all_reduce", "naive", nbytes, n, dist.get_rank())  # what CommLog records
-    pending.flight = RECORDER.issue("all_reduce", tuple(dist.get_process_group_ranks(group)), (flat,), pending.label)
+    pending = CollectiveCall("all_reduce", "naive", nbytes, n, dist.get_rank(),  # what CommLog records
+                             group=tuple(dist.get_process_group_ranks(group)), tensors=(flat,))
 
     if rank == 0:
         incoming = torch.empty_like(flat)

@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from fsdp_mini.runtime import get_device
-from fsdp_mini.strategy import ShardingStrategy, as_strategy, is_hybrid, reshard_after_forward, shard_group_size
+from fsdp_mini.fsdp.strategy import ShardingStrategy, as_strategy, is_hybrid, reshard_after_forward, shard_group_size
 
 __all__ = ["wrap_like_pytorch", "shard_per_parameter", "pytorch_full_state_dict"]
 
@@ -43,7 +43,7 @@ def shard_per_parameter(module: nn.Module, sharding_strategy, wrap=(), shard_siz
     if engine == "pytorch":
         from torch.distributed.fsdp import fully_shard
     elif engine == "fsdp_mini":
-        from fsdp_mini.fully_shard import fully_shard
+        from fsdp_mini.fsdp._fully_shard.fully_shard import fully_shard
     else:
         raise ValueError(f"engine must be 'fsdp_mini' or 'pytorch', got {engine!r}")
     strategy = as_strategy(sharding_strategy)

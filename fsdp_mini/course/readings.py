@@ -217,7 +217,7 @@ def _waiting(m: re.Match) -> str:
             + "; ".join(f"ранг {w[1]} — в {_collective(w[2]).render()}" for w in waits))
 
 
-# (pattern of the library's sentence, its Russian reading): launch.py's and flight_recorder.py's
+# (pattern of the library's sentence, its Russian reading): run.py's and flight_recorder.py's
 _SENTENCES = [
     (r"ranks \[(?P<stuck>[\d, ]+)\] did not finish within (?P<s>[\d.]+) s"
      r"(?: \(ranks \[(?P<returned>[\d, ]+)\] returned\))?: "

@@ -57,7 +57,7 @@ from fsdp_mini.course.planner import plan as planner_plan
 from fsdp_mini.course.simulate import flops_seconds
 from fsdp_mini.estimates import MemoryEstimate, estimate_memory
 from fsdp_mini.ring_model import ring_model_sent
-from fsdp_mini.strategy import check_shard_size
+from fsdp_mini.fsdp.strategy import check_shard_size
 
 __all__ = [
     "H100_FLOPS", "H100_MEMORY", "GPUS_PER_NODE", "GLOBAL_BATCH_TOKENS", "SEQUENCE_LENGTH", "GPU_COUNTS",

@@ -16,7 +16,7 @@ from fsdp_mini.comm_log import CommLog, CommRecord
 from fsdp_mini.course.models import GPT, GPTConfig, make_batch
 from fsdp_mini.course.tensor_parallel_plan import gpt_sp_plan, gpt_tp_plan
 from fsdp_mini.saved_activations import SavedActivations
-from fsdp_mini.tensor_parallel import ParallelDims, parallelize_module
+from fsdp_mini.tensor.parallel.parallelize import ParallelDims, parallelize_module
 
 __all__ = ["StepProbe", "tp_or_sp_step", "describe", "watch_placements"]
 

@@ -44,7 +44,7 @@ __all__ = ["Span", "MemoryEvent", "Trace", "compute_modules", "issue_order", "se
 
 
 def unit_of_label(label: str) -> str:
-    """The unit label inside a flat-parameter label (`fsdp_mini.plan` appends " (frozen)" or " (<dtype>)"
+    """The unit label inside a flat-parameter label (`fsdp_mini.fsdp.plan` appends " (frozen)" or " (<dtype>)"
     to the unit's): "blocks.0 (frozen)" -> "blocks.0", so a timeline folds a unit's flat parameters into one row."""
     return label.split(" (", 1)[0]
 

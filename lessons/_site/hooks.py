@@ -264,7 +264,7 @@ def _modules() -> list[str]:
     for path in sorted((ROOT / "fsdp_mini").rglob("*.py")):
         parts = path.relative_to(ROOT).with_suffix("").parts
         parts = parts[:-1] if parts[-1] == "__init__" else parts
-        if len(parts) > 1 and not any(p.startswith("_") for p in parts):  # not the package itself
+        if len(parts) > 1 and not any(p.startswith("__") for p in parts):  # not the package itself, nor __main__
             names.append(".".join(parts))
     return names
 

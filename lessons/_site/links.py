@@ -9,7 +9,7 @@ the text already says; the notebooks and pages stay as they are (issue 14, item 
    case), and "the next lesson" / "следующий урок" on a lesson page: to the lesson's page in the same
    language. (A Markdown link to a notebook is made a page link by hooks.py, hook 8.)
 2. Inline code that names the library, `FSDP`, `fsdp_mini.launch`, `ShardingStrategy.FULL_SHARD`,
-   `estimate_memory(...)`, `fsdp_mini/ddp.py`: to its heading in the API reference of the same
+   `estimate_memory(...)`, `fsdp_mini/parallel/ddp.py`: to its heading in the API reference of the same
    language, through mkdocs-autorefs (an `optional` autoref: a name the reference does not render stays
    plain text, never a broken link). Which names exist comes from griffe, the reader mkdocstrings uses.
 3. PyTorch's API (`torch.distributed`, `DistributedDataParallel`, `torchrun`, ...) and the papers the
@@ -125,8 +125,8 @@ def library_names() -> dict[str, str]:
     """Every way the lessons name a documented object of `fsdp_mini` -> its reference anchor (its path).
 
     Keys: the full path; `fsdp_mini.X` for the package's exports (which Python rebinds: after
-    `from fsdp_mini.launch import launch`, `fsdp_mini.launch` is the function); a module's file
-    (`fsdp_mini/ddp.py`); a class, or a function with a compound name (`plan_buckets`, not `size` or
+    `from fsdp_mini.run import launch`, `fsdp_mini.launch` is the function); a module's file
+    (`fsdp_mini/parallel/ddp.py`); a class, or a function with a compound name (`plan_buckets`, not `size` or
     `train`, which prose uses as words), by its bare name, and a class's member as `Class.member`, when
     only one module defines it; `module.name` (`cost.bus_factor`); UPPER_CASE class members (`NO_SHARD`)
     bare. An ambiguous short name is left out rather than guessed."""

@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from fsdp_mini import launch
-from fsdp_mini.launch import LaunchTimeout
+from fsdp_mini.run import LaunchTimeout
 from fsdp2_calls import FSDP2Calls
 from launch_cases import run_cases
 import inspect
@@ -996,8 +996,8 @@ def test_09_fsdp_minis_three_files_mirror_pytorchs():
     from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
     from torch.distributed.fsdp._fully_shard._fully_shard import FSDPModule, fully_shard
 
-    ours = {name: importlib.import_module(f"fsdp_mini.{name}") for name in
-            ("fsdp_param", "fsdp_param_group", "fully_shard")}
+    ours = {name: importlib.import_module(f"fsdp_mini.fsdp._fully_shard.{name}") for name in
+            ("fsdp_param", "fsdp_param_group", "fully_shard")}  # in the folder PyTorch keeps its three in
     assert {"unshard", "reshard", "post_backward"} <= set(dir(FSDPParamGroup))
     assert FSDPParam.__module__.endswith("_fsdp_param") and callable(fully_shard) and FSDPModule
     assert hasattr(ours["fsdp_param"], "FSDPParam") and hasattr(ours["fsdp_param_group"], "FSDPParamGroup")
@@ -2210,7 +2210,7 @@ def _torch_sequence_parallel(sequence_parallel: bool):
 
 
 def test_12_pytorchs_sequence_parallel_splits_each_all_reduce_and_leaves_the_norm_gradients_partial(no_orphans):
-    # fsdp_mini.tp_operators / tensor_parallel (SP): "each of TP's AllReduces becomes a ReduceScatter into sequence
+    # fsdp_mini.tensor.parallel.tp_operators / tensor_parallel (SP): "each of TP's AllReduces becomes a ReduceScatter into sequence
     # shards and an AllGather out of them"; the replicated head's input and embedding's gradient are gathered once
     # more each; a SequenceParallel norm keeps its weights whole (Replicate) and computes on Shard(1). Its weight's
     # gradient is a sum over this rank's positions: PyTorch leaves it Partial(sum) after backward (reduced when it is

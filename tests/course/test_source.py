@@ -3,7 +3,7 @@ import inspect
 
 import pytest
 
-from fsdp_mini.launch import launch
+from fsdp_mini.run import launch
 from fsdp_mini.course.source import show_source, source_of
 
 

@@ -9,7 +9,7 @@ from fsdp_mini.comm_log import CommRecord
 from fsdp_mini.course.language import set_language
 from fsdp_mini.course.models import GPT, GPTConfig
 from fsdp_mini.course.viz.buckets import part_of, plot_bucket_layout, plot_bucket_timeline, short_name
-from fsdp_mini.ddp import plan_buckets
+from fsdp_mini.parallel.ddp import plan_buckets
 
 matplotlib.use("Agg")
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fsdp_mini import FSDP, CommRecord, launch
-from fsdp_mini.flat_param import FlatLayout
+from fsdp_mini.fsdp.flat_param import FlatLayout
 from fsdp_mini.course.models import GPT, Block, GPTConfig
 from fsdp_mini.course.trace import MemoryEvent, Span
 from fsdp_mini.course.viz import set_language

@@ -54,8 +54,8 @@ def _checkpoint_before_training(desc, diff) -> bool:
         # AdamW resumed by PyTorch counts its loading step: step 1 more, and every update's bias correction
         # after it differs, so the values trained from there on differ (SGD's zero momentum is a fresh one)
         return diff.field in ("losses", "clip_norm", "grad_norm", "state", "optim_state", "output_sum")
-    if _raised(diff, "torch", "expected dtype torch.float32") and any(s["op"] == "to" for s in steps):
-        return True  # PyTorch's loading made AdamW's state in float32; after .to(float64) its step mixes the two
+    if _raised(diff, "torch", "expected dtype torch.") and any(s["op"] == "to" for s in steps):
+        return True  # PyTorch's loading made AdamW's state in the dtype of then; after .to() its step mixes the two
     return _raised(diff, "torch", "Missing key in checkpoint state_dict: optim.param_groups")
 
 
@@ -72,7 +72,12 @@ def _state_of_frozen_parameters(desc, diff) -> bool:
     if not (frozen and diff.field == "optim_state" and diff.text.endswith("only in torch: []")):
         return False
     keys = diff.text.split("keys only in fsdp_mini: ")[1].split("; only in torch")[0].strip("[]").split(", ")
-    return all(any(k.strip("'").startswith(f) for f in frozen) for k in keys)
+    return all(any(_under(k.strip("'"), f) for f in frozen) for k in keys)
+
+
+def _under(key: str, path: str) -> bool:
+    """Whether a state key is of a module at `path` ("blocks.2."), the owner's prefix ("model.") allowed."""
+    return key.startswith(path) or f".{path}" in key
 
 
 VALUES = ("losses", "output_sum", "clip_norm", "state", "optim_state", "grad_is_none")  # what a program computed
@@ -83,6 +88,18 @@ def _forward_without_backward_before_the_optimizer(desc) -> bool:
     ops = [s["op"] for s in desc["steps"]]
     first_train = ops.index("train") if "train" in ops else len(ops)
     return any(op in ("eval", "nograd") for op in ops[:first_train])
+
+
+def _freeze_after_a_forward_without_backward(desc, diff) -> bool:
+    """A freeze step, before the difference, that follows an eval or no-grad forward with no training step
+    between them."""
+    last_forward = None  # "train", or "eval"/"nograd": what ran last
+    for s in desc["steps"][:max(diff.step, 0)]:
+        if s["op"] in ("train", "eval", "nograd"):
+            last_forward = s["op"]
+        elif s["op"] == "freeze" and last_forward in ("eval", "nograd"):
+            return True
+    return False
 
 
 def _to_after_a_forward(desc, diff) -> bool:
@@ -163,7 +180,7 @@ KNOWN: list[Known] = [
           lambda d, x: _flat(d) and _raised(x, "torch", "Missing key in checkpoint state_dict: optim.param_groups")),
     Known("flat design: zero gradients for parameters a unit did not use",
           "the flat design reduces a flat parameter as one tensor, so a parameter that got no gradient gets "
-          "zeros and AdamW's weight decay still moves it (documented in fsdp_mini/fsdp.py; FSDP warns, naming "
+          "zeros and AdamW's weight decay still moves it (documented in fsdp_mini/fsdp/fully_sharded_data_parallel.py; FSDP warns, naming "
           "it; FSDP1 does the same); the unsharded model leaves it untouched. Seen only against the unsharded "
           "model, when FSDP1 refused the program (an integer parameter)",
           lambda d, x: _flat(d) and x.against == "plain" and d["model"].get("unused")
@@ -194,6 +211,14 @@ KNOWN: list[Known] = [
           "model, which it then runs)",
           lambda d, x: not _flat(d) and x.against == "torch" and x.field in VALUES
           and _forward_without_backward_before_the_optimizer(d)),
+    Known("fully_shard: requires_grad_ after a forward without gradients (a PyTorch silent loss)",
+          "after a no-grad forward FSDP2 leaves a unit with reshard_after_forward=False gathered, its module's "
+          "parameters the gathered copies until a backward ends (pytorch#131965), so `requires_grad_(False)` "
+          "then freezes the copies: the sharded parameters keep training (gradients, a ReduceScatter each, "
+          "optimizer steps). fsdp_mini freed the unit: the freeze holds (and the comparator checks fsdp_mini "
+          "against the unsharded model, which it then runs)",
+          lambda d, x: not _flat(d) and x.against == "torch" and (x.field in VALUES or x.field == "collectives")
+          and _freeze_after_a_forward_without_backward(d, x)),
     Known("a checkpoint saved before the optimizer's first step",
           "fsdp_mini loads it as a fresh optimizer (no state), which is what the saved optimizer was and what a "
           "run that never stopped has; PyTorch's set_optimizer_state_dict keeps the state its loading creates "

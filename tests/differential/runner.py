@@ -221,7 +221,7 @@ class Program:
         return os.path.join(self.folder, f"{self.desc['seed']}-{self.desc.get('index', 0)}-{self.impl}-{i}")
 
     def save(self, i) -> None:
-        """Save model and optimizer: fsdp_mini.checkpoint against torch.distributed.checkpoint (DCP)."""
+        """Save model and optimizer: fsdp_mini.checkpoint.sharded_checkpoint against torch.distributed.checkpoint (DCP)."""
         opt = self.optimizer()
         if self.impl == "fsdp_mini":
             from fsdp_mini.checkpoint import save_checkpoint

@@ -16,7 +16,7 @@ import torch.nn as nn
 import torch.utils.checkpoint as tuc
 
 from fsdp_mini import FSDP, CommLog, full_state_dict, fully_shard, launch
-from fsdp_mini.fully_shard import gathered_memory
+from fsdp_mini.fsdp._fully_shard.fully_shard import gathered_memory
 from small_model import Block, TinyConfig, TinyLM, train
 
 CFG = TinyConfig(depth=4)

@@ -11,9 +11,9 @@ import torch.nn as nn
 from torch.testing import assert_close
 
 from fsdp_mini import full_state_dict, fully_shard, get_device, launch
-from fsdp_mini.checkpoint import load_checkpoint, save_checkpoint, sharded_state_dict
-from fsdp_mini.fsdp import FSDP
-from fsdp_mini.zero import ZeroRedundancyOptimizer
+from fsdp_mini.checkpoint.sharded_checkpoint import load_checkpoint, save_checkpoint, sharded_state_dict
+from fsdp_mini.fsdp.fully_sharded_data_parallel import FSDP
+from fsdp_mini.optim.zero import ZeroRedundancyOptimizer
 from small_model import Block, TinyConfig, TinyLM, batch
 
 pytestmark = pytest.mark.usefixtures("no_orphans")
@@ -309,7 +309,7 @@ DESIGNS = ["flat", "per_param"]
 
 
 def _design(design, seed=0):
-    if design == "zero":  # a replicated model under ZeRO-1 (fsdp_mini.zero_checkpoint)
+    if design == "zero":  # a replicated model under ZeRO-1 (fsdp_mini.checkpoint.zero_checkpoint)
         return TinyLM(CFG, seed=seed)
     return _sharded("FULL_SHARD" if design == "flat" else "fully_shard", seed=seed)
 
@@ -424,7 +424,7 @@ def test_an_optimizer_that_does_not_match_is_refused_before_anything_is_written(
 def _save_without_group_names(path, design):
     """A checkpoint as fsdp_mini wrote it before param groups carried their parameters' names (and before a
     tied weight was written under its second name too)."""
-    from fsdp_mini.sharded_boxes import BoxesSavePlanner
+    from fsdp_mini.checkpoint.sharded_boxes import BoxesSavePlanner
 
     model = _design(design)
     opt = _grouped_adamw(model, design)
@@ -579,7 +579,7 @@ _LOADED_BOXES = {
 
 
 def _boxed(layout, fill):
-    from fsdp_mini.sharded_boxes import Box, BoxedTensor
+    from fsdp_mini.checkpoint.sharded_boxes import Box, BoxedTensor
 
     (lo, hi), boxes = layout[dist.get_rank()]
     run = _FULL.flatten()[lo:hi].clone() if fill else torch.zeros(hi - lo)
@@ -587,14 +587,14 @@ def _boxed(layout, fill):
 
 
 def _save_boxes(path):
-    from fsdp_mini.sharded_boxes import BoxesSavePlanner
+    from fsdp_mini.checkpoint.sharded_boxes import BoxesSavePlanner
 
     dcp.save({"w": _boxed(_SAVED_BOXES, fill=True)[1], "b": torch.ones(3)}, checkpoint_id=path,
              planner=BoxesSavePlanner())
 
 
 def _load_boxes(path):
-    from fsdp_mini.sharded_boxes import BoxesLoadPlanner
+    from fsdp_mini.checkpoint.sharded_boxes import BoxesLoadPlanner
 
     run, boxed = _boxed(_LOADED_BOXES, fill=False)
     dcp.load({"w": boxed}, checkpoint_id=path, planner=BoxesLoadPlanner())

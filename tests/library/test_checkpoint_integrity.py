@@ -18,11 +18,11 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-import fsdp_mini.checkpoint_integrity as integrity
+import fsdp_mini.checkpoint.integrity as integrity
 from fsdp_mini import FSDP, LaunchError, fully_shard, launch
-from fsdp_mini.checkpoint import (EXTRA_STATE_PREFIX, CheckpointError, CorruptCheckpointError,
+from fsdp_mini.checkpoint.sharded_checkpoint import (EXTRA_STATE_PREFIX, CheckpointError, CorruptCheckpointError,
                                   IncompleteCheckpointError, load_checkpoint, save_checkpoint, sharded_state_dict)
-from fsdp_mini.checkpoint_integrity import MANIFEST, SaveStep, open_checkpoint, replaced_path, staging_path
+from fsdp_mini.checkpoint.integrity import MANIFEST, SaveStep, open_checkpoint, replaced_path, staging_path
 from small_model import Block, TinyConfig, TinyLM, batch
 
 pytestmark = pytest.mark.usefixtures("no_orphans")
@@ -475,7 +475,7 @@ def _save_crafted(path, design, where, marker):
     """A checkpoint whose `.metadata` (where="metadata") or rank 1's extra_state (where="data") carries a
     pickle that creates `marker`, saved through save_atomically: its manifest matches every byte, as the
     manifest of a checkpoint from someone else's machine would. A CRC proves integrity, not origin."""
-    from fsdp_mini.sharded_boxes import BoxesSavePlanner
+    from fsdp_mini.checkpoint.sharded_boxes import BoxesSavePlanner
 
     model = _model(design)
     opt = _optimizer(model)

@@ -1,4 +1,4 @@
-"""DDP from scratch (fsdp_mini.ddp): parity with one process on the global batch and with torch's DDP,
+"""DDP from scratch (fsdp_mini.parallel.ddp): parity with one process on the global batch and with torch's DDP,
 the bucket plan, what it communicates (CommLog), no_sync, the broadcast at construction, unused
 parameters, process groups and clear errors (the bucket plots of lesson 03: tests/course/test_viz_buckets.py).
 
@@ -14,8 +14,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from fsdp_mini import CommLog, launch
-from fsdp_mini.ddp import DistributedDataParallel, all_reduce_gradients, plan_buckets
-from fsdp_mini.grad_buckets import MiB
+from fsdp_mini.parallel.ddp import DistributedDataParallel, all_reduce_gradients, plan_buckets
+from fsdp_mini.parallel.grad_buckets import MiB
 from small_model import TinyConfig, TinyLM, batch, rank_rows, train
 from launch_cases import run_cases
 

@@ -16,9 +16,9 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from fsdp_mini import FSDP, DistributedDataParallel, ShardingStrategy, launch
-from fsdp_mini.fully_shard import fully_shard
-from fsdp_mini.replicate import replicate
-from fsdp_mini.zero import ZeroRedundancyOptimizer
+from fsdp_mini.fsdp._fully_shard.fully_shard import fully_shard
+from fsdp_mini._composable.replicate import replicate
+from fsdp_mini.optim.zero import ZeroRedundancyOptimizer
 from small_model import Block, TinyConfig, TinyLM, batch, rank_rows
 
 CFG = TinyConfig()
@@ -81,7 +81,7 @@ def registry_sizes_after_dropped_models(rounds: int) -> tuple[int, int]:
     """fully_shard's two id-keyed tables (which unit holds a parameter, for its errors), after `rounds` models
     were sharded, trained and dropped: what a loop over models (a sweep, a test suite) leaves behind."""
     import sys
-    tables = sys.modules["fsdp_mini.fully_shard"]
+    tables = sys.modules["fsdp_mini.fsdp._fully_shard.fully_shard"]
     for _ in range(rounds):
         assert freed_after_a_step("fully_shard")
     return len(tables._MANAGED), len(tables._HOLDERS)

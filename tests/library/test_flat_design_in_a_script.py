@@ -199,7 +199,7 @@ def _conversions_after_wrapping(_):
     holder_f64 = raised(lambda: nn.Sequential(model).to(torch.float64))
     same = raised(lambda: model.float().to("cpu"))
     trains = model(_batch()).dtype
-    fsdp1 = raised(lambda: _fsdp1(Encoder()).to(torch.bfloat16))  # PyTorch's FSDP1 takes it (fsdp.py's docstring)
+    fsdp1 = raised(lambda: _fsdp1(Encoder()).to(torch.bfloat16))  # PyTorch's FSDP1 takes it (fully_sharded_data_parallel.py's docstring)
     return to_bf16, holder_f64, same, str(trains), fsdp1
 
 

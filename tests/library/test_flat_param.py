@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from fsdp_mini.flat_param import FlatLayout, ParamInfo, Piece, flatten, unflatten_views
+from fsdp_mini.fsdp.flat_param import FlatLayout, ParamInfo, Piece, flatten, unflatten_views
 
 # Shape lists chosen to cover: one scalar, a single parameter, several of mixed rank, a tiny bias next to
 # a matrix, a zero-element parameter in the middle, and numels that are prime (never divisible by n > 1).

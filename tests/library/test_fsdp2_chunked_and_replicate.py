@@ -218,7 +218,7 @@ def _replicate_fn(name):
     if name == "torch":
         from torch.distributed._composable.replicate_with_fsdp import replicate
         return replicate
-    from fsdp_mini.replicate_with_fsdp import replicate
+    from fsdp_mini._composable.replicate_with_fsdp import replicate
     return replicate
 
 
@@ -265,7 +265,7 @@ def test_replicate_per_block_as_fsdp2s_replicate(case, no_orphans):
 def _replicate_errors(_case):
     from torch.distributed.device_mesh import init_device_mesh
 
-    from fsdp_mini.replicate_with_fsdp import replicate
+    from fsdp_mini._composable.replicate_with_fsdp import replicate
 
     def text(fn):
         try:
@@ -287,4 +287,4 @@ def test_replicate_names_the_mistake_and_the_fix(no_orphans):
     out = run_cases(_replicate_errors, ["errors"], 2, timeout=60)["errors"][0]
     assert "replicate was already applied to this ReplicateLinear" in out["twice"]
     assert "replicate takes a 1-D DeviceMesh (the ranks to replicate over), got 2 dimensions" in out["2-D mesh"]
-    assert out["DDP-style per block"].endswith("use fsdp_mini.replicate_with_fsdp.replicate"), out
+    assert out["DDP-style per block"].endswith("use fsdp_mini._composable.replicate_with_fsdp.replicate"), out

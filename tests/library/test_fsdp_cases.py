@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from fsdp_mini import FSDP, CommLog, MixedPrecision, launch
-from fsdp_mini.fsdp import materialise_by_name
+from fsdp_mini.fsdp.fully_sharded_data_parallel import materialise_by_name
 from small_model import Block, TinyConfig, TinyLM, batch, rank_rows, train
 from launch_cases import run_cases
 

@@ -38,7 +38,7 @@ def _unit_params(cfg=CFG):
 
 
 def expected_records(strategy: str, world: int, shard_size: int | None, one_bucket: bool = True) -> Counter:
-    """The documented per-step formula (fsdp_mini.fsdp), as a multiset of (op, S bytes, group size).
+    """The documented per-step formula (fsdp_mini.fsdp.fully_sharded_data_parallel), as a multiset of (op, S bytes, group size).
 
     NO_SHARD's gradients go in buckets: this model is far below the default 25 MiB, so all of them make
     one AllReduce; with a cap below the smallest unit (`one_bucket=False`) every unit is its own bucket."""
@@ -169,7 +169,7 @@ def test_bad_input_is_a_clear_error_before_any_collective(no_orphans):
             "shard_size_not_hybrid": "shard_size applies to the hybrid strategies only",
             "wrap_matches_nothing": "wrap class Conv2d matches no submodule of TinyLM",
             "wrap_not_a_class": "wrap must hold nn.Module classes",
-            "zero1": "fsdp_mini.zero",
+            "zero1": "fsdp_mini.optim.zero",
             "impl": "impl must be one of",
             "bucket_cap_mb": "bucket_cap_mb must be a positive number of MiB, got 0",
             "mixed_precision": "mixed_precision must be a MixedPrecision",

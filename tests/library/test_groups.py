@@ -7,10 +7,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from fsdp_mini.groups import MeshInfo, grid, make_groups
-from fsdp_mini.launch import launch
-from fsdp_mini.strategy import shard_group_size
-from fsdp_mini.strategy import ShardingStrategy, is_hybrid
+from fsdp_mini.fsdp.groups import MeshInfo, grid, make_groups
+from fsdp_mini.run import launch
+from fsdp_mini.fsdp.strategy import shard_group_size
+from fsdp_mini.fsdp.strategy import ShardingStrategy, is_hybrid
 
 S = ShardingStrategy
 HYBRIDS = [m for m in S if is_hybrid(m)]

@@ -187,8 +187,10 @@ def heavy_imports(root: Path, package: str) -> list[str]:
 
 
 # The two FSDP designs are siblings: neither engine's import closure reaches the other's modules.
-FLAT_DESIGN = {"fsdp", "flat_param_handle", "flat_param", "plan"}
-PER_PARAMETER_DESIGN = {"fully_shard", "fsdp_param", "fsdp_param_group"}
+FLAT = "fsdp.fully_sharded_data_parallel"
+PER_PARAMETER = "fsdp._fully_shard.fully_shard"
+FLAT_DESIGN = {FLAT, "fsdp.flat_param_handle", "fsdp.flat_param", "fsdp.plan"}
+PER_PARAMETER_DESIGN = {PER_PARAMETER, "fsdp._fully_shard.fsdp_param", "fsdp._fully_shard.fsdp_param_group"}
 
 
 def closure(graph: dict[str, set[str]], start: str) -> set[str]:
@@ -216,7 +218,8 @@ def design_crossings(root: Path, package: str, designs: dict[str, set[str]]) -> 
 
 
 def _names_read(statement: ast.AST) -> set[str]:
-    """Every name a statement reads (`x`, `obj.x`, `from m import x`)."""
+    """Every name a statement reads (`x`, `obj.x`, `from m import x`, and a package's lazy export
+    "module:x", see fsdp_mini/lazy_exports.py)."""
     out = set()
     for node in ast.walk(statement):
         if isinstance(node, ast.Name):
@@ -225,6 +228,8 @@ def _names_read(statement: ast.AST) -> set[str]:
             out.add(node.attr)
         elif isinstance(node, ast.alias):
             out.add(node.name.rsplit(".", 1)[-1])
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and re.fullmatch(r"[\w.]+:\w+", node.value):
+            out.add(node.value.rsplit(":", 1)[-1])
     return out
 
 
@@ -373,12 +378,12 @@ def test_no_module_reaches_into_another_modules_private_names():
 
 
 def test_the_two_fsdp_designs_do_not_import_each_other():
-    # fsdp.py (flat, FSDP1's design) and fully_shard.py (per-parameter, FSDP2's) share only the common
-    # mechanics (collectives, states, gathered_storage, grad_reduction, full_state, ...), never a design module
-    designs = {"fsdp": FLAT_DESIGN, "fully_shard": PER_PARAMETER_DESIGN}
+    # the flat design (FSDP1's) and the per-parameter one (FSDP2's) share only the common mechanics
+    # (collectives, states, gathered_storage, grad_reduction, full_state, ...), never a design module
+    designs = {FLAT: FLAT_DESIGN, PER_PARAMETER: PER_PARAMETER_DESIGN}
     assert design_crossings(ROOT, "fsdp_mini", designs) == []
     graph = import_graph(ROOT, "fsdp_mini")
-    shared = closure(graph, "fsdp_mini.fsdp") & closure(graph, "fsdp_mini.fully_shard")
+    shared = closure(graph, f"fsdp_mini.{FLAT}") & closure(graph, f"fsdp_mini.{PER_PARAMETER}")
     assert not {f"fsdp_mini.{m}" for m in FLAT_DESIGN | PER_PARAMETER_DESIGN} & shared
 
 
@@ -390,7 +395,7 @@ def test_both_floors_exist_and_the_entry_point_only_forwards():
     names = modules(ROOT, "fsdp_mini")
     library = [n for n in names if not is_course(n, "fsdp_mini")]
     course = [n for n in names if is_course(n, "fsdp_mini")]
-    assert {"fsdp_mini.fsdp", "fsdp_mini.plan", "fsdp_mini.runtime", "fsdp_mini.launch"} <= set(library)
+    assert {f"fsdp_mini.{FLAT}", f"fsdp_mini.{PER_PARAMETER}", "fsdp_mini.runtime", "fsdp_mini.run"} <= set(library)
     assert {f"fsdp_mini.{COURSE}.{m}" for m in ("cli", "viz", "bench")} <= set(course)
     graph = import_graph(ROOT, "fsdp_mini")
     assert graph["fsdp_mini.__main__"] == {f"fsdp_mini.{COURSE}.cli"}
@@ -410,43 +415,63 @@ def test_the_readmes_list_every_module_of_both_floors(readme):
     assert missing == []
 
 
-def test_the_layer_docstring_names_every_library_module():
-    """fsdp_mini/__init__.py's docstring is the library's map: every module of the package is on it."""
-    import fsdp_mini
-
-    modules = sorted(p.stem for p in Path(fsdp_mini.__file__).parent.glob("*.py") if not p.stem.startswith("_"))
-    missing = [m for m in modules if not re.search(rf"\b{m}\b", fsdp_mini.__doc__)]
-    assert not missing, f"modules missing from fsdp_mini/__init__.py's layer list: {missing}"
+def test_the_layer_docstrings_name_every_library_module():
+    """fsdp_mini/__init__.py's docstring is the library's map: every module and package at the top is on it,
+    and each package's own docstring names every module in it."""
+    top = ROOT / "fsdp_mini"
+    missing = []
+    for folder in [top] + [p for p in top.rglob("*") if p.is_dir() and (p / "__init__.py").exists()
+                           and COURSE not in p.relative_to(top).parts]:
+        doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text())) or ""
+        names = [p.stem for p in folder.glob("*.py") if not p.stem.startswith("__")]
+        names += [p.name for p in folder.iterdir() if (p / "__init__.py").exists() and p.name != COURSE]
+        missing += [f"{folder.relative_to(ROOT)}: {n}" for n in sorted(names) if not re.search(rf"\b{n}\b", doc)]
+    assert not missing, f"modules missing from their package's docstring: {missing}"
 
 
 # The library's analysis modules: beside the engines, never imported by them (fsdp_mini/__init__.py's map)
-ANALYSIS = ("estimates", "saved_activations", "strategy_facts")
+ANALYSIS = ("estimates", "saved_activations", "fsdp.strategy_facts")
 
 
 # Public names of the modules the engines load that no library module reads: tools for the user, each
 # for its reason. Any other name there that only the course or an analysis module reads belongs with them.
 USER_TOOLS = {
     "flight_recorder.diagnose": "the verdict on a failed run's record files (`python -m fsdp_mini diagnose DIR`)",
-    "fsdp.materialise_by_name": "a param_init_fn for a model whose initial values are a function of the name",
-    "fully_shard.memory_stats": "this rank's bytes under fully_shard, as FSDP.memory_stats reports them",
+    f"{FLAT}.materialise_by_name": "a param_init_fn for a model whose initial values are a function of the name",
+    f"{PER_PARAMETER}.memory_stats": "this rank's bytes under fully_shard, as FSDP.memory_stats reports them",
 }
 
 
 def test_the_engines_modules_hold_nothing_that_only_the_course_or_the_analysis_reads():
     """Teaching baselines, the lessons' helpers and the analysis' facts live on the course floor or in an
-    analysis module (ANALYSIS), not in a module `fsdp_mini.fsdp` or `fsdp_mini.fully_shard` loads."""
-    found = course_only_names(ROOT, "fsdp_mini", ("fsdp", "fully_shard"), beside=ANALYSIS)
+    analysis module (ANALYSIS), not in a module the two designs load."""
+    found = course_only_names(ROOT, "fsdp_mini", (FLAT, PER_PARAMETER), beside=ANALYSIS)
     assert sorted(set(found) - set(USER_TOOLS)) == []
     assert set(USER_TOOLS) <= set(found), "a user tool the library now reads itself: drop it from USER_TOOLS"
 
 
-def test_the_engines_load_no_analysis_module():
-    """`import fsdp_mini.fsdp` / `fsdp_mini.fully_shard` (and the package they sit in) loads neither the
-    estimates, nor what a strategy costs, nor the activation meter, nor anything of the course: those sit
-    beside the engines."""
-    analysis = tuple(f"fsdp_mini.{m}" for m in ANALYSIS)
-    code = ("import sys, fsdp_mini.fsdp, fsdp_mini.fully_shard; "
-            f"print([m for m in sys.modules if m in {analysis!r} or m.startswith('fsdp_mini.course')])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+# What `import fsdp_mini.fsdp` (the core: both designs) must not load: the analysis, the diagnostics (they
+# subscribe to the collectives' calls, fsdp_mini/collective_calls.py), the other packages, the launcher,
+# the course.
+NOT_CORE = tuple(f"fsdp_mini.{m}" for m in ANALYSIS) + (
+    "fsdp_mini.flight_recorder", "fsdp_mini.comm_log", "fsdp_mini.run", "fsdp_mini.checkpoint", "fsdp_mini.tensor", "fsdp_mini.optim", "fsdp_mini._composable",
+    "fsdp_mini.parallel.ddp", "fsdp_mini.memory_ledger", f"fsdp_mini.{COURSE}")
+
+
+def core_loads(root: Path, package: str, forbidden: tuple[str, ...]) -> list[str]:
+    """The modules of `forbidden` (or below them) that a fresh `import package.fsdp` loads."""
+    code = (f"import sys, {package}.fsdp; "
+            f"print(' '.join(m for m in sys.modules if any(m == f or m.startswith(f + '.') for f in {forbidden!r})))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]"
+    return sorted(out.stdout.split())
+
+
+def test_the_core_check_sees_a_module_it_must_not_load():
+    assert core_loads(ROOT, "fsdp_mini", ("fsdp_mini.fsdp.plan",)) == ["fsdp_mini.fsdp.plan"]
+
+
+def test_import_fsdp_mini_fsdp_loads_the_core_alone():
+    """`import fsdp_mini.fsdp` loads both designs and their shared mechanics, and neither the analysis, the
+    flight recorder, CommLog, checkpointing, launching, TP, ZeRO, DDP, the ledger, nor anything of the course."""
+    assert core_loads(ROOT, "fsdp_mini", NOT_CORE) == []

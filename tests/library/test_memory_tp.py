@@ -7,8 +7,8 @@ import pytest
 
 from fsdp_mini.memory import format_bytes
 from fsdp_mini.estimates import estimate_memory
-from fsdp_mini.strategy import ShardingStrategy as S
-from fsdp_mini.strategy_facts import ZERO1
+from fsdp_mini.fsdp.strategy import ShardingStrategy as S
+from fsdp_mini.fsdp.strategy_facts import ZERO1
 
 EVERY = [S.NO_SHARD, ZERO1, S.SHARD_GRAD_OP, S.FULL_SHARD, S.HYBRID_SHARD, S._HYBRID_SHARD_ZERO2]
 HYBRIDS = (S.HYBRID_SHARD, S._HYBRID_SHARD_ZERO2)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fsdp_mini.memory import MemoryTracker, optimizer_state_bytes, tensor_bytes
-from fsdp_mini.mixed_precision import MixedPrecision, MixedPrecisionPolicy
+from fsdp_mini.fsdp.mixed_precision import MixedPrecision, MixedPrecisionPolicy
 
 FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 FIELDS = ["param_dtype", "reduce_dtype", "buffer_dtype"]

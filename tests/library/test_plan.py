@@ -1,4 +1,4 @@
-"""The unit planner (`fsdp_mini.plan`): pure, public, and the one source of unit and flat-parameter labels;
+"""The unit planner (`fsdp_mini.fsdp.plan`): pure, public, and the one source of unit and flat-parameter labels;
 and the engine's named states (`TrainingState`, `ShardedState`, `ReduceStage`, `ExecutionOrder`)."""
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from fsdp_mini import FSDP, launch
-from fsdp_mini.plan import plan_units, wrap_classes
-from fsdp_mini.states import ReduceStage, ShardedState, TrainingState
-from fsdp_mini.units import ExecutionOrder, unit_label
+from fsdp_mini.fsdp.plan import plan_units, wrap_classes
+from fsdp_mini.fsdp.states import ReduceStage, ShardedState, TrainingState
+from fsdp_mini.fsdp.units import ExecutionOrder, unit_label
 from small_model import Block, TinyConfig, TinyLM, batch, rank_rows
 
 

@@ -62,7 +62,7 @@ def test_every_name_in_the_table_exists_on_both_sides(ours, theirs):
 
 def test_resolve_fails_on_a_missing_name():
     with pytest.raises(AttributeError):
-        resolve("fsdp_mini.fsdp_param_group.FSDPParamGroup.no_such_method")
+        resolve("fsdp_mini.fsdp._fully_shard.fsdp_param_group.FSDPParamGroup.no_such_method")
 
 
 # --- one vocabulary between the two FSDP designs -----------------------------------------------------
@@ -85,7 +85,7 @@ def _vocabulary():
     import torch
 
     from fsdp_mini import FSDP
-    from fsdp_mini.fully_shard import fully_shard, gathered_memory, state_of
+    from fsdp_mini.fsdp._fully_shard.fully_shard import fully_shard, gathered_memory, state_of
     from small_model import Block, TinyConfig, TinyLM, train
 
     cfg = TinyConfig()

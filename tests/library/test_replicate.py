@@ -19,8 +19,8 @@ import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
 from fsdp_mini import FSDP, CommLog, DistributedDataParallel, full_state_dict, launch
-from fsdp_mini.fully_shard import FSDPModule, fully_shard
-from fsdp_mini.replicate import ReplicateModule, replicate, replicated_parameters
+from fsdp_mini.fsdp._fully_shard.fully_shard import FSDPModule, fully_shard
+from fsdp_mini._composable.replicate import ReplicateModule, replicate, replicated_parameters
 from expect import error_text
 from small_model import TinyConfig, TinyLM, batch, rank_rows, train
 from launch_cases import run_cases

@@ -6,12 +6,12 @@ import inspect
 
 import pytest
 
-import fsdp_mini.strategy as strategy_module
+import fsdp_mini.fsdp.strategy as strategy_module
 from fsdp_mini.memory import format_bytes
 from fsdp_mini.estimates import MemoryEstimate, estimate_memory
-from fsdp_mini.strategy import ShardingStrategy, as_strategy, is_hybrid, reshard_after_forward, shard_group_size
-from fsdp_mini.strategy_facts import MODEL_STATES, ZERO1, all_gathers_per_step, facts, sharded_states
-from fsdp_mini import strategy_facts
+from fsdp_mini.fsdp.strategy import ShardingStrategy, as_strategy, is_hybrid, reshard_after_forward, shard_group_size
+from fsdp_mini.fsdp.strategy_facts import MODEL_STATES, ZERO1, all_gathers_per_step, facts, sharded_states
+from fsdp_mini.fsdp import strategy_facts
 
 S = ShardingStrategy
 HYBRIDS = [(S.HYBRID_SHARD, S.FULL_SHARD), (S._HYBRID_SHARD_ZERO2, S.SHARD_GRAD_OP)]  # (hybrid, its stage)
@@ -54,7 +54,7 @@ def test_as_strategy_rejects_unknown_values_listing_valid_names(bad):
 
 @pytest.mark.parametrize("zero1", [ZERO1, "zero1"])
 def test_as_strategy_rejects_zero1_pointing_to_fsdp_mini_zero(zero1):
-    with pytest.raises(ValueError, match="ZeRO-1 is not an FSDP strategy: see fsdp_mini.zero"):
+    with pytest.raises(ValueError, match="ZeRO-1 is not an FSDP strategy: see fsdp_mini.optim.zero"):
         as_strategy(zero1)
 
 
@@ -206,6 +206,6 @@ def test_strategy_facts_match_pytorch_and_the_zero_stages():
 
 @pytest.mark.parametrize("engines_rule", [is_hybrid, reshard_after_forward, lambda s: shard_group_size(s, 8)])
 def test_the_engines_rules_refuse_zero1_which_only_the_analysis_knows(engines_rule):
-    """ZeRO-1 is no FSDP strategy: the engines' questions about a strategy send it to fsdp_mini.zero."""
-    with pytest.raises(ValueError, match="ZeRO-1 is not an FSDP strategy: see fsdp_mini.zero"):
+    """ZeRO-1 is no FSDP strategy: the engines' questions about a strategy send it to fsdp_mini.optim.zero."""
+    with pytest.raises(ValueError, match="ZeRO-1 is not an FSDP strategy: see fsdp_mini.optim.zero"):
         engines_rule(ZERO1)

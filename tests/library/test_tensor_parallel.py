@@ -1,4 +1,4 @@
-"""Tensor parallelism from scratch, the library alone (`fsdp_mini.tensor_parallel`, `fsdp_mini.tp_operators`), on
+"""Tensor parallelism from scratch, the library alone (`fsdp_mini.tensor.parallel.parallelize`, `fsdp_mini.tensor.parallel.tp_operators`), on
 a small two-layer MLP of its own: Megatron's f and g, the stacked cut, parity with one process for TP alone
 (world 2) and TP x fully_shard on a 2 x 2 (dp, tp) mesh (world 4), and the errors raised before any
 collective. The course GPT's plan, PyTorch's parallelize_module beside ours and the bytes per step are in
@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from expect import error_text
 from launch_cases import run_cases
 from fsdp_mini import CommLog, launch
-from fsdp_mini.fully_shard import full_state_dict, fully_shard
-from fsdp_mini.tensor_parallel import (ColumnParallelLinear, ColwiseParallel, ParallelDims, RowwiseParallel, TPShard,
+from fsdp_mini.fsdp._fully_shard.fully_shard import full_state_dict, fully_shard
+from fsdp_mini.tensor.parallel.parallelize import (ColumnParallelLinear, ColwiseParallel, ParallelDims, RowwiseParallel, TPShard,
                                        gather_tensor_parallel, parallelize_module)
 
 TOL = dict(rtol=1e-5, atol=1e-6)
@@ -78,8 +78,8 @@ def test_a_stacked_cut_gives_each_rank_the_same_rows_of_every_matrix_and_gatheri
 
 
 def _operators():
-    from fsdp_mini.tp_operators import copy_to_tensor_model_parallel_region as f
-    from fsdp_mini.tp_operators import reduce_from_tensor_model_parallel_region as g
+    from fsdp_mini.tensor.parallel.tp_operators import copy_to_tensor_model_parallel_region as f
+    from fsdp_mini.tensor.parallel.tp_operators import reduce_from_tensor_model_parallel_region as g
 
     rank = dist.get_rank()
     x = torch.full((2,), float(rank + 1), requires_grad=True)
@@ -225,7 +225,7 @@ def test_a_mismatch_on_a_data_parallel_subgroup_names_global_ranks():
 
 
 def _trackers_of_units_on_a_sub_mesh():
-    from fsdp_mini.fully_shard import gathered_memory
+    from fsdp_mini.fsdp._fully_shard.fully_shard import gathered_memory
 
     mesh = ParallelDims(dp=2, tp=1, world_size=2).build_mesh("cpu")
     model = nn.Sequential(MLP(), MLP())
@@ -251,7 +251,7 @@ SEQ = 4  # positions: 2 per rank at tp 2
 
 def _sp_operators():
     """g, ḡ and the scatter on (1, SEQ, 2) tensors whose values name the rank and the position."""
-    from fsdp_mini.tp_operators import (gather_from_sequence_parallel_region,
+    from fsdp_mini.tensor.parallel.tp_operators import (gather_from_sequence_parallel_region,
                                         reduce_scatter_to_sequence_parallel_region, scatter_to_sequence_parallel_region)
 
     rank = dist.get_rank()
@@ -318,7 +318,7 @@ class SeqModel(nn.Module):
 
 
 def sp_plan():
-    from fsdp_mini.tensor_parallel import PrepareModuleInput, Replicate, SequenceParallel, Shard
+    from fsdp_mini.tensor.parallel.parallelize import PrepareModuleInput, Replicate, SequenceParallel, Shard
 
     return {"block": PrepareModuleInput(input_layouts=Replicate(), desired_input_layouts=Shard(1)),
             "block.norm": SequenceParallel(), "block.up": ColwiseParallel(input_layouts=Shard(1)),
@@ -424,7 +424,7 @@ def test_the_norms_keep_one_tp_th_of_their_activations_per_rank(no_orphans):
 def test_sequence_parallel_layouts_are_checked_without_any_process_group():
     from torch.distributed.tensor import Partial
 
-    from fsdp_mini.tensor_parallel import PrepareModuleInput, Replicate, Shard
+    from fsdp_mini.tensor.parallel.parallelize import PrepareModuleInput, Replicate, Shard
 
     assert "ColwiseParallel: input_layouts=Shard(dim=-1) is not supported; use Replicate() or Shard(d) with d >= 0" \
         in error_text(lambda: ColwiseParallel(input_layouts=Shard(-1)))
@@ -446,7 +446,7 @@ def _sp_errors():
     two TP ranks cannot share: each must raise before sending anything (no rank waits on another)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from fsdp_mini.tensor_parallel import SequenceParallel
+    from fsdp_mini.tensor.parallel.parallelize import SequenceParallel
 
     mesh = init_device_mesh("cpu", (2,))
     out = {}

@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from fsdp_mini import FSDP, fully_shard, launch
-from fsdp_mini.replaced_params import OptimizerBuiltBeforeWrapping
+from fsdp_mini.fsdp.replaced_params import OptimizerBuiltBeforeWrapping
 from expect import raised
 
 

@@ -9,7 +9,7 @@ from torch.testing import assert_close
 
 from fsdp_mini import launch
 from fsdp_mini.comm_log import CommLog, ring_model_sent
-from fsdp_mini.zero import ZeroRedundancyOptimizer
+from fsdp_mini.optim.zero import ZeroRedundancyOptimizer
 from small_model import TinyConfig, TinyLM, batch
 
 pytestmark = pytest.mark.usefixtures("no_orphans")

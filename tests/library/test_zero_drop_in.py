@@ -14,9 +14,9 @@ from torch.testing import assert_close
 from fsdp_mini import launch
 from fsdp_mini.checkpoint import load_checkpoint, save_checkpoint
 from fsdp_mini.comm_log import CommLog
-from fsdp_mini.ddp import DistributedDataParallel
-from fsdp_mini.replicate import replicate
-from fsdp_mini.zero import ZeroRedundancyOptimizer
+from fsdp_mini.parallel.ddp import DistributedDataParallel
+from fsdp_mini._composable.replicate import replicate
+from fsdp_mini.optim.zero import ZeroRedundancyOptimizer
 from small_model import TinyConfig, TinyLM, batch
 
 pytestmark = pytest.mark.usefixtures("no_orphans")

@@ -110,16 +110,16 @@ def test_math_in_a_paragraph_stays_whole_but_its_prose_links():
 
 
 @pytest.mark.parametrize("name, before, after, target", [
-    ("FSDP", "", "", "autoref:fsdp_mini.fsdp.FSDP"),
-    ("fsdp_mini.FSDP", "", "", "autoref:fsdp_mini.fsdp.FSDP"),
-    ("fsdp_mini.launch", "", "", "autoref:fsdp_mini.launch.launch"),  # the export, as Python binds it
-    ("fsdp_mini.launch(fn, world_size)", "", "", "autoref:fsdp_mini.launch.launch"),
-    ("ShardingStrategy.FULL_SHARD", "", "", "autoref:fsdp_mini.strategy.ShardingStrategy.FULL_SHARD"),
+    ("FSDP", "", "", "autoref:fsdp_mini.fsdp.fully_sharded_data_parallel.FSDP"),
+    ("fsdp_mini.FSDP", "", "", "autoref:fsdp_mini.fsdp.fully_sharded_data_parallel.FSDP"),
+    ("fsdp_mini.launch", "", "", "autoref:fsdp_mini.run.launch"),  # the export, as Python binds it
+    ("fsdp_mini.launch(fn, world_size)", "", "", "autoref:fsdp_mini.run.launch"),
+    ("ShardingStrategy.FULL_SHARD", "", "", "autoref:fsdp_mini.fsdp.strategy.ShardingStrategy.FULL_SHARD"),
     ("estimate_memory", "", "", "autoref:fsdp_mini.estimates.estimate_memory"),
     ("CommLog", "", "", "autoref:fsdp_mini.comm_log.CommLog"),
-    ("fsdp_mini/ddp.py", "", "", "autoref:fsdp_mini.ddp"),
+    ("fsdp_mini/parallel/ddp.py", "", "", "autoref:fsdp_mini.parallel.ddp"),
     ("fsdp_mini.course.cost.predict", "", "", "autoref:fsdp_mini.course.cost.predict"),
-    ("DistributedDataParallel", "our ", "", "autoref:fsdp_mini.ddp.DistributedDataParallel"),
+    ("DistributedDataParallel", "our ", "", "autoref:fsdp_mini.parallel.ddp.DistributedDataParallel"),
     ("DistributedDataParallel", "plain data parallelism, PyTorch's\n", "",
      links.EXTERNAL["api"]["torch.nn.parallel.DistributedDataParallel"]),
     ("dist.send", "", "", links.EXTERNAL["api"]["torch.distributed.send"]),
@@ -150,14 +150,14 @@ def test_the_pytorch_lesson_means_pytorch_by_a_shared_name():
     assert linker("en", "08_pytorch_fsdp2").code("fully_shard", "", "") == \
         f'<a href="{links.EXTERNAL["api"]["torch.distributed.fsdp.fully_shard"]}">'
     assert linker("en", "09_flat_or_per_parameter").code("fully_shard", "", "") == \
-        '<autoref identifier="fsdp_mini.fully_shard.fully_shard" optional>'
+        '<autoref identifier="fsdp_mini.fsdp._fully_shard.fully_shard.fully_shard" optional>'
 
 
 def test_each_target_is_linked_once_per_page_and_glossary_links_are_few_per_paragraph():
     html = links.link_html("<p><code>FSDP</code> then <code>FSDP</code> again.</p>"
                            "<p>A rank, a shard, a bucket and a ring.</p><p>Another rank and a ring.</p>",
                            linker("en"))
-    assert anchors(html) == [("autoref:fsdp_mini.fsdp.FSDP", "FSDP"), ("../glossary/#rank", "rank"),
+    assert anchors(html) == [("autoref:fsdp_mini.fsdp.fully_sharded_data_parallel.FSDP", "FSDP"), ("../glossary/#rank", "rank"),
                              ("../glossary/#shard", "shard"), ("../glossary/#ring", "ring")]
 
 
@@ -309,9 +309,9 @@ def test_lesson_mentions_in_prose_are_links_to_that_lesson(site):
 
 
 # a few names a learner meets early: each must link to its heading in the reference of the page's language
-NAMED_API = {"FSDP": "fsdp_mini.fsdp.FSDP", "fully_shard": "fsdp_mini.fully_shard.fully_shard",
+NAMED_API = {"FSDP": "fsdp_mini.fsdp.fully_sharded_data_parallel.FSDP", "fully_shard": "fsdp_mini.fsdp._fully_shard.fully_shard.fully_shard",
              "CommLog": "fsdp_mini.comm_log.CommLog", "fsdp_mini.estimate_memory": "fsdp_mini.estimates.estimate_memory",
-             "fsdp_mini.launch": "fsdp_mini.launch.launch", "fsdp_mini.collectives": "fsdp_mini.collectives"}
+             "fsdp_mini.launch": "fsdp_mini.run.launch", "fsdp_mini.collectives": "fsdp_mini.collectives"}
 
 
 @pytest.mark.parametrize("lang", LANGS)

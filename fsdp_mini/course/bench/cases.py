@@ -16,7 +16,7 @@ import torch.distributed as dist
 from fsdp_mini.course.models import GPT, Block, GPTConfig, make_batch
 from fsdp_mini.course.train import hybrid_shard_size, local_rows
 from fsdp_mini.flight_recorder import RECORDER
-from fsdp_mini.strategy import as_strategy
+from fsdp_mini.fsdp.strategy import as_strategy
 
 __all__ = ["SIZES", "CASES", "Case", "parse_case", "parse_cases", "parse_sizes", "model_numel",
            "make_optimizer", "build", "local_batch", "step"]
@@ -118,7 +118,7 @@ def make_optimizer(params):
 def build(case: Case, cfg: GPTConfig):
     """(model, optimizer) for one case on this rank."""
     from fsdp_mini.course.pytorch_equivalent import shard_per_parameter, wrap_like_pytorch
-    from fsdp_mini.fsdp import FSDP
+    from fsdp_mini.fsdp.fully_sharded_data_parallel import FSDP
 
     world = dist.get_world_size()
     RECORDER.enabled = case.record

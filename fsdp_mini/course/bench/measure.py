@@ -35,9 +35,9 @@ from fsdp_mini.comm_log import CommLog
 from fsdp_mini.course.bench.cases import SIZES, build, local_batch, make_optimizer, parse_case, step
 from fsdp_mini.course.cost import algbw, busbw
 from fsdp_mini.course.models import GPT, make_batch
-from fsdp_mini.fully_shard import gathered_memory
-from fsdp_mini.groups import grid
-from fsdp_mini.launch import launch
+from fsdp_mini.fsdp._fully_shard.fully_shard import gathered_memory
+from fsdp_mini.fsdp.groups import grid
+from fsdp_mini.run import launch
 from fsdp_mini.memory import optimizer_state_bytes, tensor_bytes
 from fsdp_mini.ring_model import ring_model_sent
 from fsdp_mini.runtime import init, under_torchrun
@@ -300,7 +300,7 @@ def calibrate(sizes: list[int], iters: int = 5, warmup: int = 1, impls=("builtin
     n = dist.get_world_size()
     groups = [(n, None)]
     if n >= 4 and n % 2 == 0:
-        from fsdp_mini.groups import grid
+        from fsdp_mini.fsdp.groups import grid
 
         rows, _ = grid(n, 2)
         pgs = [dist.new_group(r) for r in rows]  # collective: every rank creates every group

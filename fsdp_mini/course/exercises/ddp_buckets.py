@@ -26,8 +26,8 @@ from fsdp_mini.course.exercise import CodeExercise, NotYet, Verdict, summed_not_
 from fsdp_mini.course.language import num, tr
 from fsdp_mini.course.models import GPT, GPTConfig, make_batch
 from fsdp_mini.course.train import local_rows, train
-from fsdp_mini.ddp import DistributedDataParallel, plan_buckets
-from fsdp_mini.launch import launch
+from fsdp_mini.parallel.ddp import DistributedDataParallel, plan_buckets
+from fsdp_mini.run import launch
 
 __all__ = ["Buckets", "BUCKET_HOOK", "FINISH_BACKWARD", "ACCUMULATE", "on_grad_ready", "finish_backward",
            "accumulate_gradients", "CAP_MB", "WORLDS"]

@@ -28,10 +28,10 @@ import torch
 import torch.distributed as dist
 
 from fsdp_mini import collectives as C
-from fsdp_mini.comm_log import scope
+from fsdp_mini.collective_calls import in_forward, scope
 from fsdp_mini.flight_recorder import RECORDER, Entry, find_divergence, load_run, record_path
-from fsdp_mini.fsdp import FSDP
-from fsdp_mini.launch import LaunchError, launch
+from fsdp_mini.fsdp.fully_sharded_data_parallel import FSDP
+from fsdp_mini.run import LaunchError, launch
 from fsdp_mini.course.exercise import CodeExercise, NotYet, Verdict
 from fsdp_mini.course.language import num, tr
 from fsdp_mini.course.models import GPT, Block, GPTConfig, make_batch
@@ -130,12 +130,12 @@ def _step(world, odd, skip_unit=None):
     """One training step's collectives: an AllGather per unit in forward, a ReduceScatter per unit in
     backward (reverse order), as FSDP issues them; `skip_unit` is skipped on rank `odd` only."""
     rank = dist.get_rank()
-    RECORDER.in_forward(True)
+    in_forward(True)
     for u in range(UNITS):
         if not (rank == odd and u == skip_unit):
             with scope(f"blocks.{u}"):
                 C.all_gather_into_tensor(torch.empty(6 * WORLD), torch.ones(6), group=world)
-    RECORDER.in_forward(False)
+    in_forward(False)
     for u in reversed(range(UNITS)):
         with scope(f"blocks.{u}"):
             C.reduce_scatter_tensor(torch.empty(6), torch.ones(6 * WORLD), group=world)
@@ -215,7 +215,7 @@ def _record_all(plan, folder):
             SCENARIOS[name][1](world, pairs[rank // 2], odd, k)
         except RuntimeError:
             pass
-        RECORDER.in_forward(False)
+        in_forward(False)
     return True
 
 

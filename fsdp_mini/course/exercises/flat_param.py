@@ -1,5 +1,5 @@
 """Lesson 05's exercises: two of a flat parameter's state changes, written by the learner against
-`fsdp_mini.flat_param.FlatLayout`.
+`fsdp_mini.fsdp.flat_param.FlatLayout`.
 
 1. `unshard_flat(shard, layout, group)`: AllGather this rank's padded shard into the full flat buffer and
    return each original parameter as a view of it. Judged on real ranks against what `fsdp_mini.FSDP`'s
@@ -29,8 +29,8 @@ from fsdp_mini.comm_log import CommLog
 from fsdp_mini.course.exercise import (CodeExercise, NotYet, Verdict, one_collective_problem,
                                         summed_not_averaged)
 from fsdp_mini.course.language import num, tr
-from fsdp_mini.flat_param import FlatLayout
-from fsdp_mini.launch import launch
+from fsdp_mini.fsdp.flat_param import FlatLayout
+from fsdp_mini.run import launch
 
 __all__ = ["UNSHARD_FLAT", "REDUCE_GRADIENT", "unshard_flat", "reduce_gradient", "trial_unit", "WORLDS"]
 
@@ -148,7 +148,7 @@ class RankOutcome:
 
 
 def _fsdp_unit():
-    from fsdp_mini.fsdp import FSDP  # imported where used: the module list stays light
+    from fsdp_mini.fsdp.fully_sharded_data_parallel import FSDP  # imported where used: the module list stays light
     model = FSDP(trial_unit())
     return model, model.handles[0]
 

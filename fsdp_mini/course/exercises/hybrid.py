@@ -1,7 +1,7 @@
 """Lesson 07's exercises: hybrid sharding's grid and its gradient sync, written by the learner.
 
 1. `groups_for(world, shard_size)`: the shard groups (rows) and replica groups (columns) of the grid, as
-   lists of global ranks. Judged against `fsdp_mini.groups.grid` for small, awkward and real sizes (8 nodes
+   lists of global ranks. Judged against `fsdp_mini.fsdp.groups.grid` for small, awkward and real sizes (8 nodes
    of 8, 16 nodes of 8), with a verdict that says which group breaks which rule (a shard group leaving its
    node, a replica group mixing different shards); then the learner's groups carry a HYBRID_SHARD
    gradient sync on 4 real ranks (2 nodes of 2), which must leave every rank the global average.
@@ -21,8 +21,8 @@ from fsdp_mini import collectives as C
 from fsdp_mini.comm_log import CommLog
 from fsdp_mini.course.exercise import CodeExercise, NotYet, Verdict, summed_not_averaged
 from fsdp_mini.course.language import num, tr
-from fsdp_mini.groups import grid, make_groups
-from fsdp_mini.launch import launch
+from fsdp_mini.fsdp.groups import grid, make_groups
+from fsdp_mini.run import launch
 
 __all__ = ["GROUPS_FOR", "HYBRID_REDUCE", "groups_for", "hybrid_reduce", "GRID_CASES", "REDUCE_GRIDS"]
 
@@ -175,8 +175,8 @@ def _grid_problem(fn, world: int, shard_size: int) -> str:
                               f"и на каждом есть копия этого шарда")
     rows, cols = grid(world, shard_size)
     if sorted(shards) != rows or sorted(replicas) != cols:  # the rules above imply it; the library decides
-        return where + tr("your groups differ from fsdp_mini.groups.grid's", "ваши группы отличаются от "
-                                                                             "fsdp_mini.groups.grid")
+        return where + tr("your groups differ from fsdp_mini.fsdp.groups.grid's", "ваши группы отличаются от "
+                                                                             "fsdp_mini.fsdp.groups.grid")
     return ""
 
 

@@ -22,8 +22,8 @@ import torch.nn as nn
 from fsdp_mini.comm_log import CommLog
 from fsdp_mini.course.exercise import CodeExercise, Verdict
 from fsdp_mini.course.language import num, tr
-from fsdp_mini.launch import launch
-from fsdp_mini.mixed_precision import MixedPrecision
+from fsdp_mini.run import launch
+from fsdp_mini.fsdp.mixed_precision import MixedPrecision
 
 __all__ = ["CAST_POLICY", "policy_dtypes", "MixedUnit", "POLICIES"]
 
@@ -100,7 +100,7 @@ class _LearnersPolicy(MixedPrecision):
 
 
 def _run(fn, param_dtype, reduce_dtype) -> dict:
-    from fsdp_mini.fsdp import FSDP
+    from fsdp_mini.fsdp.fully_sharded_data_parallel import FSDP
     policy = (MixedPrecision(param_dtype, reduce_dtype) if fn is None
               else _LearnersPolicy(param_dtype, reduce_dtype, rule=fn))
     model = FSDP(MixedUnit(), mixed_precision=policy)

@@ -21,7 +21,7 @@ from fsdp_mini.course.language import num, tr
 from fsdp_mini.course.models import GPT, GPTConfig, make_batch
 from fsdp_mini.memory import optimizer_state_bytes, tensor_bytes
 from fsdp_mini.estimates import estimate_memory
-from fsdp_mini.strategy_facts import sharded_states
+from fsdp_mini.fsdp.strategy_facts import sharded_states
 
 __all__ = ["MODEL_STATE_BYTES", "BYTES_PER_RANK", "model_state_bytes", "bytes_per_rank", "STRATEGIES", "CASES"]
 

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from fsdp_mini.comm_log import CommLog
 from fsdp_mini.course.exercise import CodeExercise, NotYet, Verdict
 from fsdp_mini.course.language import num, tr
-from fsdp_mini.launch import LaunchError, LaunchTimeout, launch
+from fsdp_mini.run import LaunchError, LaunchTimeout, launch
 
 __all__ = ["BROADCAST", "OBVIOUS_ALL_REDUCE", "REDUCE_SCATTER", "ALL_GATHER", "my_broadcast",
            "obvious_all_reduce", "my_reduce_scatter", "my_all_gather", "WORLDS", "LENGTHS"]

@@ -25,7 +25,7 @@ from fsdp_mini.comm_log import CommLog
 from fsdp_mini.course.exercise import (CodeExercise, NotYet, Verdict, one_collective_problem,
                                         summed_not_averaged)
 from fsdp_mini.course.language import num, tr
-from fsdp_mini.launch import LaunchError, launch
+from fsdp_mini.run import LaunchError, launch
 
 __all__ = ["DIM0_SHARD", "UNSHARD", "REDUCE_GRADS", "dim0_shard", "unshard", "reduce_grads", "TRIAL_SHAPES", "WORLDS"]
 
@@ -320,7 +320,7 @@ def _collectives_verdict(outcome: RankOutcome, op: str, world: int, rank: int) -
 
 def _fully_shard_locals() -> list[torch.Tensor]:
     """This rank's local shards of the trial parameters, as `fsdp_mini.fully_shard` keeps them."""
-    from fsdp_mini.fully_shard import fully_shard  # imported where used: the module list stays light
+    from fsdp_mini.fsdp._fully_shard.fully_shard import fully_shard  # imported where used: the module list stays light
     module = nn.Module()
     for i, shape in enumerate(TRIAL_SHAPES):
         module.register_parameter(f"p{i}", nn.Parameter(trial_tensor(shape, i)))

@@ -23,7 +23,7 @@ from fsdp_mini.course.language import tr
 from fsdp_mini.course.models import GPT, Block, GPTConfig
 from fsdp_mini.course.pytorch_equivalent import wrap_like_pytorch
 from fsdp_mini.course.train import train
-from fsdp_mini.launch import launch
+from fsdp_mini.run import launch
 
 __all__ = ["WRAP_FSDP2", "GATHER_FULL_STATE", "wrap_fsdp2", "gather_full_state", "WRAP_TRIALS", "STATE_TRIALS"]
 

@@ -22,7 +22,7 @@ import torch.nn as nn
 from fsdp_mini.comm_log import CommLog
 from fsdp_mini.course.exercise import CodeExercise, Verdict
 from fsdp_mini.course.language import num, tr
-from fsdp_mini.launch import launch
+from fsdp_mini.run import launch
 
 __all__ = ["BACKWARD_ORDER", "backward_prefetch_order", "REGATHERED", "regathered_in_backward", "Shuffled", "MODELS"]
 
@@ -114,8 +114,8 @@ def _step(name: str, model, step: int):
 def _run(name: str, order: list[str] | None) -> dict:
     """One step to record (or, with `order`, to replay the learner's backward order), one logged step."""
     from fsdp_mini.course.trace import Trace
-    from fsdp_mini.fsdp import FSDP
-    from fsdp_mini.units import ExecutionOrder
+    from fsdp_mini.fsdp.fully_sharded_data_parallel import FSDP
+    from fsdp_mini.fsdp.units import ExecutionOrder
     module, wrap = MODELS[name]()
     model = FSDP(module, wrap=wrap, prefetch=True)
     if order is not None:  # the public path: a backward order that replays the learner's list
@@ -190,7 +190,7 @@ _STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD")
 
 
 def regathered_in_backward(strategy, forward_order: list[str]) -> list[str]:
-    from fsdp_mini.strategy import ShardingStrategy
+    from fsdp_mini.fsdp.strategy import ShardingStrategy
     if strategy is not ShardingStrategy.FULL_SHARD:
         # SHARD_GRAD_OP keeps every unit gathered until backward; NO_SHARD never gathers at all
         return []
@@ -200,13 +200,13 @@ def regathered_in_backward(strategy, forward_order: list[str]) -> list[str]:
 
 
 def _regathered_all(strategy, forward_order):
-    from fsdp_mini.strategy import ShardingStrategy
+    from fsdp_mini.fsdp.strategy import ShardingStrategy
     # the root is freed after forward like the others
     return list(forward_order) if strategy is ShardingStrategy.FULL_SHARD else []
 
 
 def _regathered_unless_no_shard(strategy, forward_order):
-    from fsdp_mini.strategy import ShardingStrategy
+    from fsdp_mini.fsdp.strategy import ShardingStrategy
     root, *units = forward_order
     return units if strategy is not ShardingStrategy.NO_SHARD else []  # SHARD_GRAD_OP frees too
 
@@ -219,8 +219,8 @@ def _gathered_in_backward(strategy_name: str) -> dict:
     """One recorded step, one logged step of `Shuffled` under `strategy_name`: the forward order and the
     units gathered a second time in the step (for backward: prefetch may issue that AllGather just before
     backward's first span begins, so the count tells, not the time)."""
-    from fsdp_mini.fsdp import FSDP
-    from fsdp_mini.strategy import ShardingStrategy
+    from fsdp_mini.fsdp.fully_sharded_data_parallel import FSDP
+    from fsdp_mini.fsdp.strategy import ShardingStrategy
     module, wrap = _shuffled()
     model = FSDP(module, ShardingStrategy[strategy_name], wrap=wrap, prefetch=True)
     _step("Shuffled", model, 0)
@@ -238,7 +238,7 @@ def _library_regathered(strategy_name: str) -> dict:
 
 
 def _judge_regathered(fn) -> Verdict:
-    from fsdp_mini.strategy import ShardingStrategy
+    from fsdp_mini.fsdp.strategy import ShardingStrategy
     for name in _STRATEGIES:
         truth = _library_regathered(name)
         forward = truth["forward"]

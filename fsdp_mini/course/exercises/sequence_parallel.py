@@ -20,7 +20,7 @@ from fsdp_mini.comm_log import CommLog
 from fsdp_mini.course.exercise import CodeExercise, NotYet, Verdict
 from fsdp_mini.course.exercises.tensor_parallel import NOT_AN_AUTOGRAD_FUNCTION, through_autograd_function
 from fsdp_mini.course.language import num, tr
-from fsdp_mini.launch import launch
+from fsdp_mini.run import launch
 
 __all__ = ["REDUCE_SCATTER_TO_SEQUENCE", "reduce_scatter_to_sequence", "SP_WORLDS"]
 

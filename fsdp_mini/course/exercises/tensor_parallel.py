@@ -27,10 +27,10 @@ from fsdp_mini.course.models import GPT, GPTConfig, make_batch
 from fsdp_mini.course.train import local_rows
 from fsdp_mini.course.tensor_parallel_plan import gpt_tp_plan
 from fsdp_mini.flight_recorder import RECORDER
-from fsdp_mini.fully_shard import full_state_dict, fully_shard
-from fsdp_mini.launch import launch
-from fsdp_mini.tensor_parallel import gather_tensor_parallel, parallelize_module
-from fsdp_mini.tp_operators import (TP_LABEL, copy_to_tensor_model_parallel_region,
+from fsdp_mini.fsdp._fully_shard.fully_shard import full_state_dict, fully_shard
+from fsdp_mini.run import launch
+from fsdp_mini.tensor.parallel.parallelize import gather_tensor_parallel, parallelize_module
+from fsdp_mini.tensor.parallel.tp_operators import (TP_LABEL, copy_to_tensor_model_parallel_region,
                                     reduce_from_tensor_model_parallel_region)
 
 __all__ = ["ROW_PARALLEL_FORWARD", "DP_TP_LAYOUT", "row_parallel_forward", "dp_tp_layout", "ROW_WORLDS",

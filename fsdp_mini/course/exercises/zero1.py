@@ -29,7 +29,7 @@ from fsdp_mini.course.exercise import CodeExercise, NotYet, Verdict, summed_not_
 from fsdp_mini.course.language import num, tr
 from fsdp_mini.course.models import GPT, GPTConfig, make_batch
 from fsdp_mini.course.train import local_rows, train
-from fsdp_mini.launch import launch
+from fsdp_mini.run import launch
 from fsdp_mini.memory import optimizer_state_bytes
 
 __all__ = ["ZERO1_SHARD", "ZERO1_STEP", "zero1_shard", "zero1_step", "TRIAL_CFG", "WORLDS"]

@@ -31,7 +31,7 @@ def plot_bucket_layout(buckets, cap_mb: float | None = None, title: str | None =
                        unit_name: str | None = None, element_size: int | None = None):
     """One horizontal bar per bucket (bucket 0, the first AllReduce, on top), one segment per parameter,
     as wide as its bytes and coloured by the part of the model it belongs to; each bucket's total at the
-    right, the cap as a dashed line. `buckets`: `fsdp_mini.ddp.plan_buckets(...)` (or any objects with
+    right, the cap as a dashed line. `buckets`: `fsdp_mini.parallel.ddp.plan_buckets(...)` (or any objects with
     `names`, `numels` and `nbytes`)."""
     from matplotlib.patches import Patch
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Mapping, Sequence
 
-from fsdp_mini.groups import grid
+from fsdp_mini.fsdp.groups import grid
 from fsdp_mini.course.language import tr
 from fsdp_mini.course.viz import figure, rank_color
 from fsdp_mini.course.viz.style import SMALL, TEXT, TITLE
@@ -227,11 +227,11 @@ _STATES = ("params", "grads", "optimizer")
 
 def who_holds_what(world_size: int = 4, shard_size: int = 2) -> dict[str, dict]:
     """DDP, ZeRO-1, ZeRO-2, FSDP and HSDP (shard groups of `shard_size`) on `world_size` ranks, from
-    `fsdp_mini.strategy_facts.facts`: for each, the shard group size `group`, `held[rank][state]` = the part
+    `fsdp_mini.fsdp.strategy_facts.facts`: for each, the shard group size `group`, `held[rank][state]` = the part
     (start, end) of the whole state that the rank holds, as fractions, and `travels`: the collectives of one
     step as (op, state, times, group kind, fraction of the state per call)."""
-    from fsdp_mini.strategy import ShardingStrategy
-    from fsdp_mini.strategy_facts import ZERO1, facts, shard_group_size_with_zero1
+    from fsdp_mini.fsdp.strategy import ShardingStrategy
+    from fsdp_mini.fsdp.strategy_facts import ZERO1, facts, shard_group_size_with_zero1
 
     strategies = {"DDP": (ShardingStrategy.NO_SHARD, None), "ZeRO-1": (ZERO1, None),
                   "ZeRO-2": (ShardingStrategy.SHARD_GRAD_OP, None), "FSDP": (ShardingStrategy.FULL_SHARD, None),

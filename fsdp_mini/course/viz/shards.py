@@ -2,12 +2,12 @@
 end, and the padding at the tail. Deterministic: it draws a `FlatLayout`, nothing measured.
 
 `unit_layouts(model, wrap, n)` gives the layouts that `FSDP(model, wrap=wrap)` would build over `n`
-ranks, without starting any process, by the engine's own planner (`fsdp_mini.plan`).
+ranks, without starting any process, by the engine's own planner (`fsdp_mini.fsdp.plan`).
 """
 from __future__ import annotations
 
-from fsdp_mini.flat_param import FlatLayout
-from fsdp_mini.plan import plan_units
+from fsdp_mini.fsdp.flat_param import FlatLayout
+from fsdp_mini.fsdp.plan import plan_units
 from fsdp_mini.course.language import get_language, tr
 from fsdp_mini.course.viz import figure
 from fsdp_mini.course.viz.style import SMALL, TEXT, TITLE
@@ -22,7 +22,7 @@ PAD_COLOR = "#C44E52"
 def unit_layouts(model, wrap, n: int) -> dict[str, FlatLayout]:
     """The flat layouts FSDP builds for `model` wrapped with `wrap` over shard groups of `n` ranks, keyed
     by the label the engine gives each flat parameter ("root", "blocks.0", "blocks.0 (frozen)", ...),
-    in the engine's order: the engine's own plan (`fsdp_mini.plan`). Pure: no process group needed."""
+    in the engine's order: the engine's own plan (`fsdp_mini.fsdp.plan`). Pure: no process group needed."""
     return {fp.label: fp.layout(n) for unit in plan_units(model, wrap).units for fp in unit.flat_params}
 
 

@@ -7,9 +7,9 @@
 
 `fully_shard(module)` returns the same module object. Its class becomes `FSDP<Class>`, a subclass that adds
 FSDP2's methods (`FSDPModule`), and every parameter it manages becomes an `nn.Parameter` holding a
-`DTensor`: this rank's dim-0 chunk, under the parameter's own name (`fsdp_mini.fsdp_param`). One unit's
+`DTensor`: this rank's dim-0 chunk, under the parameter's own name (`fsdp_mini.fsdp._fully_shard.fsdp_param`). One unit's
 parameters are gathered with one AllGather and their gradients reduced with one ReduceScatter
-(`fsdp_mini.fsdp_param_group`). The schedule is the flat design's (`fsdp_mini.fsdp`):
+(`fsdp_mini.fsdp._fully_shard.fsdp_param_group`). The schedule is the flat design's (`fsdp_mini.fsdp.fully_sharded_data_parallel`):
 
     pre-forward    AllGather the unit (waiting for it if prefetched), swap the gathered parameters in
     post-forward   reshard_after_forward=True: free them; False: keep them; k: keep a 1/k share
@@ -53,24 +53,24 @@ import torch.nn as nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from fsdp_mini import collectives as C
-from fsdp_mini.compile_boundary import dynamo_disable as _dynamo_disable
-from fsdp_mini.compile_boundary import skipped_by_dynamo as _skipped_by_dynamo
-from fsdp_mini.data_parallel import (GradientSync, broadcast_from_rank0, check_same_everywhere, check_same_values,
+from fsdp_mini.fsdp.compile_boundary import dynamo_disable as _dynamo_disable
+from fsdp_mini.fsdp.compile_boundary import skipped_by_dynamo as _skipped_by_dynamo
+from fsdp_mini.parallel.data_parallel import (GradientSync, broadcast_from_rank0, check_same_everywhere, check_same_values,
                                      refuse_deepcopy)
-from fsdp_mini.flight_recorder import RECORDER
-from fsdp_mini.fsdp_param import FSDPParam
-from fsdp_mini.fsdp_param_group import FSDPParamGroup, post_forward_shards
-from fsdp_mini.grad_reduction import ReductionQueue
-from fsdp_mini.groups import MeshInfo
-from fsdp_mini.full_state import check_full_state_dict
+from fsdp_mini.collective_calls import in_forward
+from fsdp_mini.fsdp._fully_shard.fsdp_param import FSDPParam
+from fsdp_mini.fsdp._fully_shard.fsdp_param_group import FSDPParamGroup, post_forward_shards
+from fsdp_mini.fsdp.grad_reduction import ReductionQueue
+from fsdp_mini.fsdp.groups import MeshInfo
+from fsdp_mini.fsdp.full_state import check_full_state_dict
 from fsdp_mini.memory import MemoryTracker, step_memory_stats
-from fsdp_mini.mixed_precision import MixedPrecisionPolicy
+from fsdp_mini.fsdp.mixed_precision import MixedPrecisionPolicy
 from fsdp_mini.nested import map_tensors, tensors_in
-from fsdp_mini.replaced_params import mark_replaced, wrapper_of
+from fsdp_mini.fsdp.replaced_params import mark_replaced, wrapper_of
 from fsdp_mini.runtime import get_device, require_distributed
-from fsdp_mini.states import TrainingState
+from fsdp_mini.fsdp.states import TrainingState
 from fsdp_mini.torch_internals import in_backward, queue_after_backward
-from fsdp_mini.units import ExecutionOrder, unit_label
+from fsdp_mini.fsdp.units import ExecutionOrder, unit_label
 
 __all__ = ["fully_shard", "FSDPModule", "FSDPState", "UnshardHandle", "register_fsdp_forward_method", "state_of",
            "default_mesh", "gathered_memory", "memory_stats", "full_state_dict", "load_full_state_dict"]
@@ -379,7 +379,7 @@ class FSDPState:
         self.reductions.clear()
         self.post_forward_order.clear()
         self.backward_queued = self.forward_running = False
-        RECORDER.in_forward(False)
+        in_forward(False)
 
     # --- forward -----------------------------------------------------------------------------------
 
@@ -392,7 +392,7 @@ class FSDPState:
         root = self.root
         args, kwargs = self.mp.cast_inputs(args, kwargs)
         if self is root:  # the collectives until the root's post-forward belong to forward
-            RECORDER.in_forward(True)
+            in_forward(True)
             root.forward_running = True
             for state in root.all_states:  # what standalone calls since the last forward ran is not this forward's
                 state.ran_forward.clear()
@@ -455,10 +455,11 @@ class FSDPState:
                 return self.mp.cast_output(out)
         self._register_pre_backward_hook(out)
         if self.is_root:
-            RECORDER.in_forward(False)
+            in_forward(False)
         if self.group is not None:
-            self.group.post_forward(root.post_forward_order if self._records_post_forward() else None,
-                                    self._backward_follows(out))
+            follows = self._backward_follows(out)
+            self.group.post_forward(root.post_forward_order if follows and self._records_post_forward() else None,
+                                    follows)
         if self.is_root:
             out = self._force_complete_incomplete_states(out)
             self.forward_running = False
@@ -472,8 +473,10 @@ class FSDPState:
 
     @staticmethod
     def _backward_follows(out) -> bool:
-        """Whether a backward can reach the unit through this forward's output (no: under no_grad, or in
-        a no-grad method such as `generate()` whose hooks run outside its no_grad)."""
+        """Whether a backward can reach the unit through this forward's output (no: under no_grad, in a
+        no-grad method such as `generate()` whose hooks run outside its no_grad, or a frozen unit fed
+        inputs that need no gradient). A unit no backward reaches is freed and not recorded: backward's
+        prefetch would gather it for nothing (the flat design's `needs_pre_backward_unshard`)."""
         return torch.is_grad_enabled() and any(t.requires_grad for t in tensors_in(out))
 
     def _register_pre_backward_hook(self, out) -> None:
@@ -497,7 +500,8 @@ class FSDPState:
                 state.group.params_not_run = {id(p) for p in state.group.params
                                               if all(id(owner) in not_run for owner, _ in p.owners)}
             if state.group is not None:
-                state.group.post_forward(self.post_forward_order if record else None, self._backward_follows(out))
+                follows = self._backward_follows(out)
+                state.group.post_forward(self.post_forward_order if record and follows else None, follows)
             state._register_pre_backward_hook(out)
             out = state.mp.cast_output(out)
             state.to_run_forward.clear()
@@ -573,7 +577,7 @@ def fully_shard(module: nn.Module | list[nn.Module], *, mesh=None, reshard_after
 def apply_units(module, *, mesh, reshard_after_forward, shard_placement_fn, mp_policy, ignored_params, impl,
                 sync_module_states, replicate: "tuple[str, type] | None" = None):
     """`fully_shard`, or with `replicate` = (its name, its module class) FSDP2's replicate
-    (`fsdp_mini.replicate_with_fsdp`): the same units and lifecycle over a replicate-only mesh, each
+    (`fsdp_mini._composable.replicate_with_fsdp`): the same units and lifecycle over a replicate-only mesh, each
     parameter a whole `Replicate()` DTensor, gradients averaged by one AllReduce per unit, no AllGather."""
     api = replicate[0] if replicate else "fully_shard"
     require_distributed(api)

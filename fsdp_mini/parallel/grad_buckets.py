@@ -8,7 +8,7 @@ The rule, PyTorch DDP's own (`torch.distributed._compute_bucket_assignment_by_si
 open bucket of their dtype in the order backward produces them; a bucket closes as soon as it holds *at
 least* the cap (so a bucket may pass the cap by its last tensor, and a tensor larger than the cap fills
 one alone); the buckets still open at the end are closed too. `BucketFiller` is that rule, one tensor at a time; it is used
-by `fsdp_mini.ddp` (per parameter, planned up front), by FSDP's NO_SHARD (`GradBuckets`, per unit's flat
+by `fsdp_mini.parallel.ddp` (per parameter, planned up front), by FSDP's NO_SHARD (`GradBuckets`, per unit's flat
 gradient, as backward finishes it) and by the course's cluster model, so all three agree byte for byte.
 
 Under NO_SHARD nothing is sharded, so every unit's flat gradient needs one AllReduce over all ranks; one
@@ -23,7 +23,7 @@ from typing import Generic, Hashable, Iterable, TypeVar
 import torch
 
 from fsdp_mini import collectives as C
-from fsdp_mini.comm_log import scope
+from fsdp_mini.collective_calls import scope
 
 __all__ = ["MiB", "check_bucket_cap_mb", "BucketFiller", "assign_buckets", "GradBuckets"]
 

@@ -12,7 +12,7 @@ global batch, and the replicas stay identical (they start identical: rank 0's we
 Three ideas turn the naive version (`all_reduce_gradients`: one blocking AllReduce per parameter after
 backward) into a fast one, and they are what torch.nn.parallel.DistributedDataParallel does:
 
-  1. buckets   gradients are packed into buckets of about `bucket_cap_mb` MiB (`fsdp_mini.grad_buckets`:
+  1. buckets   gradients are packed into buckets of about `bucket_cap_mb` MiB (`fsdp_mini.parallel.grad_buckets`:
                DDP's rule, a bucket closes once it holds at least the cap) and each bucket is one
                AllReduce: every collective pays a fixed latency, so fewer, larger messages amortise it
                (a transformer has many tiny tensors: LayerNorm weights, biases).
@@ -42,9 +42,9 @@ import torch
 import torch.nn as nn
 
 from fsdp_mini import collectives as C
-from fsdp_mini.comm_log import scope
-from fsdp_mini.data_parallel import GradientSync, broadcast_from_rank0, check_same_everywhere
-from fsdp_mini.grad_buckets import MiB, assign_buckets, check_bucket_cap_mb
+from fsdp_mini.collective_calls import scope
+from fsdp_mini.parallel.data_parallel import GradientSync, broadcast_from_rank0, check_same_everywhere
+from fsdp_mini.parallel.grad_buckets import MiB, assign_buckets, check_bucket_cap_mb
 from fsdp_mini.runtime import get_device, require_distributed
 from fsdp_mini.torch_internals import queue_after_backward
 from fsdp_mini.weak_hooks import weak_hook
@@ -78,7 +78,7 @@ def plan_buckets(module: nn.Module, bucket_cap_mb: float = 25) -> list[Bucket]:
     Parameters are taken in *reverse* registration order: backward runs the layers from last to first,
     so that is roughly the order in which gradients become ready, and bucket 0 fills up first. A tied
     parameter (embedding = head) counts once, under its first name. A bucket closes as soon as it holds
-    at least the cap, and each dtype fills its own bucket (`fsdp_mini.grad_buckets`). A tiny cap gives
+    at least the cap, and each dtype fills its own bucket (`fsdp_mini.parallel.grad_buckets`). A tiny cap gives
     one bucket per parameter, a huge one a single bucket per dtype.
     """
     check_bucket_cap_mb(bucket_cap_mb)

@@ -1,6 +1,6 @@
 """Tensor parallelism from scratch: PyTorch's `parallelize_module` with `ColwiseParallel` and `RowwiseParallel`,
 without DTensor. Each rank of the TP group keeps its slice of a Linear's weight as a plain `nn.Parameter`
-and the layer's forward is wrapped in Megatron's `f` / `g` operators (`fsdp_mini.tp_operators`).
+and the layer's forward is wrapped in Megatron's `f` / `g` operators (`fsdp_mini.tensor.parallel.tp_operators`).
 
     plan = {"attn.qkv": ColwiseParallel(stacked=3), "attn.proj": RowwiseParallel(),
             "mlp.fc": ColwiseParallel(), "mlp.proj": RowwiseParallel()}
@@ -52,9 +52,9 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.placement_types import Placement
 
 from fsdp_mini import collectives as C
-from fsdp_mini.comm_log import scope
-from fsdp_mini.data_parallel import broadcast_from_rank0
-from fsdp_mini.tp_operators import (TP_LABEL, copy_to_tensor_model_parallel_region,
+from fsdp_mini.collective_calls import scope
+from fsdp_mini.parallel.data_parallel import broadcast_from_rank0
+from fsdp_mini.tensor.parallel.tp_operators import (TP_LABEL, copy_to_tensor_model_parallel_region,
                                     gather_from_sequence_parallel_region, reduce_from_tensor_model_parallel_region,
                                     reduce_scatter_to_sequence_parallel_region, scatter_to_sequence_parallel_region)
 

@@ -30,7 +30,7 @@ replicated module once backward is done with it, as FSDP2 reduces a unit, not in
 (fsdp/_fully_shard/_fsdp_collectives.py:634, "HSDP or DDP/replicate"). Both train TinyLM beside
 `fully_shard` to the same weights as this one (tests/library/test_replicate.py); the class name
 `Replicate<Class>` is the second's, the plain parameters and the buckets the first's. fsdp_mini has the
-second too, applied per block as PyTorch's is: `fsdp_mini.replicate_with_fsdp.replicate`.
+second too, applied per block as PyTorch's is: `fsdp_mini._composable.replicate_with_fsdp.replicate`.
 
 PyTorch's `replicate(module, ignored_modules=None, **kwargs)` passes its keyword arguments on to DDP; the
 ones fsdp_mini's DDP has are spelt out here (`device_id`, `bucket_cap_mb`, `process_group`, plus `impl`).
@@ -48,10 +48,10 @@ import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
 from fsdp_mini import collectives as C
-from fsdp_mini.data_parallel import GradientSync, check_same_everywhere
-from fsdp_mini.ddp import DistributedDataParallel
-from fsdp_mini.fully_shard import FSDPModule
-from fsdp_mini.grad_buckets import check_bucket_cap_mb
+from fsdp_mini.parallel.data_parallel import GradientSync, check_same_everywhere
+from fsdp_mini.parallel.ddp import DistributedDataParallel
+from fsdp_mini.fsdp._fully_shard.fully_shard import FSDPModule
+from fsdp_mini.parallel.grad_buckets import check_bucket_cap_mb
 from fsdp_mini.runtime import get_device, require_distributed
 
 __all__ = ["replicate", "ReplicateModule", "ReplicateState", "replicated_parameters"]
@@ -167,7 +167,7 @@ def replicate(module: nn.Module, ignored_modules=None, *, device_id: int | torch
             where = f"to {path}" if path else "to this module"
             raise ValueError(f"replicate was already applied {where} ({type(sub).__name__}): its parameters would "
                              f"be all-reduced twice. To replicate each block and the root as FSDP2's replicate does "
-                             f"(a unit per block, DTensor parameters), use fsdp_mini.replicate_with_fsdp.replicate")
+                             f"(a unit per block, DTensor parameters), use fsdp_mini._composable.replicate_with_fsdp.replicate")
         if isinstance(sub, GradientSync):
             raise ValueError(f"replicate was given a module wrapped by {type(sub).__name__} (fsdp_mini's flat FSDP "
                              f"or DDP), which already synchronises its gradients: apply replicate to the plain model")

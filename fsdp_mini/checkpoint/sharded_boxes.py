@@ -1,7 +1,7 @@
 """A tensor that this rank holds as arbitrary boxes of a run, and the DCP planners that write and read it.
 
-Both sharded checkpoints write their pieces this way: the flat design's (`fsdp_mini.checkpoint`: a shard is
-a run of a flat buffer, a few rectangular boxes of each parameter) and ZeRO-1's (`fsdp_mini.zero_checkpoint`:
+Both sharded checkpoints write their pieces this way: the flat design's (`fsdp_mini.checkpoint.sharded_checkpoint`: a shard is
+a run of a flat buffer, a few rectangular boxes of each parameter) and ZeRO-1's (`fsdp_mini.checkpoint.zero_checkpoint`:
 a run of each flattened parameter). A DTensor cannot describe either, since its shards are the even
 `torch.chunk` pieces of a device mesh, and PyTorch deprecates the older list of boxes with owners
 (`torch.distributed._shard`'s sharded tensor, which FSDP v1 uses).
@@ -29,7 +29,7 @@ from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, Metadat
 from torch.distributed.checkpoint.planner import LoadPlan, SavePlan, TensorWriteData, WriteItem, WriteItemType
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
-from fsdp_mini.checkpoint_integrity import InPlaceLoadPlanner
+from fsdp_mini.checkpoint.integrity import InPlaceLoadPlanner
 
 __all__ = ["Box", "BoxedTensor", "BoxesSavePlanner", "BoxesLoadPlanner"]
 
@@ -91,7 +91,7 @@ def _split(state_dict: dict[str, Any]) -> tuple[dict[str, BoxedTensor], dict[str
 class BoxesSavePlanner(DefaultSavePlanner):
     """DCP's default save planner, plus `BoxedTensor` values: every other value is planned as DCP plans it.
 
-    Defaults to a flat dict (`flatten_state_dict=False`), the way `fsdp_mini.checkpoint` hands it over, so
+    Defaults to a flat dict (`flatten_state_dict=False`), the way `fsdp_mini.checkpoint.sharded_checkpoint` hands it over, so
     that `optim.param_groups` stays one pickled object. Without DCP's plan caching, which would cache the
     plan of the other values only."""
 

@@ -35,8 +35,8 @@ since the optimizer steps a flat shard as one tensor, weight decay and momentum 
 naming them (give them a unit of their own, or use `fully_shard`, which keeps None per parameter).
 
 Prefetch order is the execution order recorded in the first forward and backward, as in PyTorch FSDP.
-Which modules become units and how their parameters are grouped is `fsdp_mini.plan`'s (pure) decision;
-what each strategy implies (reshard after forward, shard-group size) is `fsdp_mini.strategy`'s.
+Which modules become units and how their parameters are grouped is `fsdp_mini.fsdp.plan`'s (pure) decision;
+what each strategy implies (reshard after forward, shard-group size) is `fsdp_mini.fsdp.strategy`'s.
 """
 from __future__ import annotations
 
@@ -52,27 +52,26 @@ import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
 from fsdp_mini import collectives as C
-from fsdp_mini.comm_log import scope
-from fsdp_mini.compile_boundary import dynamo_disable, skipped_by_dynamo
-from fsdp_mini.data_parallel import (GradientSync, broadcast_from_rank0, check_same_everywhere,
+from fsdp_mini.collective_calls import in_forward, scope
+from fsdp_mini.fsdp.compile_boundary import dynamo_disable, skipped_by_dynamo
+from fsdp_mini.parallel.data_parallel import (GradientSync, broadcast_from_rank0, check_same_everywhere,
                                      check_same_fingerprints, fingerprint, refuse_deepcopy)
-from fsdp_mini.flat_param import flatten
-from fsdp_mini.flight_recorder import RECORDER
-from fsdp_mini.flat_param_handle import FlatParamHandle
-from fsdp_mini.full_state import check_full_state_dict
-from fsdp_mini.grad_buckets import GradBuckets, check_bucket_cap_mb
-from fsdp_mini.grad_reduction import ReductionQueue
-from fsdp_mini.groups import make_groups
+from fsdp_mini.fsdp.flat_param import flatten
+from fsdp_mini.fsdp.flat_param_handle import FlatParamHandle
+from fsdp_mini.fsdp.full_state import check_full_state_dict
+from fsdp_mini.parallel.grad_buckets import GradBuckets, check_bucket_cap_mb
+from fsdp_mini.fsdp.grad_reduction import ReductionQueue
+from fsdp_mini.fsdp.groups import make_groups
 from fsdp_mini.memory import MemoryTracker, step_memory_stats
-from fsdp_mini.mixed_precision import MixedPrecision
+from fsdp_mini.fsdp.mixed_precision import MixedPrecision
 from fsdp_mini.nested import tensors_in
-from fsdp_mini.plan import FlatParamPlan, Plan, plan_units
-from fsdp_mini.replaced_params import mark_replaced, mark_wrapped
+from fsdp_mini.fsdp.plan import FlatParamPlan, Plan, plan_units
+from fsdp_mini.fsdp.replaced_params import mark_replaced, mark_wrapped
 from fsdp_mini.runtime import get_device, require_distributed
-from fsdp_mini.states import TrainingState
-from fsdp_mini.strategy import ShardingStrategy, as_strategy, is_hybrid, reshard_after_forward, shard_group_size
+from fsdp_mini.fsdp.states import TrainingState
+from fsdp_mini.fsdp.strategy import ShardingStrategy, as_strategy, is_hybrid, reshard_after_forward, shard_group_size
 from fsdp_mini.torch_internals import queue_after_backward, set_registered_buffer, unregister_parameter
-from fsdp_mini.units import ExecutionOrder
+from fsdp_mini.fsdp.units import ExecutionOrder
 from fsdp_mini.weak_hooks import weak_hook
 
 __all__ = ["FSDP", "FSDPUnit", "materialise_by_name"]
@@ -80,7 +79,7 @@ __all__ = ["FSDP", "FSDPUnit", "materialise_by_name"]
 
 class FSDPUnit:
     """One unit: a module, the flat handles of the parameters it owns, and its per-step state. `label`:
-    its module's path from the root, "root" for the root (`fsdp_mini.units.unit_label`)."""
+    its module's path from the root, "root" for the root (`fsdp_mini.fsdp.units.unit_label`)."""
 
     def __init__(self, label: str, module: nn.Module, handles: list[FlatParamHandle], is_root: bool):
         self.label, self.module, self.handles, self.is_root = label, module, handles, is_root
@@ -264,7 +263,7 @@ class FSDP(GradientSync, nn.Module):
         args, kwargs = self.mixed_precision.cast_inputs(args, kwargs, root=True)
         root = self.units[0]
         self.forward_order.start_pass()
-        RECORDER.in_forward(True)  # the collectives until the end of forward are labelled "forward"
+        in_forward(True)  # the collectives until the end of forward are labelled "forward"
         try:
             self._pre_forward(root, self.module, args)
             self._running = True
@@ -274,7 +273,7 @@ class FSDP(GradientSync, nn.Module):
                 self._running = False
             self._post_forward(root, self.module, args, out)
         finally:
-            RECORDER.in_forward(False)
+            in_forward(False)
         return out
 
     def _cast_unit_inputs(self, module, args, kwargs):
@@ -297,7 +296,7 @@ class FSDP(GradientSync, nn.Module):
                                f"sharded: call the wrapper (model(...)), or use it inside "
                                f"`with model.summon_full_params():`")
 
-    @dynamo_disable  # under torch.compile the hooks run eagerly, at graph breaks (fsdp_mini.compile_boundary)
+    @dynamo_disable  # under torch.compile the hooks run eagerly, at graph breaks (fsdp_mini.fsdp.compile_boundary)
     def _pre_forward(self, unit: FSDPUnit, module, args) -> None:
         if unit.training_state is TrainingState.PRE_BACKWARD:  # activation checkpointing recomputes the unit inside
             return                                     # its backward: pre-backward has gathered it already

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import torch
 
 from fsdp_mini import collectives as C
-from fsdp_mini.comm_log import scope
-from fsdp_mini.states import ReduceStage
+from fsdp_mini.collective_calls import scope
+from fsdp_mini.fsdp.states import ReduceStage
 
 __all__ = ["GradReduction", "ReductionQueue"]
 

@@ -3,7 +3,7 @@
     save_checkpoint("ckpt/step_100", model, optimizer, extra_state={"step": 100})  # collective: every rank
     extra = load_checkpoint("ckpt/step_100", model, optimizer)  # any world size and strategy; {"step": 100}
 
-A full state dict (`fsdp_mini.state_dict`) gathers the whole model onto every rank: simple, but the
+A full state dict (`fsdp_mini.checkpoint.state_dict`) gathers the whole model onto every rank: simple, but the
 model must fit on one rank, and the ranks wait while it is written. A sharded checkpoint writes what
 each rank already has, in parallel, with no gather at all. The catch is that a rank's shard is a slice
 of a *flat buffer* whose layout depends on the unit plan, the world size and the strategy: written as
@@ -11,7 +11,7 @@ such, it would load back only into exactly the same configuration.
 
 So the flat shards are never written as such. Each original parameter is shown to DCP under its own
 name and shape (the keys and shapes of the wrapped module's `state_dict()`) as a `BoxedTensor`
-(`fsdp_mini.sharded_boxes`): the global tensor is the parameter, and this rank's boxes are the parts of
+(`fsdp_mini.checkpoint.sharded_boxes`): the global tensor is the parameter, and this rank's boxes are the parts of
 it that its flat shard holds. A shard holds elements [start, end) of a flattened parameter
 (`FlatLayout.pieces`); in the parameter's own shape that range is a few rectangular boxes (a partial
 row, whole rows, a partial row: at most 2 * ndim - 1 of them), each a contiguous run of the flat shard,
@@ -53,7 +53,7 @@ parameters match no saved group is an error (a checkpoint without names, written
 position). A fresh optimizer has no state tensors to load into, so `load_checkpoint` first creates them as
 torch.distributed.checkpoint.state_dict does: one `step()` on zero gradients with lr 0.
 
-What cannot go wrong silently (`fsdp_mini.checkpoint_integrity`): a save writes into a staging directory
+What cannot go wrong silently (`fsdp_mini.checkpoint.integrity`): a save writes into a staging directory
 and renames it into place only when it is complete, so a crash leaves the old checkpoint or the new one,
 never a mix; every piece written is checksummed, and a load verifies the checksums before it fills any
 tensor, so damaged files are an error naming the file and the piece, never wrong weights. Unlike
@@ -79,15 +79,15 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from torch.distributed.tensor import DTensor
 
-from fsdp_mini.checkpoint_integrity import (CheckpointError, CorruptCheckpointError, IncompleteCheckpointError,
+from fsdp_mini.checkpoint.integrity import (CheckpointError, CorruptCheckpointError, IncompleteCheckpointError,
                                             UnsafeCheckpointError, WeightsOnlyLoadPlanner, open_checkpoint,
                                             save_atomically, verify_pieces, weights_only_refusal)
 from fsdp_mini.flight_recorder import recorded
-from fsdp_mini.fully_shard import FSDPModule
+from fsdp_mini.fsdp._fully_shard.fully_shard import FSDPModule
 from fsdp_mini.runtime import require_distributed
-from fsdp_mini.sharded_boxes import Box, BoxedTensor, BoxesLoadPlanner, BoxesSavePlanner
-from fsdp_mini.state_dict import flat_wrappers, own_state, sharding_design
-from fsdp_mini.zero_checkpoint import is_replicated, replicated_state_dict, unwrapped
+from fsdp_mini.checkpoint.sharded_boxes import Box, BoxedTensor, BoxesLoadPlanner, BoxesSavePlanner
+from fsdp_mini.checkpoint.state_dict import flat_wrappers, own_state, sharding_design
+from fsdp_mini.checkpoint.zero_checkpoint import is_replicated, replicated_state_dict, unwrapped
 
 __all__ = ["save_checkpoint", "load_checkpoint", "sharded_state_dict", "CheckpointLoadPlanner", "CheckpointError",
            "CorruptCheckpointError", "IncompleteCheckpointError", "UnsafeCheckpointError"]
@@ -163,8 +163,8 @@ class _HandleBoxes:
 # --- building the state dict DCP sees ----------------------------------------------------------------
 
 def _design(model) -> str:
-    """"replicated" (a plain or DistributedDataParallel model, under ZeRO-1: `fsdp_mini.zero_checkpoint`),
-    else `fsdp_mini.state_dict`'s verdict: "per-parameter" (fully_shard on the model or on some of its
+    """"replicated" (a plain or DistributedDataParallel model, under ZeRO-1: `fsdp_mini.checkpoint.zero_checkpoint`),
+    else `fsdp_mini.checkpoint.state_dict`'s verdict: "per-parameter" (fully_shard on the model or on some of its
     modules only) or "flat" (an FSDP wrapper, or a module that holds FSDP parts); anything else is a ValueError."""
     return "replicated" if is_replicated(model) else sharding_design(model)
 
@@ -325,7 +325,7 @@ def _state_dict(model, optimizer, saving: bool):
     optimizer states that are read piecewise, so their padding stays zero) and just after it (move the
     values that are not views, scalars and objects, into place)."""
     design = _design(model)
-    if design == "replicated":  # plain or DDP, with a ZeroRedundancyOptimizer: fsdp_mini.zero_checkpoint
+    if design == "replicated":  # plain or DDP, with a ZeroRedundancyOptimizer: fsdp_mini.checkpoint.zero_checkpoint
         sd, prepare, finish = replicated_state_dict(model, optimizer, saving, OPTIM_PREFIX)
         if optimizer is not None:
             sd[PARAM_GROUPS_KEY] = _param_groups(model, optimizer) if saving else None
@@ -394,7 +394,7 @@ def sharded_state_dict(model, optimizer=None) -> dict[str, Any]:
     `optim.param_groups`.
 
     For your own DCP calls (another storage writer, `dcp.async_save`); save it with
-    `fsdp_mini.sharded_boxes.BoxesSavePlanner()`: DCP's default planner, which also writes BoxedTensors and
+    `fsdp_mini.checkpoint.sharded_boxes.BoxesSavePlanner()`: DCP's default planner, which also writes BoxedTensors and
     keeps the dict flat (it is flat already, and `optim.param_groups` stays one object). No communication.
     """
     sd = _state_dict(model, optimizer, saving=True)[0]

@@ -1,6 +1,6 @@
 """One unit of the per-parameter design: its parameters' AllGather and ReduceScatter, one of each per unit.
 
-Each parameter keeps its own dim-0 chunk (`fsdp_mini.fsdp_param`), but a unit still communicates once,
+Each parameter keeps its own dim-0 chunk (`fsdp_mini.fsdp._fully_shard.fsdp_param`), but a unit still communicates once,
 through a flat buffer, because every collective pays a fixed latency:
 
     copy-in      each rank concatenates its padded chunks: [p0 chunk | p1 chunk | ...]   (per-rank row)
@@ -26,12 +26,12 @@ import torch
 import torch.distributed as dist
 
 from fsdp_mini import collectives as C
-from fsdp_mini.comm_log import scope
-from fsdp_mini.fsdp_param import FSDPParam
-from fsdp_mini.grad_reduction import GradReduction, ReductionQueue
-from fsdp_mini.groups import MeshInfo
+from fsdp_mini.collective_calls import scope
+from fsdp_mini.fsdp._fully_shard.fsdp_param import FSDPParam
+from fsdp_mini.fsdp.grad_reduction import GradReduction, ReductionQueue
+from fsdp_mini.fsdp.groups import MeshInfo
 from fsdp_mini.memory import MemoryTracker
-from fsdp_mini.states import ReduceStage, ShardedState, TrainingState
+from fsdp_mini.fsdp.states import ReduceStage, ShardedState, TrainingState
 from fsdp_mini.torch_internals import chunk_cat_into
 from fsdp_mini.weak_hooks import weak_hook
 

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import torch.nn as nn
 
-from fsdp_mini.fully_shard import FSDPModule, apply_units
-from fsdp_mini.mixed_precision import MixedPrecisionPolicy
+from fsdp_mini.fsdp._fully_shard.fully_shard import FSDPModule, apply_units
+from fsdp_mini.fsdp.mixed_precision import MixedPrecisionPolicy
 
 __all__ = ["replicate", "ReplicateModule"]
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from fsdp_mini.flat_param import FlatLayout
-from fsdp_mini.units import ROOT_LABEL, unit_label  # shared with the per-parameter design
+from fsdp_mini.fsdp.flat_param import FlatLayout
+from fsdp_mini.fsdp.units import ROOT_LABEL, unit_label  # shared with the per-parameter design
 
 __all__ = ["PlannedParam", "FlatParamPlan", "UnitPlan", "Plan", "wrap_classes", "plan_units"]
 

@@ -7,7 +7,7 @@ Lay the ranks out as a grid of `replicas x shard_size` (ranks of one node side b
          2  3
 
 Each rank holds shard `shard_rank` of every unit, the same shard as the other ranks of its column.
-Every strategy is a choice of `shard_size` (`fsdp_mini.strategy.shard_group_size`): FULL_SHARD and SHARD_GRAD_OP shard over the whole world
+Every strategy is a choice of `shard_size` (`fsdp_mini.fsdp.strategy.shard_group_size`): FULL_SHARD and SHARD_GRAD_OP shard over the whole world
 (one row, no replication), NO_SHARD over one rank (one column: plain DDP, whose AllReduce is the
 replica AllReduce), and the hybrids over one node.
 """
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from fsdp_mini.strategy import check_shard_size
+from fsdp_mini.fsdp.strategy import check_shard_size
 
 __all__ = ["MeshInfo", "grid", "make_groups"]
 
@@ -56,7 +56,7 @@ def grid(world_size: int, shard_size: int) -> tuple[list[list[int]], list[list[i
 
 def make_groups(size: int) -> MeshInfo:
     """Create this rank's shard and replica process groups for shard groups of `size` ranks (from
-    `fsdp_mini.strategy.shard_group_size`); collective: every rank must call it, in the same order."""
+    `fsdp_mini.fsdp.strategy.shard_group_size`); collective: every rank must call it, in the same order."""
     world, rank = dist.get_world_size(), dist.get_rank()
     rows, cols = grid(world, size)
 

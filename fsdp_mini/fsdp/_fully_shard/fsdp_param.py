@@ -13,10 +13,10 @@ is a view of its first rows. A `DTensor` records how the whole parameter is laid
 
 The unsharded parameter is a plain `nn.Parameter` in the compute dtype, created once and reused: its
 storage is freed on reshard (`resize_(0)`) and refilled on unshard, so the tensors autograd saved stay
-valid, as in the flat design (`fsdp_mini.flat_param_handle`). Its gradient is what backward produces;
+valid, as in the flat design (`fsdp_mini.fsdp.flat_param_handle`). Its gradient is what backward produces;
 `FSDPParamGroup` reduce-scatters it into `sharded_grad`.
 
-The collectives themselves belong to the unit (`fsdp_mini.fsdp_param_group`): one AllGather and one
+The collectives themselves belong to the unit (`fsdp_mini.fsdp._fully_shard.fsdp_param_group`): one AllGather and one
 ReduceScatter for all the parameters of a unit, through a flat buffer that each parameter copies its
 rows into (copy-in) and out of (copy-out). This module says which bytes of that buffer are whose.
 """
@@ -30,9 +30,9 @@ import torch.nn as nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from fsdp_mini import collectives as C
-from fsdp_mini.comm_log import scope
-from fsdp_mini.gathered_storage import free_storage, refill_storage, restore_version, version_of
-from fsdp_mini.mixed_precision import MixedPrecisionPolicy
+from fsdp_mini.collective_calls import scope
+from fsdp_mini.fsdp.gathered_storage import free_storage, refill_storage, restore_version, version_of
+from fsdp_mini.fsdp.mixed_precision import MixedPrecisionPolicy
 from fsdp_mini.torch_internals import dtensor_spec, new_dtensor, registered_parameter, set_registered_parameter
 
 __all__ = ["FSDPParam"]

@@ -44,7 +44,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from fsdp_mini.collectives import AVG, IMPLS, MAX, SUM, all_gather_into_tensor, all_reduce, reduce_scatter_tensor
-from fsdp_mini.flat_param import FlatLayout, flatten, unflatten_views
+from fsdp_mini.fsdp.flat_param import FlatLayout, flatten, unflatten_views
 from fsdp_mini.memory import optimizer_state_bytes
 from fsdp_mini.runtime import require_distributed
 from fsdp_mini.torch_internals import version_of

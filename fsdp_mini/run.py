@@ -421,7 +421,7 @@ def _stack_of_fn(dump: str) -> str:
     for line in dump.splitlines():
         if line.lstrip().startswith(("Thread 0x", "Current thread 0x")):
             skipping = False
-        elif "launch.py" in line and "in _child" in line:
+        elif os.path.basename(__file__) in line and "in _child" in line:
             skipping = True
         if not skipping:
             out.append(line)

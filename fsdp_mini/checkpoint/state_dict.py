@@ -4,7 +4,7 @@ A full state dict has exactly the keys and shapes of the wrapped module's own `s
 loads into the plain model, into `torch.distributed.fsdp`, or into fsdp_mini at any world size and
 strategy. Saving gathers every unit once (an AllGather of its fp32 shards); loading needs no
 communication at all: every rank reads the full tensors and copies out the pieces its shard holds.
-For checkpoints too large to gather, see `fsdp_mini.checkpoint` (sharded, torch.distributed.checkpoint).
+For checkpoints too large to gather, see `fsdp_mini.checkpoint.sharded_checkpoint` (sharded, torch.distributed.checkpoint).
 
     sd = fsdp_mini.full_state_dict(model)        # every rank, on CPU: {"blocks.0.attn.qkv.weight": ...}
     fsdp_mini.load_full_state_dict(model, sd)    # strict: every key, every shape, or a clear error
@@ -19,11 +19,11 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from fsdp_mini.fsdp import FSDP
-from fsdp_mini.full_state import check_full_state_dict
-from fsdp_mini.fully_shard import FSDPModule
-from fsdp_mini.fully_shard import full_state_dict as per_parameter_full_state_dict
-from fsdp_mini.fully_shard import load_full_state_dict as per_parameter_load
+from fsdp_mini.fsdp.fully_sharded_data_parallel import FSDP
+from fsdp_mini.fsdp.full_state import check_full_state_dict
+from fsdp_mini.fsdp._fully_shard.fully_shard import FSDPModule
+from fsdp_mini.fsdp._fully_shard.fully_shard import full_state_dict as per_parameter_full_state_dict
+from fsdp_mini.fsdp._fully_shard.fully_shard import load_full_state_dict as per_parameter_load
 from fsdp_mini.torch_internals import save_own_state
 
 __all__ = ["full_state_dict", "load_full_state_dict", "sharding_design", "flat_wrappers", "own_state"]
@@ -56,7 +56,7 @@ def sharding_design(model: nn.Module) -> str:
     """"per-parameter" for a model with `fully_shard` applied to it or to some of its modules (the rest stays
     replicated), "flat" for an `FSDP` wrapper or a module that holds FSDP wrappers; anything else, and a model
     that mixes the two designs, is a ValueError. The one test of which design a model uses: the full state
-    dicts here and the sharded checkpoints (`fsdp_mini.checkpoint`) both ask it."""
+    dicts here and the sharded checkpoints (`fsdp_mini.checkpoint.sharded_checkpoint`) both ask it."""
     flat = any(isinstance(m, FSDP) for m in model.modules())
     per_parameter = any(isinstance(m, FSDPModule) for m in model.modules())
     if flat and per_parameter:

@@ -15,11 +15,11 @@ The shard, `sharded_param` (FSDP2's name), is the `nn.Parameter` the optimizer s
 plain leaf tensors that are views of `unsharded`, created once and reused every step, so autograd
 puts their gradients in `.grad` and gradient accumulation (`no_sync`) works as in a plain module.
 
-Freeing frees the storage, not the tensor (`fsdp_mini.gathered_storage`, shared with the per-parameter
+Freeing frees the storage, not the tensor (`fsdp_mini.fsdp.gathered_storage`, shared with the per-parameter
 design): autograd saved the views for backward, and FULL_SHARD refills the *same* storage before backward
 for them to be valid again, restoring the version counter after the write.
 
-Its states are named (`fsdp_mini.states`: `ShardedState`, `ReduceStage`), as in PyTorch.
+Its states are named (`fsdp_mini.fsdp.states`: `ShardedState`, `ReduceStage`), as in PyTorch.
 """
 from __future__ import annotations
 
@@ -29,13 +29,13 @@ import torch
 import torch.nn as nn
 
 from fsdp_mini import collectives as C
-from fsdp_mini.comm_log import scope
-from fsdp_mini.flat_param import FlatLayout, flatten, unflatten_views
-from fsdp_mini.gathered_storage import FreedParameter, free_storage, refill_storage, restore_version, version_of
-from fsdp_mini.grad_reduction import GradReduction
-from fsdp_mini.groups import MeshInfo
+from fsdp_mini.collective_calls import scope
+from fsdp_mini.fsdp.flat_param import FlatLayout, flatten, unflatten_views
+from fsdp_mini.fsdp.gathered_storage import FreedParameter, free_storage, refill_storage, restore_version, version_of
+from fsdp_mini.fsdp.grad_reduction import GradReduction
+from fsdp_mini.fsdp.groups import MeshInfo
 from fsdp_mini.memory import MemoryTracker
-from fsdp_mini.states import ReduceStage, ShardedState
+from fsdp_mini.fsdp.states import ReduceStage, ShardedState
 from fsdp_mini.torch_internals import unregister_parameter
 
 __all__ = ["FlatParamHandle", "PendingGather"]

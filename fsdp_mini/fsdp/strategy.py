@@ -20,11 +20,11 @@ What the engines ask of a strategy lives here, and only here: whether a unit's p
 after forward (`reshard_after_forward`), whether it is hybrid, and over how many ranks it shards
 (`shard_group_size`, with torchrun's LOCAL_WORLD_SIZE as the hybrids' default). What a strategy costs
 (which model states it shards, AllGathers per step, ZeRO-1 beside the FSDP strategies) is analysis, in
-`fsdp_mini.strategy_facts`, which the engines never import.
+`fsdp_mini.fsdp.strategy_facts`, which the engines never import.
 
 `ShardingStrategy` mirrors PyTorch's member names exactly, so code written against fsdp_mini reads
 the same as code written against `torch.distributed.fsdp`, and `as_strategy` accepts either enum.
-ZeRO-1 is not an FSDP strategy: fsdp_mini implements it separately (`fsdp_mini.zero`), and `as_strategy`
+ZeRO-1 is not an FSDP strategy: fsdp_mini implements it separately (`fsdp_mini.optim.zero`), and `as_strategy`
 says so when given its name.
 """
 from __future__ import annotations
@@ -85,7 +85,7 @@ def as_strategy(value: StrategyLike) -> ShardingStrategy:
             if member.name.lower() == name.lower():
                 return member
     valid = ", ".join(member.name for member in ShardingStrategy)
-    hint = " (ZeRO-1 is not an FSDP strategy: see fsdp_mini.zero)" if _names_zero1(name) else ""
+    hint = " (ZeRO-1 is not an FSDP strategy: see fsdp_mini.optim.zero)" if _names_zero1(name) else ""
     raise ValueError(f"unknown sharding strategy {value!r}{hint}; valid names: {valid}")
 
 

@@ -53,7 +53,7 @@ import torch
 import torch.distributed as dist
 
 from fsdp_mini import collectives as C
-from fsdp_mini.comm_log import scope
+from fsdp_mini.collective_calls import scope
 
 __all__ = ["copy_to_tensor_model_parallel_region", "reduce_from_tensor_model_parallel_region",
            "CopyToTensorParallelRegion", "ReduceFromTensorParallelRegion", "TP_LABEL",

@@ -1,11 +1,11 @@
 """What a sharding strategy costs, as data: which model states it shards and how many AllGathers of a unit
 one step makes, ZeRO-1 included.
 
-The engines need only `fsdp_mini.strategy` (the strategy's name, whether it reshards after forward, is
+The engines need only `fsdp_mini.fsdp.strategy` (the strategy's name, whether it reshards after forward, is
 hybrid, and over how many ranks it shards). The memory estimate (`fsdp_mini.estimates`), the course's cost
 and cluster models and its pictures ask a different question, *what does each ZeRO stage keep and send*,
 and they compare all four stages side by side, ZeRO-1 with them, though ZeRO-1 is no FSDP strategy
-(fsdp_mini implements it as `fsdp_mini.zero`). So this is an analysis module beside the engines, which never
+(fsdp_mini implements it as `fsdp_mini.optim.zero`). So this is an analysis module beside the engines, which never
 import it (tests/library/test_layout.py): the one place that knows the extra name `ZERO1`.
 
     stage   strategy                        sharded states              AllGathers of a unit per step
@@ -15,21 +15,21 @@ import it (tests/library/test_layout.py): the one place that knows the extra nam
     ZeRO-3  FULL_SHARD, HYBRID_SHARD        optimizer, grads, params    2 (before forward and backward)
 
 Where the engines' rule exists it is used, not restated: `reshard_after_forward`, `is_hybrid` and the shard
-group's size come from `fsdp_mini.strategy`.
+group's size come from `fsdp_mini.fsdp.strategy`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fsdp_mini.strategy import ShardingStrategy, StrategyLike, as_strategy, is_hybrid, reshard_after_forward
-from fsdp_mini.strategy import shard_group_size
+from fsdp_mini.fsdp.strategy import ShardingStrategy, StrategyLike, as_strategy, is_hybrid, reshard_after_forward
+from fsdp_mini.fsdp.strategy import shard_group_size
 
 __all__ = ["ZERO1", "MODEL_STATES", "StrategyFacts", "facts", "sharded_states", "all_gathers_per_step",
            "shard_group_size_with_zero1"]
 
 ZERO1 = "ZERO1"
 """ZeRO stage 1: only optimizer states are sharded. Not a PyTorch FSDP strategy (FSDP has none that
-shards the optimizer but not the gradients); fsdp_mini implements it as `fsdp_mini.zero`. Accepted,
+shards the optimizer but not the gradients); fsdp_mini implements it as `fsdp_mini.optim.zero`. Accepted,
 case-insensitively, by this module's functions and by `fsdp_mini.estimates.estimate_memory` only, so that
 lessons can compare all four ZeRO stages side by side."""
 
@@ -88,7 +88,7 @@ def all_gathers_per_step(strategy: StrategyLike) -> int:
 
 
 def shard_group_size_with_zero1(strategy: StrategyLike, world_size: int, shard_size: int | None = None) -> int:
-    """The engines' rule (`fsdp_mini.strategy.shard_group_size`) with `ZERO1` accepted: ZeRO-1 shards the
+    """The engines' rule (`fsdp_mini.fsdp.strategy.shard_group_size`) with `ZERO1` accepted: ZeRO-1 shards the
     optimizer over the whole world, and `shard_size` is an error for it as for every non-hybrid strategy."""
     if _is_zero1(strategy):
         if shard_size is not None:

@@ -1,4 +1,4 @@
-"""What a sharded checkpoint (`fsdp_mini.checkpoint`) holds for a replicated model, plain or wrapped in
+"""What a sharded checkpoint (`fsdp_mini.checkpoint.sharded_checkpoint`) holds for a replicated model, plain or wrapped in
 DistributedDataParallel, and its ZeRO-1 optimizer: every rank holds the whole model and 1/n of the
 optimizer state, and writes only its share of each.
 
@@ -11,12 +11,12 @@ and a plain one's are the same): every rank offers them, and DCP's deduplication
 
 Each optimizer state tensor shaped like a flat shard (Adam's exp_avg and exp_avg_sq, SGD's momentum_buffer)
 is shown to DCP per original parameter, under `optim.<parameter name>.<state name>`, as a BoxedTensor
-(`fsdp_mini.sharded_boxes`) of the flattened parameter, shape (numel,): a shard holds elements [start, end)
+(`fsdp_mini.checkpoint.sharded_boxes`) of the flattened parameter, shape (numel,): a shard holds elements [start, end)
 of a flattened parameter, which is one box, a view of the state tensor (`FlatLayout.pieces`), so saving
 copies nothing and loading writes straight into the state. Each rank describes only its own boxes, with no
 communication. A checkpoint saved at n ranks loads at m: DCP reads, for each box a rank needs, the
 overlapping parts of the saved boxes. A scalar state (Adam's step) is one replicated value per parameter;
-the hyperparameters of the groups are one object, as `fsdp_mini.checkpoint` stores them.
+the hyperparameters of the groups are one object, as `fsdp_mini.checkpoint.sharded_checkpoint` stores them.
 """
 from __future__ import annotations
 
@@ -25,12 +25,12 @@ from typing import Any, Callable
 import torch
 import torch.nn as nn
 
-from fsdp_mini.ddp import DistributedDataParallel
-from fsdp_mini.fsdp import FSDP
-from fsdp_mini.fully_shard import FSDPModule
+from fsdp_mini.parallel.ddp import DistributedDataParallel
+from fsdp_mini.fsdp.fully_sharded_data_parallel import FSDP
+from fsdp_mini.fsdp._fully_shard.fully_shard import FSDPModule
 from fsdp_mini.runtime import require_distributed
-from fsdp_mini.sharded_boxes import Box, BoxedTensor
-from fsdp_mini.zero import ZeroRedundancyOptimizer
+from fsdp_mini.checkpoint.sharded_boxes import Box, BoxedTensor
+from fsdp_mini.optim.zero import ZeroRedundancyOptimizer
 
 __all__ = ["is_replicated", "unwrapped", "replicated_state_dict"]
 
@@ -50,7 +50,7 @@ def unwrapped(model: nn.Module) -> nn.Module:
 def replicated_state_dict(model: nn.Module, optimizer, saving: bool, optim_prefix: str):
     """The flat dict handed to DCP for `model` (see `is_replicated`) and its ZeroRedundancyOptimizer's state
     (or None), with the steps to run before a load reads (zero the sharded states, so their padding stays
-    zero) and after it (move scalars and objects into place): `fsdp_mini.checkpoint`'s protocol. The
+    zero) and after it (move scalars and objects into place): `fsdp_mini.checkpoint.sharded_checkpoint`'s protocol. The
     optimizer keys are `optim_prefix` + name; the param groups (matched by name) are the caller's, as for
     the sharded designs."""
     if optimizer is not None and not isinstance(optimizer, ZeroRedundancyOptimizer):
@@ -61,7 +61,7 @@ def replicated_state_dict(model: nn.Module, optimizer, saving: bool, optim_prefi
     name_of: dict[int, str] = {}
     for name, t in unwrapped(model).state_dict(keep_vars=True).items():
         if not torch.is_tensor(t) or id(t) in name_of:
-            continue  # tied: loaded through its first name (fsdp_mini.checkpoint adds its other names)
+            continue  # tied: loaded through its first name (fsdp_mini.checkpoint.sharded_checkpoint adds its other names)
         name_of[id(t)] = name
         sd[name] = t.detach()  # a view: DCP loads in place
     prepare: list[Callable[[], Any]] = []

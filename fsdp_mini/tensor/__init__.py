@@ -1,0 +1,1 @@
+"""Tensor-level parallelism, where PyTorch keeps it (`torch.distributed.tensor`): `parallel/`."""
