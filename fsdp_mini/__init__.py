@@ -9,10 +9,12 @@ PyTorch (the README's table maps every module). Bottom up (a module imports only
 ones before it; tests/library/test_layout.py checks the order):
   1. one process: torch_internals (every private PyTorch name used, with its reason), lazy_exports, nested
      (tensors in nested outputs), weak_hooks, ring_model (bytes a ring sends), memory (the tracker of
-     gathered bytes, byte counts), runtime (init / finish / get_device, torchrun's environment)
-  2. processes and messages: flight_recorder (each rank's last collectives, a listener), collective_calls (a collective in flight, published to listeners: the
-     diagnostics subscribe, the engines never call them), comm_log (every collective, logged), collectives
-     (ring by hand and torch's builtins), run (`launch`: start N ranks and fail fast, from the caller)
+     gathered bytes, byte counts)
+  2. processes and messages: flight_recorder (each rank's last collectives, a listener), collective_calls
+     (a collective in flight, published to listeners: the diagnostics subscribe, the engines never call
+     them), comm_log (every collective, logged), collectives (ring by hand and torch's builtins), grad_norm
+     (a sharded gradient's norm and clipping by it, for both FSDP designs and ZeRO-1), runtime
+     (init / finish / get_device, torchrun's environment), run (`launch`: start N ranks and fail fast)
   3. the engines: fsdp/ (both FSDP designs and their shared mechanics: the core), parallel/ (DDP),
      _composable/ (replicate), optim/ (ZeRO-1), tensor/parallel/ (TP, SP)
   4. around the engines: checkpoint/ (full state dicts, sharded DCP checkpoints), memory_ledger (a step's

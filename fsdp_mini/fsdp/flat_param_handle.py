@@ -31,6 +31,7 @@ import torch.nn as nn
 from fsdp_mini import collectives as C
 from fsdp_mini.collective_calls import scope
 from fsdp_mini.fsdp.flat_param import FlatLayout, flatten, unflatten_views
+from fsdp_mini.fsdp.full_state import gather_shards
 from fsdp_mini.fsdp.gathered_storage import FreedParameter, free_storage, refill_storage, restore_version, version_of
 from fsdp_mini.fsdp.grad_reduction import GradReduction
 from fsdp_mini.fsdp.groups import MeshInfo
@@ -226,12 +227,7 @@ class FlatParamHandle:
     def full_state(self) -> dict[str, torch.Tensor]:
         """Every original parameter, whole, on CPU, under each of its names: an AllGather of the fp32 shards
         over the shard group (collective), then the flat buffer's views copied out."""
-        if self.mesh_info.shard_process_group is None:
-            full = self.sharded_param.detach()
-        else:
-            full = torch.empty(self.layout.padded_numel, dtype=self.sharded_param.dtype, device=self.sharded_param.device)
-            with scope("full_state_dict"):
-                C.all_gather_into_tensor(full, self.sharded_param.detach(), group=self.mesh_info.shard_process_group, impl=self.impl)
+        full = gather_shards(self.sharded_param, self.mesh_info.shard_process_group, self.impl)
         return {name: view.detach().to("cpu", copy=True)
                 for info, view in zip(self.layout.params, unflatten_views(full, self.layout)) for name in info.names}
 

@@ -59,6 +59,7 @@ from fsdp_mini.parallel.data_parallel import (GradientSync, broadcast_from_rank0
 from fsdp_mini.fsdp.flat_param import flatten
 from fsdp_mini.fsdp.flat_param_handle import FlatParamHandle
 from fsdp_mini.fsdp.full_state import check_full_state_dict
+from fsdp_mini.grad_norm import clip_sharded_grads_
 from fsdp_mini.parallel.grad_buckets import GradBuckets, check_bucket_cap_mb
 from fsdp_mini.fsdp.grad_reduction import ReductionQueue
 from fsdp_mini.fsdp.groups import make_groups
@@ -501,30 +502,13 @@ class FSDP(GradientSync, nn.Module):
         """Clip the global gradient norm, computed over all shards, as `torch.nn.utils.clip_grad_norm_`
         would on the unsharded model; returns the norm. Call it after backward, before the step. One
         AllReduce of one number over the shard group (SUM of |g|^p, or MAX for the infinity norm),
-        through `fsdp_mini.collectives`, so CommLog sees it and `impl` applies. `error_if_nonfinite`:
+        through `fsdp_mini.collectives`, so CommLog sees it and `impl` applies (`fsdp_mini.grad_norm`). `error_if_nonfinite`:
         raise, as PyTorch does, when the norm is nan or inf (every rank sees the same norm, so every rank
         raises) instead of scaling the gradients by it. (With `fully_shard` the gradients are DTensors:
         `torch.nn.utils.clip_grad_norm_(model.parameters(), ...)` does the same there.)"""
         grads = [h.sharded_param.grad for h in self.handles if h.requires_grad and h.sharded_param.grad is not None]
-        norm_type = float(norm_type)
-        if not grads:
-            return torch.zeros((), device=self.device)
-        if norm_type == float("inf"):
-            local, op = torch.stack([g.detach().abs().max() for g in grads]).max().float().reshape(1), C.MAX
-        else:
-            local, op = sum(g.detach().float().abs().pow(norm_type).sum() for g in grads).reshape(1), C.SUM
-        if self.mesh_info.shard_process_group is not None:
-            with scope("clip_grad_norm_"):
-                C.all_reduce(local, op, group=self.mesh_info.shard_process_group, impl=self.impl)
-        total = local[0] if op == C.MAX else local[0].pow(1.0 / norm_type)
-        if error_if_nonfinite and not torch.isfinite(total):
-            raise RuntimeError(f"The total norm of order {norm_type} for gradients from `parameters` is non-finite, "
-                               f"so it cannot be clipped. To disable this error and scale the gradients by the "
-                               f"non-finite norm anyway, set `error_if_nonfinite=False`")
-        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        for g in grads:
-            g.mul_(coef.to(g.dtype))
-        return total
+        return clip_sharded_grads_(grads, max_norm, norm_type, self.mesh_info.shard_process_group, self.impl,
+                                   error_if_nonfinite, self.device)
 
     def memory_stats(self, optimizer=None) -> dict[str, int]:
         """This rank's bytes: sharded params, sharded grads, optimizer state, unsharded params now/peak."""

@@ -33,7 +33,6 @@ nothing is broadcast at construction.
 """
 from __future__ import annotations
 
-import math
 import weakref
 from dataclasses import dataclass
 from enum import Enum
@@ -43,8 +42,10 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from fsdp_mini.collectives import AVG, IMPLS, MAX, SUM, all_gather_into_tensor, all_reduce, reduce_scatter_tensor
+from fsdp_mini.collectives import AVG, IMPLS, all_gather_into_tensor, reduce_scatter_tensor
 from fsdp_mini.fsdp.flat_param import FlatLayout, flatten, unflatten_views
+from fsdp_mini.grad_norm import clip_sharded_grads_
+from fsdp_mini.parallel.data_parallel import fingerprint
 from fsdp_mini.memory import optimizer_state_bytes
 from fsdp_mini.runtime import require_distributed
 from fsdp_mini.torch_internals import version_of
@@ -276,7 +277,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         process's: refused, on every rank alike."""
         if not any(self._changed_since_backward(p) for fs in self.flat_shards for p in fs.params):
             return False
-        mine = torch.stack([_fingerprint(g) for g in flat_grads]).flatten().to(flat_grads[0].device)
+        mine = torch.stack([fingerprint(g) for g in flat_grads]).flatten().to(flat_grads[0].device)
         everyone = torch.empty(self.world_size * mine.numel(), dtype=mine.dtype, device=mine.device)
         all_gather_into_tensor(everyone, mine, self.group, impl=self.impl)
         if (everyone.view(self.world_size, -1) == mine).all():
@@ -297,25 +298,15 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
 
         Collective; call it between backward and step(), on every rank. It averages the gradients into the
         shards now (the ReduceScatter that step() would start with, which step() then skips), computes the
-        norm from every rank's shard (one all-reduce of a scalar), and scales the shards' gradients. The
+        norm from every rank's shard (one all-reduce of a scalar, `fsdp_mini.grad_norm`), and scales the
+        shards' gradients. The
         model's `p.grad` are left as they are (a plain model's: this rank's own).
         """
-        max_norm, norm_type = float(max_norm), float(norm_type)
         if self._grads is GradientState.IN_PARAMS:
             self._shard_gradients()
-        grads = [fs.shard.grad for fs in self.flat_shards]  # the padding is zero: it adds nothing
-        device = grads[0].device
-        if math.isinf(norm_type):
-            total = torch.stack([g.abs().max().float() for g in grads]).max()
-            all_reduce(total, MAX, self.group)
-        else:
-            total = torch.stack([g.float().abs().pow(norm_type).sum() for g in grads]).sum().to(device)
-            all_reduce(total, SUM, self.group)
-            total = total.pow(1.0 / norm_type)
-        clip_coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)  # as torch.nn.utils.clip_grad_norm_
-        for g in grads:
-            g.mul_(clip_coef.to(g.dtype))
-        return total
+        grads = [fs.shard.grad for fs in self.flat_shards]
+        group = self.group if self.group is not None else dist.group.WORLD
+        return clip_sharded_grads_(grads, max_norm, norm_type, group, self.impl)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear the model's gradients (what backward fills) and the shards' (what step filled)."""
@@ -420,11 +411,3 @@ def _elementwise(values: list, params: list[torch.Tensor], key: str) -> bool:
     if any(p.dim() > 0 and v.shape == p.shape for v, p in pairs):
         return True
     return bool(pairs) and all(p.dim() == 0 for _, p in pairs) and key != "step"
-
-
-def _fingerprint(flat: torch.Tensor) -> torch.Tensor:
-    """Two int64 sums of a tensor's bits (all elements, and every other one, so a swap shows): equal bits
-    give equal sums on any device and in any summation order (integer addition); different gradients, in
-    practice, different sums."""
-    bits = flat.detach().view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[flat.element_size()])
-    return torch.stack([bits.sum(dtype=torch.int64), bits[::2].sum(dtype=torch.int64)])

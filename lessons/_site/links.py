@@ -140,8 +140,10 @@ def library_names() -> dict[str, str]:
 
     def walk(obj) -> None:
         for name, member in obj.members.items():
-            if name.startswith("_") or member.is_alias:
+            if member.is_alias:
                 continue
+            if name.startswith("_") and not (member.is_module and not name.startswith("__")):
+                continue  # a private name; a package `_fully_shard`, `_composable` is PyTorch's name, public here
             if member.is_module:
                 full[member.path] = member.path
                 full[str(member.relative_filepath).replace("\\", "/")] = member.path
@@ -165,17 +167,13 @@ def library_names() -> dict[str, str]:
     names = {key: next(iter(paths)) for key, paths in short.items() if len(paths) == 1}
     names.update(full)
     tree = ast.parse((ROOT / "fsdp_mini" / "__init__.py").read_text(encoding="utf-8"))
-    for node in tree.body:  # the package's exports win over a module of the same name
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("fsdp_mini."):
-            for alias in node.names:
-                target = f"{node.module}.{alias.name}"
+    for node in tree.body:  # the package's exports (loaded on first use, fsdp_mini/lazy_exports.py) win over a module
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["_EXPORTS"]:
+            for name, where in ast.literal_eval(node.value).items():  # "module:name", or "module"
+                module, _, attr = where.partition(":")
+                target = f"{module}.{attr}" if attr else module
                 if target in full:
-                    names[f"fsdp_mini.{alias.asname or alias.name}"] = target
-                    names[alias.asname or alias.name] = target
-        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["LAZY_EXPORTS"]:
-            for name, module in ast.literal_eval(node.value).items():  # exports loaded on first use
-                if f"{module}.{name}" in full:
-                    names[f"fsdp_mini.{name}"] = names[name] = f"{module}.{name}"
+                    names[f"fsdp_mini.{name}"] = names[name] = target
     return names
 
 

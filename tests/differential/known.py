@@ -71,6 +71,8 @@ def _state_of_frozen_parameters(desc, diff) -> bool:
     frozen = [s["path"] + "." for s in desc["steps"] if s["op"] == "freeze"]
     if not (frozen and diff.field == "optim_state" and diff.text.endswith("only in torch: []")):
         return False
+    if desc["model"].get("tied") and {"emb.", "heads.main."} & set(frozen):
+        frozen += ["emb.weight.", "heads.main.weight."]  # one parameter under two names (models.Net's tie)
     keys = diff.text.split("keys only in fsdp_mini: ")[1].split("; only in torch")[0].strip("[]").split(", ")
     return all(any(_under(k.strip("'"), f) for f in frozen) for k in keys)
 
@@ -88,6 +90,11 @@ def _forward_without_backward_before_the_optimizer(desc) -> bool:
     ops = [s["op"] for s in desc["steps"]]
     first_train = ops.index("train") if "train" in ops else len(ops)
     return any(op in ("eval", "nograd") for op in ops[:first_train])
+
+
+def _frozen_somewhere(desc, diff) -> bool:
+    """Part of the model frozen before the difference: at build time, or by a freeze step."""
+    return bool(desc["model"].get("frozen")) or any(s["op"] == "freeze" for s in desc["steps"][:max(diff.step, 0) + 1])
 
 
 def _freeze_after_a_forward_without_backward(desc, diff) -> bool:
@@ -202,6 +209,14 @@ KNOWN: list[Known] = [
           "without backward grows forever); fsdp_mini records only forwards that a backward can follow "
           "(FSDPState._records_post_forward). Values agree",
           lambda d, x: not _flat(d) and _only_kind_differs(x, "all_gather") and _after_forward_without_backward(d, x)),
+    Known("fully_shard: a unit no backward reaches is not prefetched",
+          "a unit whose forward output needs no gradient (a frozen unit fed inputs that need none, e.g. a frozen "
+          "embedding) is never gathered again in backward; fsdp_mini does not record its post-forward, so backward "
+          "does not prefetch it (FSDPState._backward_follows, as FSDP1's `_needs_pre_backward_unshard` and the flat "
+          "design do); FSDP2 records it and its backward prefetch gathers the unit for nothing: one AllGather more "
+          "per backward. Values agree",
+          lambda d, x: not _flat(d) and _only_kind_differs(x, "all_gather") and _frozen_somewhere(d, x)
+          and int(x.text.split()[1]) < int(x.text.split()[3])),  # "all_gather 5 vs 6": fsdp_mini's fewer
     Known("fully_shard: an optimizer made after a forward without gradients (a PyTorch silent loss)",
           "after a no-grad forward FSDP2 leaves a unit with reshard_after_forward=False (the root, by default) "
           "gathered, and its module's parameters are the gathered copies until a backward ends (pytorch#131965): "

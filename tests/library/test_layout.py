@@ -263,6 +263,47 @@ def course_only_names(root: Path, package: str, entries: tuple[str, ...], beside
     return sorted(out)
 
 
+def stated_layers(root: Path, package: str) -> dict[str, int]:
+    """The layer of each top-level module or subpackage, as the package's docstring numbers them
+    ("  1. one process: a (...), b, ..."; a name's parenthesised note is skipped)."""
+    doc = ast.get_docstring(ast.parse((root / package / "__init__.py").read_text())) or ""
+    layers, current = {}, None
+    for line in doc.splitlines():
+        numbered = re.match(r"\s+(\d+)\. ", line)
+        if numbered:
+            current = int(numbered.group(1))
+        elif not line.startswith("     "):
+            current = None
+        if current is None:
+            continue
+        text = re.sub(r"\([^()]*(?:\([^()]*\)[^()]*)*\)", "", line)  # notes, one level of nesting inside
+        for word in re.findall(r"(?<![\w.`])([a-z_]+)(?=/|\b)", text):
+            if (root / package / f"{word}.py").exists() or (root / package / word / "__init__.py").exists():
+                layers.setdefault(word, current)
+    return layers
+
+
+def layer_violations(root: Path, package: str) -> list[str]:
+    """Imports that go up the stated layers: a module importing one of a later layer (within one top-level
+    name, a package's modules among themselves, there is no order to check)."""
+    layers = stated_layers(root, package)
+    graph = import_graph(root, package)
+
+    def top(module: str) -> str:
+        return module.split(".")[1] if "." in module else ""
+
+    out = []
+    for src, targets in graph.items():
+        if is_course(src, package) or top(src) in ("", *ENTRY_POINTS):
+            continue
+        for dst in targets:
+            if is_course(dst, package) or top(dst) in ("", top(src)):
+                continue
+            if layers.get(top(src), 0) < layers.get(top(dst), 0):
+                out.append(f"{src} (layer {layers.get(top(src))}) imports {dst} (layer {layers.get(top(dst))})")
+    return sorted(out)
+
+
 # --- a package with one violation of each kind: every check must find its own ----------------------
 
 def _write(root: Path, files: dict[str, str]) -> None:
@@ -292,6 +333,17 @@ def bad_package(tmp_path) -> Path:
         "pkg/course/plots.py": "import matplotlib\nfrom pkg import helpers\n",
     })
     return tmp_path
+
+
+def test_the_layer_check_finds_an_import_up_the_layers(tmp_path):
+    _write(tmp_path, {
+        "pkg/__init__.py": '"""The package.\nBottom up:\n  1. low (the bottom), other\n  2. high (imports low: allowed)\n"""\n',
+        "pkg/low.py": "from pkg import high\n",  # up: layer 1 importing layer 2
+        "pkg/other.py": "",
+        "pkg/high.py": "from pkg import low, other\n",
+    })
+    assert stated_layers(tmp_path, "pkg") == {"low": 1, "other": 1, "high": 2}
+    assert layer_violations(tmp_path, "pkg") == ["pkg.low (layer 1) imports pkg.high (layer 2)"]
 
 
 def test_the_checks_find_deliberate_violations(bad_package):
@@ -413,6 +465,16 @@ def test_the_readmes_list_every_module_of_both_floors(readme):
         if name != f"fsdp_mini.{COURSE}" and f"`{short}`" not in text:
             missing.append(short)
     assert missing == []
+
+
+def test_no_module_imports_one_of_a_later_layer():
+    """fsdp_mini/__init__.py's numbered layers hold every top-level module and package, and each imports
+    only from its own layer or the ones before it."""
+    layers = stated_layers(ROOT, "fsdp_mini")
+    top = {p.stem for p in (ROOT / "fsdp_mini").glob("*.py") if not p.stem.startswith("__")}
+    top |= {p.name for p in (ROOT / "fsdp_mini").iterdir() if (p / "__init__.py").exists() and p.name != COURSE}
+    assert sorted(top - set(layers)) == []
+    assert layer_violations(ROOT, "fsdp_mini") == []
 
 
 def test_the_layer_docstrings_name_every_library_module():

@@ -29,8 +29,7 @@ import torch
 import torch.nn as nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from fsdp_mini import collectives as C
-from fsdp_mini.collective_calls import scope
+from fsdp_mini.fsdp.full_state import gather_shards
 from fsdp_mini.fsdp.gathered_storage import free_storage, refill_storage, restore_version, version_of
 from fsdp_mini.fsdp.mixed_precision import MixedPrecisionPolicy
 from fsdp_mini.torch_internals import dtensor_spec, new_dtensor, registered_parameter, set_registered_parameter
@@ -295,14 +294,7 @@ class FSDPParam:
     def gather_full(self) -> torch.Tensor:
         """The whole parameter, on CPU, in its own dtype: an AllGather of the padded chunks over the shard
         dimension of the mesh (collective), padding cut off."""
-        group = self.mesh.get_group(self.mesh.ndim - 1) if self.n > 1 else None
-        full = torch.empty((self.n * self.chunk_rows, *self.padded_shape[1:]), dtype=self.dtype,
-                           device=self.padded_shard.device)
-        if group is None:
-            full.copy_(self.padded_shard)
-        else:
-            with scope("full_state_dict"):
-                C.all_gather_into_tensor(full.view(-1), self.padded_shard.reshape(-1), group=group)
+        full = gather_shards(self.padded_shard, self.mesh.get_group(self.mesh.ndim - 1) if self.n > 1 else None)
         full = full[:self.rows]
         if self.shard_dim:  # the rows are dim d's chunks, stacked: put them side by side again
             full = torch.cat(full.chunk(self.n), dim=self.shard_dim)
