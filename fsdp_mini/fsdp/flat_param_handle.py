@@ -1,13 +1,15 @@
 """One flat parameter of one FSDP unit: its shard, its gathered buffer, and the three state changes.
 
-    unshard():       shard ──AllGather──▶ `unsharded`, the whole flat buffer (padding included); the
-                     module's parameters are views into it
-    reshard():       free `unsharded`'s storage (the views stay, pointing at no memory)
-    reduce_grads():  the views' gradients ──flatten──▶ ReduceScatter (+ AllReduce across replicas) ──▶ sharded_param.grad
+    unshard():               shard ──AllGather──▶ `unsharded`, the whole flat buffer (padding included);
+                             the module's parameters are views into it
+    reshard():               free `unsharded`'s storage (the views stay, pointing at no memory)
+    start_grad_reduction():  the views' gradients ──flatten──▶ ReduceScatter (+ AllReduce across
+                             replicas) ──▶ sharded_param.grad
 
-Each has its wait (`wait_for_unshard`, `wait_for_grads`), and the names are FSDP2's
-(`FSDPParamGroup.unshard / wait_for_unshard / reshard / reduce_grads / wait_for_grads`), so the two
-designs read alike.
+Each has its wait (`wait_for_unshard`, `wait_for_grad_reduction`). The first two and their wait are
+FSDP2's names (`FSDPParamGroup.unshard / wait_for_unshard / reshard`); PyTorch gives the third no method of
+its own (FSDP2 reduces inside `post_backward` through `foreach_reduce`, FSDP1 in `_reduce_grad`), so it is
+named for what it does, the same in both designs (`FSDPParamGroup.start_grad_reduction`).
 
 Under NO_SHARD there is nothing to scatter: the flat gradients go to `GradBuckets` (DDP's buckets) instead.
 
@@ -175,7 +177,7 @@ class FlatParamHandle:
             leaf.grad = None
         return flatten(grads, self.layout, dtype=self.reduce_dtype, device=self.sharded_param.device)
 
-    def reduce_grads(self) -> None:
+    def start_grad_reduction(self) -> None:
         """Start the ReduceScatter of the unsharded gradients into this rank's shard (async)."""
         flat = self.take_unsharded_grad()
         out = torch.empty(self.layout.shard_numel, dtype=self.reduce_dtype, device=flat.device)
@@ -192,8 +194,8 @@ class FlatParamHandle:
         if r is not None and r.finish_scatter() and self.mesh_info.replicate_process_group is not None:
             r.start_replica_reduce(self.mesh_info.replicate_process_group, C.AVG, self.label, self.impl)
 
-    def wait_for_grads(self) -> None:
-        """Finish the reduction started by `reduce_grads` and add the result to `sharded_param.grad`."""
+    def wait_for_grad_reduction(self) -> None:
+        """Finish the reduction started by `start_grad_reduction` and add the result to `sharded_param.grad`."""
         if self.grad_reduction is None:
             return
         self.start_replica_reduce()

@@ -401,7 +401,7 @@ class FSDP(GradientSync, nn.Module):
         if self.mesh_info.shard_process_group is None:
             self.grad_buckets.add(handle, handle.take_unsharded_grad())
         else:
-            handle.reduce_grads()
+            handle.start_grad_reduction()
         self.reductions.add(handle)
 
     def _finish_backward(self) -> None:

@@ -60,7 +60,7 @@ class ReductionQueue:
     """The units whose gradient reduction is in flight, in the order backward started them; one per
     engine (the flat `FSDP`) or per root (`fully_shard`, shared by every unit under it: FSDP2's
     `FSDPCommContext` plays this part). A unit is anything with `start_replica_reduce()` and
-    `wait_for_grads()`: a `FlatParamHandle` or an `FSDPParamGroup`.
+    `wait_for_grad_reduction()`: a `FlatParamHandle` or an `FSDPParamGroup`.
 
     When a unit's ReduceScatter is issued, the previous one's is done by now: `add` starts its replica
     AllReduce (and frees its input). At the end of backward nothing is left to overlap with: `add_at_end`
@@ -81,7 +81,7 @@ class ReductionQueue:
 
     def wait_all(self) -> None:
         for unit in self.units:
-            unit.wait_for_grads()
+            unit.wait_for_grad_reduction()
         self.units = []
 
     def clear(self) -> None:

@@ -169,7 +169,7 @@ class FSDPParam:
 
     # --- the gathered copy -----------------------------------------------------------------------------
 
-    def alloc_unsharded(self) -> None:
+    def alloc_all_gather_outputs(self) -> None:
         """Give the gathered parameter its storage (created on first use, refilled after each free), and
         the sharded parameter's `requires_grad`, read now."""
         if self.unsharded is None:
@@ -184,7 +184,7 @@ class FSDPParam:
             if self.unsharded.requires_grad != self.requires_grad:
                 self.unsharded.requires_grad_(self.requires_grad)
 
-    def free_unsharded(self) -> None:
+    def free_unsharded_param(self) -> None:
         free_storage(self.unsharded)
 
     def copy_out(self, gathered: torch.Tensor, offset: int, length: int) -> None:
@@ -252,7 +252,7 @@ class FSDPParam:
             accumulated += grad
         return accumulated
 
-    def accumulate_unsynced(self, reduce_dtype: torch.dtype | None) -> None:
+    def accumulate_unsharded_grad_if_needed(self, reduce_dtype: torch.dtype | None) -> None:
         """A backward without gradient sync: keep this backward's gradient for the next reduction. In the
         reduce dtype when it differs from the compute dtype (bf16 compute, fp32 reduce): micro-batches then
         add up in fp32, not in bf16, where 256 + 1 is 256 (FSDP2's `unsharded_accumulated_grad`)."""

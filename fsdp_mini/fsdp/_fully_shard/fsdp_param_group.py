@@ -91,7 +91,7 @@ class FSDPParamGroup:
         self.force_sum_reduction_for_comms = False  # sum in the collectives, divide afterwards (FSDP2's name)
         self.all_reduce_hook = None  # set_all_reduce_hook: called with each reduced chunk before it is divided
         self.unshard_in_backward = True  # False: backward does not gather (set_unshard_in_backward)
-        self.requires_all_reduce = True  # HSDP: False holds the chunks back from the replica all-reduce
+        self.all_reduce_grads = True  # HSDP: False holds the chunks back from the replica all-reduce
         self.partial_outputs: dict[tuple[int, ...], torch.Tensor] = {}  # those chunks, per reduction
         self.grads_ready = 0
         self.expected_grads: int | None = None
@@ -201,7 +201,7 @@ class FSDPParamGroup:
             inputs = [p.copy_in(self.as_bytes) for p in self.params]
             group, n = self.mesh_info.shard_process_group, self.mesh_info.shard_mesh_size
         for p in self.params:
-            p.alloc_unsharded()
+            p.alloc_all_gather_outputs()
         self.gathered_memory.alloc(self.nbytes, self.label)
         lengths = [t.numel() for t in inputs]
         row = inputs[0] if len(inputs) == 1 else torch.cat(inputs)
@@ -254,7 +254,7 @@ class FSDPParamGroup:
         self.wait_for_unshard()
         if self.sharded_state is ShardedState.UNSHARDED:
             for p in self.params:
-                p.free_unsharded()
+                p.free_unsharded_param()
             self.gathered_memory.free(self.nbytes, self.label)
         if self.sharded_state is ShardedState.SHARDED_POST_FORWARD:
             self.gathered_memory.free(self.post_forward_shards.kept_bytes, self.label)
@@ -271,7 +271,7 @@ class FSDPParamGroup:
         pf.shards = [p.post_forward_chunk(pf.size, pf.rank, self.as_bytes) for p in self.params]
         pf.kept_bytes = sum(t.numel() * t.element_size() for t in pf.shards)
         for p in self.params:
-            p.free_unsharded()
+            p.free_unsharded_param()
             p.to_sharded()
         self.gathered_memory.free(self.nbytes, self.label)
         self.gathered_memory.alloc(pf.kept_bytes, self.label)
@@ -319,14 +319,14 @@ class FSDPParamGroup:
         gradient sync), and free its parameters (the root's stay until the end of backward)."""
         self.training_state = TrainingState.POST_BACKWARD
         if self.requires_gradient_sync:
-            self.reduce_grads()
+            self.start_grad_reduction()
             self.reductions.add(self)
         else:
-            self.accumulate_unsynced()
+            self.accumulate_unsharded_grad_if_needed()
         if not self.is_root and self.reshard_after_backward:
             self.reshard()
 
-    def reduce_grads(self) -> None:
+    def start_grad_reduction(self) -> None:
         """Start the ReduceScatter (AVG) of the unit's unsharded gradients into this rank's chunks: one per
         reduce dtype (one, unless the unit mixes dtypes without a policy). Only parameters that have a
         gradient take part: one the forward did not use keeps None (FSDP2 does the same, so every rank must
@@ -354,23 +354,23 @@ class FSDPParamGroup:
     def start_replica_reduce(self) -> None:
         """Once the ReduceScatters are done: free their inputs and, with replicas (HSDP), start averaging
         the gradient chunks across them (async), adding first what earlier backwards left unreduced across
-        replicas (`requires_all_reduce` False: gradient accumulation that reduce-scatters in the node but
+        replicas (`all_reduce_grads` False: gradient accumulation that reduce-scatters in the node but
         crosses nodes once)."""
         for r in self.grad_reductions:
-            if not r.finish_scatter() or self.mesh_info.replicate_process_group is None or not self.requires_all_reduce:
+            if not r.finish_scatter() or self.mesh_info.replicate_process_group is None or not self.all_reduce_grads:
                 continue
             held = self.partial_outputs.pop(_key(r.params), None)
             if held is not None:
                 r.output += held
             r.start_replica_reduce(self.mesh_info.replicate_process_group, self._reduce_op, self.label, self.impl)
 
-    def wait_for_grads(self) -> None:
+    def wait_for_grad_reduction(self) -> None:
         """Finish every reduction and give each sharded parameter its gradient (a DTensor); with replicas
-        and `requires_all_reduce` False, keep the chunks for the next all-reduce instead."""
+        and `all_reduce_grads` False, keep the chunks for the next all-reduce instead."""
         self.start_replica_reduce()
         for r in self.grad_reductions:
             r.wait()
-            if self.mesh_info.replicate_process_group is not None and not self.requires_all_reduce:
+            if self.mesh_info.replicate_process_group is not None and not self.all_reduce_grads:
                 key = _key(r.params)
                 if key in self.partial_outputs:
                     self.partial_outputs[key] += r.output
@@ -428,16 +428,16 @@ class FSDPParamGroup:
         """End of backward: reduce what `post_backward` did not (unused parameters, gradients accumulated
         without sync), or keep accumulating without gradient sync."""
         if self.requires_gradient_sync and self not in self.reductions and self.has_unsharded_grads():
-            self.reduce_grads()
+            self.start_grad_reduction()
             self.reductions.add_at_end(self)
         elif not self.requires_gradient_sync:
-            self.accumulate_unsynced()
+            self.accumulate_unsharded_grad_if_needed()
 
-    def accumulate_unsynced(self) -> None:
+    def accumulate_unsharded_grad_if_needed(self) -> None:
         """A backward without gradient sync is done with this unit: keep its gradients for the next
-        reduction, in the reduce dtype (`FSDPParam.accumulate_unsynced`)."""
+        reduction, in the reduce dtype (`FSDPParam.accumulate_unsharded_grad_if_needed`)."""
         for p in self.params:
-            p.accumulate_unsynced(p.reduce_dtype)
+            p.accumulate_unsharded_grad_if_needed(p.reduce_dtype)
 
     def has_unsharded_grads(self) -> bool:
         return any(p.has_unsharded_grad() for p in self.params)

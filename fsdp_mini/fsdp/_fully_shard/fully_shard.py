@@ -194,7 +194,7 @@ class FSDPModule:
         cross nodes once (gradient accumulation with less inter-node traffic)."""
         for state in _states_below(self, recurse):
             if state.group is not None:
-                state.group.requires_all_reduce = bool(requires_all_reduce)
+                state.group.all_reduce_grads = bool(requires_all_reduce)
 
     def set_is_last_backward(self, is_last_backward: bool) -> None:
         """False: the next backward does not wait for its gradient reductions (micro-batching: they finish
