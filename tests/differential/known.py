@@ -185,6 +185,12 @@ KNOWN: list[Known] = [
           "no element of a parameter (a one-element parameter at world 2; a checkpoint saved after resharding "
           "across world sizes); fsdp_mini's checkpoint loads it (and agrees with the unsharded model)",
           lambda d, x: _flat(d) and _raised(x, "torch", "Missing key in checkpoint state_dict: optim.param_groups")),
+    Known("flat design: FSDP1's state_dict under NO_SHARD with frozen parameters (a PyTorch bug)",
+          "FSDP1 (use_orig_params=True) with NO_SHARD and a unit holding frozen parameters fails its own "
+          "state_dict after training ('AssertionError: FSDP assumes emb.weight is in the state_dict but the "
+          "state_dict only has ...'); fsdp_mini returns it (and agrees with the unsharded model)",
+          lambda d, x: _flat(d) and "NO_SHARD" in _strategies(d) and _raised(x, "torch", "FSDP assumes")
+          and "is in the state_dict" in x.text),
     Known("flat design: zero gradients for parameters a unit did not use",
           "the flat design reduces a flat parameter as one tensor, so a parameter that got no gradient gets "
           "zeros and AdamW's weight decay still moves it (documented in fsdp_mini/fsdp/fully_sharded_data_parallel.py; FSDP warns, naming "

@@ -164,14 +164,18 @@ class FSDPParam:
         self._set_on_owners(self.sharded_param)
 
     def to_unsharded(self) -> None:
-        """The module's attribute is the gathered parameter (while its unit computes)."""
+        """The module's attribute is the gathered parameter (while its unit computes), with the sharded
+        parameter's `requires_grad` as it is now: a unit gathered early (prefetched in an evaluation pass,
+        say) and frozen since must not compute gradients."""
+        if self.unsharded.requires_grad != self.requires_grad:
+            self.unsharded.requires_grad_(self.requires_grad)
         self._set_on_owners(self.unsharded)
 
     # --- the gathered copy -----------------------------------------------------------------------------
 
     def alloc_all_gather_outputs(self) -> None:
-        """Give the gathered parameter its storage (created on first use, refilled after each free), and
-        the sharded parameter's `requires_grad`, read now."""
+        """Give the gathered parameter its storage (created on first use, refilled after each free); its
+        `requires_grad` is the sharded parameter's, read when it takes the module's place (`to_unsharded`)."""
         if self.unsharded is None:
             tensor = torch.empty(self.shape, dtype=self.compute_dtype, device=self.device)
             self.unsharded = nn.Parameter(tensor, requires_grad=self.requires_grad)
@@ -181,8 +185,6 @@ class FSDPParam:
             self.copy_out_views: dict[tuple[int, torch.dtype], CopyOutViews] = {}
         else:
             refill_storage(self.unsharded, self.nbytes)
-            if self.unsharded.requires_grad != self.requires_grad:
-                self.unsharded.requires_grad_(self.requires_grad)
 
     def free_unsharded_param(self) -> None:
         free_storage(self.unsharded)
