@@ -374,7 +374,7 @@ def _state_dict(model, optimizer, saving: bool):
                     sd.update({k: value for k in keys})
                 else:
                     sd.update({k: torch.empty_like(value) for k in keys})
-                    finish.append(lambda v=value, k=keys[0]: v.copy_(sd[k]))
+                    finish.append(lambda v=value, ks=keys: v.copy_(sd[_first_read(sd, ks)]))
             elif torch.is_tensor(value):
                 raise ValueError(f"optimizer state {key!r} of shape {tuple(value.shape)} is neither shaped like "
                                  f"its parameter shard {tuple(p.shape)} nor a scalar: it cannot be resharded")
@@ -382,9 +382,15 @@ def _state_dict(model, optimizer, saving: bool):
                 keys = [f"{OPTIM_PREFIX}{n}.{key}" for n in names]
                 sd.update({k: value if saving else None for k in keys})
                 if not saving:
-                    finish.append(lambda s=optimizer.state[p], key=key, k=keys[0]: s.__setitem__(key, sd[k]))
+                    finish.append(lambda s=optimizer.state[p], key=key, ks=keys: s.__setitem__(key, sd[_first_read(sd, ks)]))
     sd[PARAM_GROUPS_KEY] = _param_groups(model, optimizer) if saving else None
     return sd, prepare, finish
+
+
+def _first_read(sd: dict[str, Any], keys: list[str]) -> str:
+    """The first of a flat parameter's copies of one scalar state that the load reads (`_drop_saved_fresh`
+    may have left out those of parameters the saved optimizer never stepped)."""
+    return next(k for k in keys if k in sd)
 
 
 def sharded_state_dict(model, optimizer=None) -> dict[str, Any]:
@@ -568,6 +574,21 @@ def _init_optimizer_state(optimizer) -> list[torch.Tensor]:
     return created
 
 
+def _drop_saved_fresh(sd: dict[str, Any], metadata) -> None:
+    """Leave out of the load the optimizer keys of a parameter that has no optimizer state at all in the
+    checkpoint (the saved optimizer never stepped it: an unused branch got no gradient), where this model
+    keeps its state together with stepped ones: a flat parameter's state is one tensor, so a new unit plan
+    can put a never-stepped parameter beside trained ones. Its part keeps what the loading step made (zeros,
+    as `prepare` leaves them): a fresh state, as `_keep_fresh_where_saved_fresh` gives a whole parameter."""
+    saved = metadata.state_dict_metadata
+    if PARAM_GROUPS_KEY not in saved:  # saved without an optimizer: `_check_against_checkpoint` says so
+        return
+    stepped = {k.rsplit(".", 1)[0] for k in saved if k.startswith(OPTIM_PREFIX) and k != PARAM_GROUPS_KEY}
+    for key in [k for k in sd if k.startswith(OPTIM_PREFIX) and k != PARAM_GROUPS_KEY and k not in saved]:
+        if key.rsplit(".", 1)[0] not in stepped:  # optim.<name>: no <name>.<state> saved at all
+            del sd[key]
+
+
 def _keep_fresh_where_saved_fresh(model, optimizer, created: list[torch.Tensor], metadata) -> list[torch.Tensor]:
     """Drop the state `_init_optimizer_state` just created for a parameter that has no optimizer state at all in
     the checkpoint: the saved optimizer had not stepped it yet (a checkpoint written before the first step),
@@ -650,6 +671,8 @@ def load_checkpoint(path: str | os.PathLike, model, optimizer=None, *, verify: b
         created = _keep_fresh_where_saved_fresh(model, optimizer, created, opened.metadata)
     with _drop_state_on_error(optimizer, created):
         sd, prepare, finish = _state_dict(model, optimizer, saving=False)
+        if optimizer is not None:
+            _drop_saved_fresh(sd, opened.metadata)
         _check_against_checkpoint(path, opened.metadata, sd, tied, optimizer=optimizer is not None)
         extra_key = _extra_state_key(opened.metadata)
         objects = [key for key, value in sd.items() if value is None] + ([] if extra_key is None else [extra_key])
