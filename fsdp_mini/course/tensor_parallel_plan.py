@@ -25,7 +25,7 @@ from fsdp_mini.course.models import GPT, GPTConfig
 from fsdp_mini.course.pytorch_equivalent import pytorch_full_state_dict
 from fsdp_mini.fsdp._fully_shard.fully_shard import fully_shard
 from fsdp_mini.tensor.parallel.parallelize import (ColwiseParallel, PrepareModuleInput, Replicate, RowwiseParallel,
-                                       SequenceParallel, Shard, parallelize_module)
+                                                   SequenceParallel, Shard, parallelize_module)
 
 __all__ = ["gpt_tp_plan", "parallelize_gpt", "qkv_rows_for_pytorch", "parallelize_gpt_with_pytorch",
            "pytorch_gpt_full_state_dict", "gpt_sp_plan", "parallelize_gpt_sp", "parallelize_gpt_sp_with_pytorch"]

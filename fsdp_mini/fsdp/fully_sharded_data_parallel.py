@@ -55,7 +55,7 @@ from fsdp_mini import collectives as C
 from fsdp_mini.collective_calls import in_forward, scope
 from fsdp_mini.fsdp.compile_boundary import dynamo_disable, skipped_by_dynamo
 from fsdp_mini.parallel.data_parallel import (GradientSync, broadcast_from_rank0, check_same_everywhere,
-                                     check_same_fingerprints, fingerprint, refuse_deepcopy)
+                                              check_same_fingerprints, fingerprint, refuse_deepcopy)
 from fsdp_mini.fsdp.flat_param import flatten
 from fsdp_mini.fsdp.flat_param_handle import FlatParamHandle
 from fsdp_mini.fsdp.full_state import check_full_state_dict

@@ -17,10 +17,10 @@ from fsdp_mini import CommLog, launch
 from fsdp_mini.course.models import GPT, GPTConfig, make_batch
 from fsdp_mini.course.train import local_rows, train
 from fsdp_mini.course.tensor_parallel_plan import (gpt_tp_plan, parallelize_gpt, parallelize_gpt_with_pytorch,
-                                                    pytorch_gpt_full_state_dict)
+                                                   pytorch_gpt_full_state_dict)
 from fsdp_mini.fsdp._fully_shard.fully_shard import full_state_dict
 from fsdp_mini.tensor.parallel.parallelize import (ColwiseParallel, ParallelDims, RowwiseParallel,
-                                       gather_tensor_parallel, parallelize_module)
+                                                   gather_tensor_parallel, parallelize_module)
 from fsdp_mini.tensor.parallel.tp_operators import TP_LABEL
 
 CFG = GPTConfig()  # 2 heads of 15, hidden 30, vocab 61, 2 blocks

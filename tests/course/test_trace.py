@@ -8,7 +8,7 @@ import torch.nn as nn
 from fsdp_mini import FSDP, CommLog, CommRecord, launch
 from fsdp_mini.course.models import GPT, Block, GPTConfig, make_batch
 from fsdp_mini.course.trace import (MemoryEvent, Span, Trace, by_unit, compute_modules, issue_order, sequence,
-                                   unit_of_label)
+                                    unit_of_label)
 from fsdp_mini.fsdp.plan import plan_units
 from fsdp_mini.course.train import local_rows, train
 

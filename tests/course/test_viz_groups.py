@@ -11,7 +11,7 @@ from fsdp_mini.course.cluster import Cluster, compare_strategies, step_communica
 from fsdp_mini.course.language import set_language  # noqa: E402
 from fsdp_mini.course.viz import rank_color  # noqa: E402
 from fsdp_mini.course.viz.groups import (plot_grid, plot_shard_layouts, plot_shard_size_sweep, plot_step_comm,  # noqa: E402
-                                  shard_segments)
+                                         shard_segments)
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ from fsdp_mini import launch
 from fsdp_mini.course import cost  # noqa: E402
 from fsdp_mini.course.language import set_language  # noqa: E402
 from fsdp_mini.course.ring_schedule import (Message, format_contributors, initial_state,  # noqa: E402
-                                     ring_all_gather_schedule, ring_all_reduce_schedule,
-                                     ring_reduce_scatter_schedule)
+                                            ring_all_gather_schedule, ring_all_reduce_schedule,
+                                            ring_reduce_scatter_schedule)
 from fsdp_mini.course.viz.bandwidth import _ranks_ru, plot_bandwidth, plot_times, size_label  # noqa: E402
 from fsdp_mini.course.viz.ring import DONE_COLOR, plot_ring_steps, step_title  # noqa: E402
 

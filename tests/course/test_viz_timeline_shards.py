@@ -15,7 +15,7 @@ from fsdp_mini.course.trace import MemoryEvent, Span
 from fsdp_mini.course.viz import set_language
 from fsdp_mini.course.viz.shards import PAD_COLOR, describe_pieces, plot_flat_layout, unit_layouts
 from fsdp_mini.course.viz.timeline import (KIND_COLORS, OP_COLORS, comm_lanes, plot_gathered_memory, plot_timeline,
-                                    plot_timelines, plot_tradeoff, short_label)
+                                           plot_timelines, plot_tradeoff, short_label)
 
 
 @pytest.fixture(autouse=True)

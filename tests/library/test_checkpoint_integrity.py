@@ -21,7 +21,7 @@ import torch.distributed.checkpoint as dcp
 import fsdp_mini.checkpoint.integrity as integrity
 from fsdp_mini import FSDP, LaunchError, fully_shard, launch
 from fsdp_mini.checkpoint.sharded_checkpoint import (EXTRA_STATE_PREFIX, CheckpointError, CorruptCheckpointError,
-                                  IncompleteCheckpointError, load_checkpoint, save_checkpoint, sharded_state_dict)
+                                                     IncompleteCheckpointError, load_checkpoint, save_checkpoint, sharded_state_dict)
 from fsdp_mini.checkpoint.integrity import MANIFEST, SaveStep, open_checkpoint, replaced_path, staging_path
 from small_model import Block, TinyConfig, TinyLM, batch
 

@@ -14,7 +14,7 @@ from torch.distributed.tensor import DTensor
 
 from fsdp_mini import FSDP, CommLog, launch
 from fsdp_mini.fsdp._fully_shard.fully_shard import (FSDPModule, full_state_dict, fully_shard, gathered_memory,
-                                   register_fsdp_forward_method, state_of)
+                                                     register_fsdp_forward_method, state_of)
 from fsdp_mini.fsdp.mixed_precision import MixedPrecisionPolicy
 from small_model import Block, TinyConfig, TinyLM, batch, rank_rows, train
 from launch_cases import run_cases

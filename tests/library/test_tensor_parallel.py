@@ -16,7 +16,7 @@ from launch_cases import run_cases
 from fsdp_mini import CommLog, launch
 from fsdp_mini.fsdp._fully_shard.fully_shard import full_state_dict, fully_shard
 from fsdp_mini.tensor.parallel.parallelize import (ColumnParallelLinear, ColwiseParallel, ParallelDims, RowwiseParallel, TPShard,
-                                       gather_tensor_parallel, parallelize_module)
+                                                   gather_tensor_parallel, parallelize_module)
 
 TOL = dict(rtol=1e-5, atol=1e-6)
 PLAN = {"up": ColwiseParallel(), "down": RowwiseParallel()}
@@ -252,7 +252,7 @@ SEQ = 4  # positions: 2 per rank at tp 2
 def _sp_operators():
     """g, ḡ and the scatter on (1, SEQ, 2) tensors whose values name the rank and the position."""
     from fsdp_mini.tensor.parallel.tp_operators import (gather_from_sequence_parallel_region,
-                                        reduce_scatter_to_sequence_parallel_region, scatter_to_sequence_parallel_region)
+                                                        reduce_scatter_to_sequence_parallel_region, scatter_to_sequence_parallel_region)
 
     rank = dist.get_rank()
     out = {}

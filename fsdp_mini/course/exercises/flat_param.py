@@ -27,7 +27,7 @@ import torch.nn as nn
 from fsdp_mini import collectives as C
 from fsdp_mini.comm_log import CommLog
 from fsdp_mini.course.exercise import (CodeExercise, NotYet, Verdict, one_collective_problem,
-                                        summed_not_averaged)
+                                       summed_not_averaged)
 from fsdp_mini.course.language import num, tr
 from fsdp_mini.fsdp.flat_param import FlatLayout
 from fsdp_mini.run import launch

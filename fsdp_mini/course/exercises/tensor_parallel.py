@@ -31,7 +31,7 @@ from fsdp_mini.fsdp._fully_shard.fully_shard import full_state_dict, fully_shard
 from fsdp_mini.run import launch
 from fsdp_mini.tensor.parallel.parallelize import gather_tensor_parallel, parallelize_module
 from fsdp_mini.tensor.parallel.tp_operators import (TP_LABEL, copy_to_tensor_model_parallel_region,
-                                    reduce_from_tensor_model_parallel_region)
+                                                    reduce_from_tensor_model_parallel_region)
 
 __all__ = ["ROW_PARALLEL_FORWARD", "DP_TP_LAYOUT", "row_parallel_forward", "dp_tp_layout", "ROW_WORLDS",
            "LAYOUT_CASES", "through_autograd_function", "NOT_AN_AUTOGRAD_FUNCTION"]

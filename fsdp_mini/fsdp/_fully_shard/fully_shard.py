@@ -56,7 +56,7 @@ from fsdp_mini import collectives as C
 from fsdp_mini.fsdp.compile_boundary import dynamo_disable as _dynamo_disable
 from fsdp_mini.fsdp.compile_boundary import skipped_by_dynamo as _skipped_by_dynamo
 from fsdp_mini.parallel.data_parallel import (GradientSync, broadcast_from_rank0, check_same_everywhere, check_same_values,
-                                     refuse_deepcopy)
+                                              refuse_deepcopy)
 from fsdp_mini.collective_calls import in_forward
 from fsdp_mini.fsdp._fully_shard.fsdp_param import FSDPParam
 from fsdp_mini.fsdp._fully_shard.fsdp_param_group import FSDPParamGroup, post_forward_shards

@@ -55,8 +55,8 @@ from fsdp_mini import collectives as C
 from fsdp_mini.collective_calls import scope
 from fsdp_mini.parallel.data_parallel import broadcast_from_rank0
 from fsdp_mini.tensor.parallel.tp_operators import (TP_LABEL, copy_to_tensor_model_parallel_region,
-                                    gather_from_sequence_parallel_region, reduce_from_tensor_model_parallel_region,
-                                    reduce_scatter_to_sequence_parallel_region, scatter_to_sequence_parallel_region)
+                                                    gather_from_sequence_parallel_region, reduce_from_tensor_model_parallel_region,
+                                                    reduce_scatter_to_sequence_parallel_region, scatter_to_sequence_parallel_region)
 
 __all__ = ["ParallelStyle", "ColwiseParallel", "RowwiseParallel", "SequenceParallel", "PrepareModuleInput",
            "parallelize_module", "ParallelDims", "ColumnParallelLinear", "RowParallelLinear",
