@@ -10,27 +10,25 @@ import json
 import os
 import sys
 
-import torch
-import torch.distributed as dist
-
-from fsdp_mini.course import bench_collectives, cost, simulate
-from fsdp_mini.course.bench import command as bench_command
-from fsdp_mini.course.naive_collectives import naive_all_reduce
+from fsdp_mini.course import cost
 from fsdp_mini.course.planner.arguments import LAYOUT_DEFAULTS
 from fsdp_mini.course.planner.hardware import GPUS
 from fsdp_mini.course.planner.hf_config import ARCHITECTURES
 from fsdp_mini.course.planner.models import MODELS
 from fsdp_mini.course.planner.layout import Checkpointing
-from fsdp_mini.collectives import ring_all_reduce
-from fsdp_mini.comm_log import CommLog
-from fsdp_mini.flight_recorder import diagnose
-from fsdp_mini.run import launch
-from fsdp_mini.runtime import finish, init, under_torchrun
+
+# The subcommands that start ranks import torch and the library where they run: `plan`, `fit` and `diagnose`
+# answer without loading torch (`plan` in well under 2 s).
 
 
 def _run(worker, world_size: int, args: tuple, timeout: float):
     """Results of rank 0, or None on the other ranks under torchrun (whose collectives then time out,
     and explain the hang, after `timeout` seconds, as they do under `launch`)."""
+    import torch.distributed as dist
+
+    from fsdp_mini.run import launch
+    from fsdp_mini.runtime import init, under_torchrun
+
     if under_torchrun():
         init(timeout=timeout)
         result = worker(*args)
@@ -39,6 +37,13 @@ def _run(worker, world_size: int, args: tuple, timeout: float):
 
 
 def _demo_worker(numel: int) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    from fsdp_mini.collectives import ring_all_reduce
+    from fsdp_mini.comm_log import CommLog
+    from fsdp_mini.course.naive_collectives import naive_all_reduce
+
     n = dist.get_world_size()
     x = torch.arange(numel, dtype=torch.float32) * (dist.get_rank() + 1)
     expected = x.clone()
@@ -53,6 +58,7 @@ def _demo_worker(numel: int) -> dict:
 
 def demo(args) -> int:
     from fsdp_mini.course import demo as D
+    from fsdp_mini.runtime import under_torchrun
 
     world = args.world_size if not under_torchrun() else int(os.environ["WORLD_SIZE"])
     if os.environ.get("RANK", "0") == "0":
@@ -89,6 +95,8 @@ def ring_demo(args) -> int:
 
 
 def bench_collectives_cmd(args) -> int:
+    from fsdp_mini.course import bench_collectives
+
     sizes = [bench_collectives.parse_size(s) for s in args.sizes.split(",") if s.strip()]
     rows = _run(bench_collectives.worker, args.world_size, (sizes, args.iters, args.warmup), args.timeout)
     if rows is None:
@@ -105,6 +113,8 @@ def bench_collectives_cmd(args) -> int:
 def diagnose_cmd(args) -> int:
     """Print the verdict of `fsdp_mini.flight_recorder.diagnose` on the newest run in the folder, with the
     files of earlier runs it ignored (exit code 1 when there is no record)."""
+    from fsdp_mini.flight_recorder import diagnose
+
     if not os.path.isdir(args.folder):
         raise ValueError(f"{args.folder} is not a folder")
     verdict = diagnose(args.folder)
@@ -202,8 +212,14 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The command line: every subcommand, every option with its help and its default."""
+def _subcommand(argv: list[str]) -> str | None:
+    """The subcommand `argv` names (its first argument that is not an option), or None."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The command line: every subcommand, every option with its help and its default. `only`: a subcommand
+    of this module about to run, so `bench` and `simulate`, whose modules load torch, are left out."""
     parser = _Parser(prog="python -m fsdp_mini", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     d = sub.add_parser("demo", help="train a small GPT under every strategy, side by side with PyTorch")
@@ -264,13 +280,17 @@ def build_parser() -> argparse.ArgumentParser:
                                                     "default), tokens_per_s_per_gpu and, optionally, memory_gib")
     f.add_argument("--out", required=True, metavar="PROFILE.json", help="where to write the fitted constants")
     f.set_defaults(func=fit_cmd)
-    bench_command.add_subcommand(sub)
-    simulate.add_subcommand(sub)
+    if only not in ("demo", "ring-demo", "bench-collectives", "diagnose", "plan", "fit"):
+        from fsdp_mini.course import simulate
+        from fsdp_mini.course.bench import command as bench_command
+
+        bench_command.add_subcommand(sub)
+        simulate.add_subcommand(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(_subcommand(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
     try:
         return args.func(args)
@@ -282,6 +302,9 @@ def entry_point() -> None:
     """`python -m fsdp_mini` and the `fsdp-mini` script: run `main`, then exit with its code; a torchrun
     rank ends without interpreter shutdown (see `fsdp_mini.finish`)."""
     code = main()
-    if under_torchrun():
-        finish(code)
+    if "RANK" in os.environ:  # possibly under torchrun: its rank ends as `finish` says
+        from fsdp_mini.runtime import finish, under_torchrun
+
+        if under_torchrun():
+            finish(code)
     sys.exit(code)
