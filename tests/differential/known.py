@@ -217,7 +217,7 @@ KNOWN: list[Known] = [
           "it; FSDP1 does the same); the unsharded model leaves it untouched. Seen only against the unsharded "
           "model, when FSDP1 refused the program (an integer parameter)",
           lambda d, x: _flat(d) and x.against == "plain" and d["model"].get("unused")
-          and x.field in ("state", "optim_state") and x.text.startswith("heads.aux.")),
+          and x.field in ("state", "optim_state") and _under(x.text.split(": ")[0], "heads.aux.")),
     Known("fully_shard: DCP after a no-grad forward with reshard_after_forward=False (a PyTorch crash)",
           "torch.distributed.checkpoint's get_state_dict of an FSDP2 model whose parameters are still gathered "
           "after a forward under no_grad (reshard_after_forward=False) kills the rank with SIGSEGV; fsdp_mini "
