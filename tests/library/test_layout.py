@@ -9,6 +9,7 @@ can fail, and then on fsdp_mini itself.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import subprocess
 import sys
@@ -520,13 +521,18 @@ NOT_CORE = tuple(f"fsdp_mini.{m}" for m in ANALYSIS) + (
     "fsdp_mini.parallel.ddp", "fsdp_mini.memory_ledger", f"fsdp_mini.{COURSE}")
 
 
-def core_loads(root: Path, package: str, forbidden: tuple[str, ...]) -> list[str]:
-    """The modules of `forbidden` (or below them) that a fresh `import package.fsdp` loads."""
-    code = (f"import sys, {package}.fsdp; "
-            f"print(' '.join(m for m in sys.modules if any(m == f or m.startswith(f + '.') for f in {forbidden!r})))")
+@functools.lru_cache(maxsize=None)
+def loaded_by_core(root: Path, package: str) -> tuple[str, ...]:
+    """The modules of `package` that a fresh `import package.fsdp` loads (one interpreter for every check)."""
+    code = f"import sys, {package}.fsdp; print(' '.join(m for m in sys.modules if m.split('.')[0] == {package!r}))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root)
     assert out.returncode == 0, out.stderr
-    return sorted(out.stdout.split())
+    return tuple(sorted(out.stdout.split()))
+
+
+def core_loads(root: Path, package: str, forbidden: tuple[str, ...]) -> list[str]:
+    """The modules of `forbidden` (or below them) that a fresh `import package.fsdp` loads."""
+    return [m for m in loaded_by_core(root, package) if any(m == f or m.startswith(f + ".") for f in forbidden)]
 
 
 def test_the_core_check_sees_a_module_it_must_not_load():
