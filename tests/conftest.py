@@ -76,8 +76,6 @@ LONGEST_FIRST = (
     "lessons/*/11_*.ipynb",                     # 25-30 s each
     "lessons/*/08_*.ipynb",                     # 20-25 s each
     "tests/library/test_fsdp2_differential.py",  # 25-30 s
-    "tests/differential/test_found.py",         # 15-25 s, worlds of 2 and 4
-    "tests/differential/test_fixed_seeds.py",   # 10-15 s
     "tests/library/test_zero_drop_in.py",       # 20-25 s
     "lessons/*/*.ipynb",                        # the other lessons, 10-20 s each
 )

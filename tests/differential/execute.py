@@ -2,10 +2,10 @@
 main cost, so every description of one world size runs in one launch, both implementations one after the other
 on the same ranks (as tests/library/test_fsdp2_differential.py does), with a barrier between programs. Where
 PyTorch raised, or the two computed different values, the program runs a third time unsharded ("plain": the
-same model on every rank, gradients averaged by hand): the reference that says which one is right. Every launch has a timeout. A launch
-that fails (a crash, a hang, ranks out of step after an error on one rank only) is split in halves and run
-again, down to one description and then one implementation alone, so one bad program costs a few launches and
-never the others' results.
+same model on every rank, gradients averaged by hand): the reference that says which one is right (not for a
+program that reloads at another world size). Every launch has a timeout. A launch that fails (a crash, a hang,
+ranks out of step after an error on one rank only) is split in halves and run again, down to one description
+and then one implementation alone, so one bad program costs a few launches and never the others' results.
 """
 from __future__ import annotations
 
