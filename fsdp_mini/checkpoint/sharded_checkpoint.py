@@ -583,10 +583,16 @@ def _drop_saved_fresh(sd: dict[str, Any], metadata) -> None:
     saved = metadata.state_dict_metadata
     if PARAM_GROUPS_KEY not in saved:  # saved without an optimizer: `_check_against_checkpoint` says so
         return
-    stepped = {k.rsplit(".", 1)[0] for k in saved if k.startswith(OPTIM_PREFIX) and k != PARAM_GROUPS_KEY}
+    stepped = _with_saved_state(saved)
     for key in [k for k in sd if k.startswith(OPTIM_PREFIX) and k != PARAM_GROUPS_KEY and k not in saved]:
-        if key.rsplit(".", 1)[0] not in stepped:  # optim.<name>: no <name>.<state> saved at all
+        if key.rsplit(".", 1)[0] not in stepped:
             del sd[key]
+
+
+def _with_saved_state(saved) -> set[str]:
+    """`optim.<name>` of every parameter the checkpoint holds any optimizer state for (a key
+    `optim.<name>.<state>`)."""
+    return {k.rsplit(".", 1)[0] for k in saved if k.startswith(OPTIM_PREFIX) and k != PARAM_GROUPS_KEY}
 
 
 def _keep_fresh_where_saved_fresh(model, optimizer, created: list[torch.Tensor], metadata) -> list[torch.Tensor]:
@@ -599,12 +605,11 @@ def _keep_fresh_where_saved_fresh(model, optimizer, created: list[torch.Tensor],
     saved, names = metadata.state_dict_metadata, _param_names(model)
     if PARAM_GROUPS_KEY not in saved:  # saved without an optimizer: `_check_against_checkpoint` says so
         return created
-    prefixes = {id(p): [f"{OPTIM_PREFIX}{n}." for n in names.get(id(p), [])] for p in created}
-    with_state = {id(p) for p in created for key in saved for prefix in prefixes[id(p)]
-                  if key.startswith(prefix) and "." not in key[len(prefix):]}  # optim.<name>.<state>, any state
+    stepped = _with_saved_state(saved)
     kept = []
     for p in created:
-        if prefixes[id(p)] and id(p) not in with_state:
+        keys = [f"{OPTIM_PREFIX}{n}" for n in names.get(id(p), [])]
+        if keys and not any(k in stepped for k in keys):
             del optimizer.state[p]
         else:
             kept.append(p)
