@@ -73,6 +73,7 @@ class FlatParamHandle:
         # what the modules hold while `unsharded` is freed (see FreedParameter): never a view of freed memory
         self.freed = [FreedParameter(leaf, info.names[0]) for leaf, info in zip(self.leaves, layout.params)]
         self.originals_registered = False  # inside summon_full_params: the modules hold nn.Parameters instead
+        self.summoned_values: torch.Tensor | None = None  # summon_full_params(writeback=True): see write_back
         self._use_unsharded_views()
         self.nbytes = 0 if self.aliased else self.unsharded.numel() * self.unsharded.element_size()
         self.sharded_state = ShardedState.UNSHARDED
@@ -119,6 +120,7 @@ class FlatParamHandle:
         if self.aliased:
             return
         if self.sharded_state is ShardedState.UNSHARDED:
+            self.write_back()  # inside summon_full_params(writeback=True), before the values are gone
             self._use_sharded_views()
             free_storage(self.unsharded)
             self.gathered_memory.free(self.nbytes, self.label)
@@ -148,19 +150,43 @@ class FlatParamHandle:
         for leaf in self.leaves:
             leaf.requires_grad_(requires_grad)
 
-    def register_original_params(self) -> None:
+    def register_original_params(self, writeback: bool = False) -> None:
         """Register the gathered views as the module's own `nn.Parameter`s (aliases of the gathered buffer,
-        no copy), so that a plain use of the module sees its parameters, until `unregister_original_params`."""
+        no copy), so that a plain use of the module sees its parameters, until `unregister_original_params`.
+        `writeback`: remember this rank's part of the gathered values, so that what is changed in place
+        meanwhile reaches the shard (`write_back`)."""
         for leaf, owners_of_leaf in zip(self.leaves, self.owners):
             alias = nn.Parameter(leaf.detach(), requires_grad=False)
             for module, name in owners_of_leaf:
                 delattr(module, name)
                 module.register_parameter(name, alias)
         self.originals_registered = True
+        self.summoned_values = self._gathered_shard().clone() if writeback and not self.aliased else None
+
+    def _gathered_shard(self) -> torch.Tensor:
+        """This rank's range of the gathered buffer: what its shard holds, in the compute dtype."""
+        lo, hi = self.layout.shard_range(self.mesh_info.shard_mesh_rank)
+        return self.unsharded[lo:hi]
+
+    def write_back(self) -> None:
+        """`summon_full_params(writeback=True)`, FSDP1's: copy the values changed in place in the gathered
+        parameters into this rank's shard (each rank writes its own range, so every rank must change the same
+        values). Only the changed elements: under mixed precision the gathered copy is in the compute dtype,
+        and rewriting all of it would round every untouched full-precision value. Called before the gathered
+        buffer is freed (at the end of `summon_full_params`, or by a forward inside it)."""
+        if self.summoned_values is None or self.sharded_state is not ShardedState.UNSHARDED:
+            return
+        now = self._gathered_shard()
+        changed = now != self.summoned_values
+        with torch.no_grad():
+            self.sharded_param[changed] = now[changed].to(self.sharded_param.dtype)
+        self.summoned_values = now.clone()
 
     def unregister_original_params(self) -> None:
         """Put the plain views back (what forward and backward use), or the freed placeholders if a forward
         inside `summon_full_params` resharded the unit meanwhile."""
+        self.write_back()
+        self.summoned_values = None
         for owners_of_leaf in self.owners:
             for module, name in owners_of_leaf:
                 unregister_parameter(module, name)

@@ -34,7 +34,8 @@ got none on a rank is reduced with zeros for them (the right share when another 
 since the optimizer steps a flat shard as one tensor, weight decay and momentum reach them: FSDP warns,
 naming them (give them a unit of their own, or use `fully_shard`, which keeps None per parameter).
 
-Prefetch order is the execution order recorded in the first forward and backward, as in PyTorch FSDP.
+Prefetch follows the rule both designs share (`fsdp_mini.fsdp.units`), PyTorch FSDP1's and FSDP2's: in
+forward, the unit that first ran after this one; in backward, the unit whose forward ended just before.
 Which modules become units and how their parameters are grouped is `fsdp_mini.fsdp.plan`'s (pure) decision;
 what each strategy implies (reshard after forward, shard-group size) is `fsdp_mini.fsdp.strategy`'s.
 """
@@ -42,7 +43,7 @@ from __future__ import annotations
 
 import warnings
 from collections import OrderedDict
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from functools import partial
 from typing import Callable
 
@@ -72,23 +73,25 @@ from fsdp_mini.runtime import get_device, require_distributed
 from fsdp_mini.fsdp.states import TrainingState
 from fsdp_mini.fsdp.strategy import ShardingStrategy, as_strategy, is_hybrid, reshard_after_forward, shard_group_size
 from fsdp_mini.torch_internals import queue_after_backward, set_registered_buffer, unregister_parameter
-from fsdp_mini.fsdp.units import ExecutionOrder
+from fsdp_mini.fsdp.units import ExecutionOrder, UnitLifecycle
 from fsdp_mini.weak_hooks import weak_hook
 
 __all__ = ["FSDP", "FSDPUnit", "materialise_by_name"]
 
 
-class FSDPUnit:
+class FSDPUnit(UnitLifecycle):
     """One unit: a module, the flat handles of the parameters it owns, and its per-step state. `label`:
-    its module's path from the root, "root" for the root (`fsdp_mini.fsdp.units.unit_label`)."""
+    its module's path from the root, "root" for the root (`fsdp_mini.fsdp.units.unit_label`). Its life
+    in a step is the one both designs share (`UnitLifecycle`: `pre_forward`, `post_forward`,
+    `pre_backward`) over its handles' storage; `finalize_backward` ends it."""
 
-    def __init__(self, label: str, module: nn.Module, handles: list[FlatParamHandle], is_root: bool):
+    def __init__(self, label: str, module: nn.Module, handles: list[FlatParamHandle], is_root: bool,
+                 reshard_after_forward: bool):
         self.label, self.module, self.handles, self.is_root = label, module, handles, is_root
+        # the strategy's, but the root stays gathered: backward needs it at once
+        self.reshard_after_forward = reshard_after_forward and not is_root
         self.training_state = TrainingState.IDLE
-        # whether this step's backward reaches the unit: its forward's output needed a gradient (FSDP1's
-        # `_needs_pre_backward_unshard`); a unit frozen after the first step is in the recorded backward
-        # order but never runs backward, so it is not prefetched
-        self.needs_pre_backward_unshard = False
+        self.post_forward_indices: list[int] = []  # where its post-forwards are in the step's post-forward order
 
     def unshard(self, async_op: bool = False) -> None:
         for h in self.handles:
@@ -103,6 +106,16 @@ class FSDPUnit:
     def reshard(self) -> None:
         for h in self.handles:
             h.reshard()
+
+    def finalize_backward(self, reshard: bool) -> None:
+        """End of backward, once every reduction is done: free the gathered parameters (`reshard`, see
+        `FSDP._frees_in_backward`), forget this backward's counts."""
+        if reshard:
+            self.reshard()
+        self.training_state = TrainingState.IDLE
+        self.post_forward_indices.clear()
+        for h in self.handles:
+            h.grads_ready = 0
 
     def __repr__(self) -> str:
         return f"FSDPUnit({self.label}, {len(self.handles)} flat params, {self.training_state.name})"
@@ -121,8 +134,9 @@ class FSDP(GradientSync, nn.Module):
     Every rank must start from the same values: by default this is checked (a ValueError names the ranks
     and the first differing parameter); `sync_module_states=True` gives every rank rank 0's instead.
     Public state: `units` (root first), each with its `handles`; `mesh_info` (its process groups); `gathered_memory` (the
-    tracker of gathered bytes); `state_dict_keys`; `forward_order` / `backward_order` (prefetch, each an
-    `ExecutionOrder` recorded in the first pass and replayed); `reductions` (the reductions in flight).
+    tracker of gathered bytes); `state_dict_keys`; `forward_order` (an `ExecutionOrder`: the units by their first
+    run) and `post_forward_order` (this step's post-forwards), which prefetch reads; `reductions` (the
+    reductions in flight).
     """
 
     def __init__(self, module: nn.Module, sharding_strategy=ShardingStrategy.FULL_SHARD, wrap=(),
@@ -175,7 +189,9 @@ class FSDP(GradientSync, nn.Module):
         mark_replaced(originals)  # an optimizer built before wrapping fails at its first step
         mark_wrapped(module, "FSDP")  # fully_shard on one of its modules is refused
         self.state_dict_keys: tuple[str, ...] = plan.state_dict_keys
-        self.forward_order, self.backward_order = ExecutionOrder(), ExecutionOrder()
+        self.forward_order = ExecutionOrder()  # units by their first pre-forward (forward prefetch)
+        # every unit's post-forward of this step, in order (backward prefetch: `UnitLifecycle._backward_prefetch`)
+        self.post_forward_order: list[FSDPUnit] = []
         self.backward_queued = False
         self.reductions = ReductionQueue()  # handles whose reduction is in flight, in issue order
         # Reductions start in one fixed order on every rank (reverse build order: the order backward
@@ -222,7 +238,8 @@ class FSDP(GradientSync, nn.Module):
             if init_fn is not None:
                 for module in _modules_of_unit(u.module, unit_modules):  # FSDP1's _get_modules_to_materialize
                     init_fn(module)
-            unit = FSDPUnit(u.label, u.module, [self._handle(fp, initial_values) for fp in u.flat_params], u.is_root)
+            handles = [self._handle(fp, initial_values) for fp in u.flat_params]
+            unit = FSDPUnit(u.label, u.module, handles, u.is_root, self.reshard_after_forward)
             unit.reshard()
             units.append(unit)
         for name, buf in list(self.module.named_buffers()):
@@ -263,7 +280,6 @@ class FSDP(GradientSync, nn.Module):
                                  f"move inputs with .to(fsdp_mini.get_device())")
         args, kwargs = self.mixed_precision.cast_inputs(args, kwargs, root=True)
         root = self.units[0]
-        self.forward_order.start_pass()
         in_forward(True)  # the collectives until the end of forward are labelled "forward"
         try:
             self._pre_forward(root, self.module, args)
@@ -301,17 +317,15 @@ class FSDP(GradientSync, nn.Module):
     def _pre_forward(self, unit: FSDPUnit, module, args) -> None:
         if unit.training_state is TrainingState.PRE_BACKWARD:  # activation checkpointing recomputes the unit inside
             return                                     # its backward: pre-backward has gathered it already
-        unit.unshard(async_op=True)
-        self._prefetch_after(unit, self.forward_order)
-        unit.wait_for_unshard()
+        self.forward_order.join(unit)
+        unit.pre_forward(self._forward_prefetch(unit))
 
-    def _prefetch_after(self, unit: FSDPUnit, order: ExecutionOrder) -> None:
-        """Record the execution order in the first pass; later, start gathering the unit that comes next
-        (in backward, if this step's backward reaches it)."""
-        following = order.reached(unit)
-        if self.prefetch and following is not None and (order is self.forward_order
-                                                         or following.needs_pre_backward_unshard):
-            following.unshard(async_op=True)
+    def _forward_prefetch(self, unit: FSDPUnit) -> list[FSDPUnit]:
+        """The unit to gather ahead: the one that first ran after this one (nothing in the first forward,
+        whose order is still being learnt, nor in a recomputation inside backward)."""
+        if not self.prefetch or self.backward_queued:
+            return []
+        return self.forward_order.after(unit)[:1]
 
     @dynamo_disable
     def _post_forward(self, unit: FSDPUnit, module, args, out) -> None:
@@ -320,28 +334,18 @@ class FSDP(GradientSync, nn.Module):
         needs_grad = [t for t in tensors_in(out) if t.requires_grad]
         for t in needs_grad:
             t.register_hook(partial(self._pre_backward, unit))
-        unit.needs_pre_backward_unshard = bool(needs_grad)
-        if unit.is_root:
-            self.forward_order.end_recording()
-            if not needs_grad:  # inference: no backward will come to free anything
-                for u in self.units:
-                    u.reshard()
-        elif not needs_grad or self.reshard_after_forward:
-            unit.reshard()
+        unit.post_forward(None if self.backward_queued else self.post_forward_order, backward_follows=bool(needs_grad))
+        if unit.is_root and not needs_grad:  # inference: no backward will come to free anything
+            for u in self.units:
+                u.reshard()
 
     # --- backward ------------------------------------------------------------------------------------
 
     def _pre_backward(self, unit: FSDPUnit, grad) -> None:
         if not self.backward_queued:
             self.backward_queued = True
-            self.backward_order.start_pass()
             queue_after_backward(self._finish_backward)
-        if unit.training_state is TrainingState.PRE_BACKWARD:
-            return
-        unit.training_state = TrainingState.PRE_BACKWARD
-        unit.unshard(async_op=True)
-        self._prefetch_after(unit, self.backward_order)
-        unit.wait_for_unshard()
+        unit.pre_backward(self.post_forward_order, None if self.prefetch else [])
 
     def _on_grad(self, unit_index: int, handle_index: int, leaf) -> None:
         """Once all of a handle's gradients are accumulated: start the reductions now due, in
@@ -412,15 +416,10 @@ class FSDP(GradientSync, nn.Module):
         self.grad_buckets.wait()
         self.reductions.wait_all()
         for unit in self.units:
-            if self._frees_in_backward():
-                unit.reshard()
-            unit.training_state = TrainingState.IDLE
-            unit.needs_pre_backward_unshard = False
-            for h in unit.handles:
-                h.grads_ready = 0
+            unit.finalize_backward(reshard=self._frees_in_backward())
         self.backward_queued = False
         self._next_reduce, self._complete = 0, set()
-        self.backward_order.end_recording()
+        self.post_forward_order.clear()
 
     # --- after wrapping: freezing, conversions --------------------------------------------------------
 
@@ -479,14 +478,34 @@ class FSDP(GradientSync, nn.Module):
     # --- public helpers ------------------------------------------------------------------------------
 
     @contextmanager
-    def summon_full_params(self):
-        """Gather every unit and show the wrapped module its original parameters, registered under their
-        own names, so it can be read and used as a plain module (`model.module.generate(...)`,
-        `.parameters()`, `.device`); read-only: the shards are not updated from them."""
+    def summon_full_params(module: nn.Module, recurse: bool = True, writeback: bool = True, rank0_only: bool = False,
+                           offload_to_cpu: bool = False, with_grads: bool = False):
+        """FSDP1's `summon_full_params`: gather every unit and show the wrapped module its original parameters,
+        registered under their own names, so it can be read and used as a plain module
+        (`model.module.generate(...)`, `.parameters()`, `.device`). Called as FSDP1's static method,
+        `FSDP.summon_full_params(model_or_a_module_holding_it)`, or as `model.summon_full_params()`.
+        `writeback` (FSDP1's default True): values changed in place inside reach the shards at the end
+        (`FlatParamHandle.write_back`); False: read-only, changes are dropped. `recurse`: every unit is this
+        wrapper's own (fsdp_mini does not nest wrappers), so both values gather them all. `rank0_only`,
+        `offload_to_cpu`, `with_grads` are not implemented: a ValueError says so before anything is gathered
+        (`full_state_dict()` gives every value on every rank, on the CPU if you move it)."""
+        unsupported = [name for name, on in (("rank0_only", rank0_only), ("offload_to_cpu", offload_to_cpu),
+                                             ("with_grads", with_grads)) if on]
+        if unsupported:
+            raise ValueError(f"summon_full_params({'=True, '.join(unsupported)}=True) is not implemented in fsdp_mini; "
+                             f"gather every value with model.full_state_dict() (a dict of whole tensors) instead")
+        wrappers = [m for m in module.modules() if isinstance(m, FSDP)]
+        with ExitStack() as stack:
+            for wrapper in wrappers:
+                stack.enter_context(wrapper._summoned(writeback))
+            yield
+
+    @contextmanager
+    def _summoned(self, writeback: bool):
         for unit in self.units:
             unit.unshard()
         for h in self.handles:
-            h.register_original_params()
+            h.register_original_params(writeback)
         previous, self._running = self._running, True
         try:
             yield

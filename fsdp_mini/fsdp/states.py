@@ -16,7 +16,7 @@ class TrainingState(enum.Enum):
     IDLE = enum.auto()
     """Between steps."""
     FORWARD = enum.auto()
-    """Inside the unit's forward (per-parameter design; the flat one needs no state for it)."""
+    """Inside the unit's forward: gathered for it, until its post-forward."""
     PRE_BACKWARD = enum.auto()
     """Backward has reached the unit's outputs: its parameters are gathered (again) for backward."""
     POST_BACKWARD = enum.auto()

@@ -238,8 +238,8 @@ KNOWN: list[Known] = [
     Known("fully_shard: a unit no backward reaches is not prefetched",
           "a unit whose forward output needs no gradient (a frozen unit fed inputs that need none, e.g. a frozen "
           "embedding) is never gathered again in backward; fsdp_mini does not record its post-forward, so backward "
-          "does not prefetch it (FSDPState._backward_follows, as FSDP1's `_needs_pre_backward_unshard` and the flat "
-          "design do); FSDP2 records it and its backward prefetch gathers the unit for nothing: one AllGather more "
+          "does not prefetch it (UnitLifecycle.post_forward, in both designs; FSDP1 skips it too: "
+          "`_needs_pre_backward_unshard`); FSDP2 records it and its backward prefetch gathers the unit for nothing: one AllGather more "
           "per backward. Values agree",
           lambda d, x: not _flat(d) and _only_kind_differs(x, "all_gather") and _frozen_somewhere(d, x)
           and int(x.text.split()[1]) < int(x.text.split()[3])),  # "all_gather 5 vs 6": fsdp_mini's fewer

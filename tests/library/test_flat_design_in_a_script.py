@@ -223,6 +223,44 @@ def _identical_nan_and_inf_buffers(design):
     return raised(lambda: fully_shard(model))
 
 
+def _summon_and_change(model, target, **kwargs):
+    """Double two weights (one in a block unit, one in the root unit) in place inside summon_full_params."""
+    with type(model).summon_full_params(target, **kwargs):
+        with torch.no_grad():
+            for name, p in target.named_parameters():  # FSDP1 keeps its wrappers' names in them
+                if name.replace("_fsdp_wrapped_module.", "").endswith(("blocks.1.lin.weight", "head.weight")):
+                    p.mul_(2)
+
+
+def _summon_full_params_writes_back(wrap):
+    torch.manual_seed(0)
+    model = WRAPPERS[wrap](Encoder())
+    seen = {"before": _full(model)}
+    _summon_and_change(model, model)  # FSDP1's default: writeback=True
+    seen["written back"] = _full(model)
+    _summon_and_change(model, model, writeback=False)
+    seen["read only"] = _full(model)
+    _summon_and_change(model, nn.Sequential(model))  # a module holding the wrapper, as FSDP1 takes it
+    seen["through a holder"] = _full(model)
+    return seen
+
+
+def _summon_writes_back_only_what_changed(_):
+    """Under mixed precision the gathered copy is bf16: what is not changed keeps its float32 bits; a change
+    made before a forward inside the context survives the forward's free; unsupported options say so."""
+    torch.manual_seed(0)
+    model = FSDP(Encoder(), wrap=(Block,), mixed_precision=fsdp_mini.MixedPrecision(param_dtype=torch.bfloat16,
+                                                                          buffer_dtype=torch.bfloat16))
+    before = model.full_state_dict()
+    with model.summon_full_params():
+        with torch.no_grad():
+            model.module.blocks[0].lin.bias.fill_(0.5)
+        model(_batch())  # no grad needed: frees every unit it gathered (FlatParamHandle.write_back first)
+    after = model.full_state_dict()
+    rank0_only = raised(lambda: model.summon_full_params(rank0_only=True).__enter__())
+    return before, after, rank0_only
+
+
 def _mistakes_named(_):
     torch.manual_seed(0)
     wrap_instance = raised(lambda: FSDP(Encoder(), wrap=Block()))
@@ -238,7 +276,8 @@ CASES = [(_owner_state_dict, w) for w in WRAPPERS] + [(_module_dict_state_dict, 
         [(_owner_load_state_dict, w) for w in WRAPPERS] + [(_freeze_after_wrapping, w) for w in WRAPPERS] + \
         [(_wrapper_load_state_dict_returns_keys, None), (_freeze_part_of_a_flat_parameter, None),
          (_conversions_after_wrapping, None), (_read_between_steps, None), (_identical_nan_and_inf_buffers, "flat"),
-         (_identical_nan_and_inf_buffers, "per-parameter"), (_mistakes_named, None)]
+         (_identical_nan_and_inf_buffers, "per-parameter"), (_mistakes_named, None),
+         (_summon_writes_back_only_what_changed, None)] + [(_summon_full_params_writes_back, w) for w in WRAPPERS]
 
 
 def _run(case):
@@ -353,3 +392,24 @@ def test_wrap_instances_and_deep_copies_say_what_to_do(results, no_orphans):
         "full_state_dict" in flat_copy
     assert per_param_copy.startswith("RuntimeError: a model sharded by fully_shard cannot be deep-copied")
     assert torch_copy.startswith("AssertionError: FSDP does not support deepcopy")  # PyTorch refuses as well
+
+
+@pytest.mark.parametrize("wrap", WRAPPERS)
+def test_summon_full_params_writes_changes_back_as_fsdp1_does(results, wrap, no_orphans):
+    seen = _rank0(results, _summon_full_params_writes_back, wrap)
+    before = seen["before"]
+    doubled = {k: v * 2 if k in ("blocks.1.lin.weight", "head.weight") else v for k, v in before.items()}
+    _same(seen["written back"], doubled)
+    _same(seen["read only"], doubled)  # writeback=False: the second doubling is dropped
+    _same(seen["through a holder"], {k: v * 2 if k in ("blocks.1.lin.weight", "head.weight") else v
+                                     for k, v in doubled.items()})
+    _same(seen["through a holder"], _rank0(results, _summon_full_params_writes_back, "torch FSDP1")["through a holder"])
+
+
+def test_summon_full_params_writes_back_only_what_changed(results, no_orphans):
+    before, after, rank0_only = _rank0(results, _summon_writes_back_only_what_changed)
+    assert torch.equal(after["blocks.0.lin.bias"], torch.full((4,), 0.5))
+    for k in before:
+        if k != "blocks.0.lin.bias":
+            assert torch.equal(after[k], before[k]), k  # float32 bits, not their bf16 rounding
+    assert rank0_only.startswith("ValueError") and "full_state_dict" in rank0_only

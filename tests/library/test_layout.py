@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import inspect
 import re
 import subprocess
 import sys
@@ -543,3 +544,22 @@ def test_import_fsdp_mini_fsdp_loads_the_core_alone():
     """`import fsdp_mini.fsdp` loads both designs and their shared mechanics, and neither the analysis, the
     flight recorder, CommLog, checkpointing, launching, TP, ZeRO, DDP, the ledger, nor anything of the course."""
     assert core_loads(ROOT, "fsdp_mini", NOT_CORE) == []
+
+
+def test_both_designs_units_live_one_lifecycle():
+    """Issue 44: a unit's life in a step is `UnitLifecycle`'s in both designs; the module hooks (`FSDP`,
+    `FSDPState`) only pick units and call them, never gathering or freeing a unit themselves."""
+    from fsdp_mini.fsdp._fully_shard.fsdp_param_group import FSDPParamGroup
+    from fsdp_mini.fsdp._fully_shard.fully_shard import FSDPState
+    from fsdp_mini.fsdp.fully_sharded_data_parallel import FSDP, FSDPUnit
+    from fsdp_mini.fsdp.units import UnitLifecycle
+    for unit in (FSDPUnit, FSDPParamGroup):
+        assert issubclass(unit, UnitLifecycle)
+        assert unit.pre_forward is UnitLifecycle.pre_forward  # the gather-prefetch-wait of forward: one copy
+    for router, hooks in ((FSDP, ("_pre_forward", "_post_forward", "_pre_backward")),
+                          (FSDPState, ("pre_forward", "post_forward", "_pre_backward"))):
+        for name in hooks:
+            source = textwrap.dedent(inspect.getsource(getattr(router, name)))
+            calls = {node.func.attr for node in ast.walk(ast.parse(source))
+                     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)}
+            assert not calls & {"unshard", "wait_for_unshard"}, f"{router.__name__}.{name} gathers a unit itself"

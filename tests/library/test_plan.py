@@ -57,17 +57,8 @@ def test_bad_plans_are_clear_errors():
         plan_units(nn.Sequential(nn.ReLU()), nn.ReLU)
 
 
-def test_execution_order_records_one_pass_then_names_the_next_unit():
-    order = ExecutionOrder()
-    order.start_pass()
-    assert [order.reached(u) for u in "abc"] == [None, None, None]
-    order.end_recording()
-    order.start_pass()
-    assert [order.reached(u) for u in "abc"] == ["b", "c", None]
-
-
 def test_execution_order_by_first_runs_lets_a_unit_skipped_so_far_join_late():
-    # fully_shard's way (the flat design replays, above): a unit joins when it first runs, whenever that is
+    # both designs' forward order (FSDP1's and FSDP2's): a unit joins when it first runs, whenever that is
     a, b, c = object(), object(), object()
     order = ExecutionOrder()
     for unit in (a, b, a):  # a first forward that runs a twice and skips c

@@ -2,11 +2,13 @@
 
 `backward_prefetch_order(forward_order)` receives the unit names in the order the first forward ran them
 (what `FSDP.forward_order` records) and returns the order backward will reach them. The judge plugs the
-answer into a real `fsdp_mini.FSDP` through its public `backward_order` (an `ExecutionOrder` that replays a
-list instead of recording one), runs a logged step on two ranks with prefetch on, and judges what
-happened: with `Trace` (when each unit's backward compute began) and CommLog (when each AllGather was
-issued), every unit's backward AllGather must be issued before the unit that runs just before it in
-backward starts computing (it was prefetched), and the gathered peak must not exceed the library's own.
+answer into a real `fsdp_mini.FSDP`: backward's prefetch reads the step's post-forward order (the unit
+whose forward ended just before is the one backward reaches next), so between the logged step's forward
+and its backward the judge puts the answer there, reversed (`_use_as_post_forward_order`). It runs the
+step on two ranks with prefetch on, and judges what happened: with `Trace` (when each unit's backward
+compute began) and CommLog (when each AllGather was issued), every unit's backward AllGather must be
+issued before the unit that runs just before it in backward starts computing (it was prefetched), and
+the gathered peak must not exceed the library's own.
 
 Two models: the course's GPT, and one whose forward calls its stages out of their definition order, so
 an answer that sorts names instead of reading the recorded order is caught.
@@ -100,34 +102,46 @@ def _shuffled():
 MODELS = {"GPT": _gpt, "Shuffled": _shuffled}
 
 
-def _step(name: str, model, step: int):
+def _loss(name: str, model, step: int):
     rank, world = dist.get_rank(), dist.get_world_size()
     if name == "GPT":
         from fsdp_mini.course.models import GPTConfig, make_batch
         from fsdp_mini.course.train import local_rows
         x, y = (local_rows(t, rank, world) for t in make_batch(GPTConfig(n_layer=4), 8, step=step))
-        model(x, y).backward()
-    else:
-        model(torch.randn(4, 6, generator=torch.Generator().manual_seed(10 * step + rank))).backward()
+        return model(x, y)
+    return model(torch.randn(4, 6, generator=torch.Generator().manual_seed(10 * step + rank)))
+
+
+def _step(name: str, model, step: int):
+    _loss(name, model, step).backward()
+
+
+def _use_as_post_forward_order(model, order: list[str]) -> None:
+    """The learner's backward order as the step's post-forward order, reversed: backward prefetches, for
+    each unit, the one recorded just before it (`UnitLifecycle._backward_prefetch`)."""
+    by_name = {u.label: u for u in model.units}
+    model.post_forward_order[:] = [by_name[n] for n in reversed(order)]
+    for unit in model.units:
+        unit.post_forward_indices[:] = [i for i, u in enumerate(model.post_forward_order) if u is unit]
 
 
 def _run(name: str, order: list[str] | None) -> dict:
-    """One step to record (or, with `order`, to replay the learner's backward order), one logged step."""
+    """One step to learn the forward order, one logged step (with `order`, the learner's backward order
+    plugged in between its forward and its backward)."""
     from fsdp_mini.course.trace import Trace
     from fsdp_mini.fsdp.fully_sharded_data_parallel import FSDP
-    from fsdp_mini.fsdp.units import ExecutionOrder
     module, wrap = MODELS[name]()
     model = FSDP(module, wrap=wrap, prefetch=True)
-    if order is not None:  # the public path: a backward order that replays the learner's list
-        by_name = {u.label: u for u in model.units}
-        model.backward_order = ExecutionOrder(units=[by_name[n] for n in order], recording=False)
     _step(name, model, 0)
     model.gathered_memory.reset_peak()
     dist.barrier()
     with CommLog() as log, Trace(model) as trace:
-        _step(name, model, 1)
-    return dict(forward=[u.label for u in model.forward_order.units],
-                backward=[u.label for u in model.backward_order.units],
+        loss = _loss(name, model, 1)
+        backward = [u.label for u in reversed(model.post_forward_order)]  # the order backward reaches them
+        if order is not None:
+            _use_as_post_forward_order(model, order)
+        loss.backward()
+    return dict(forward=[u.label for u in model.forward_order.units], backward=backward,
                 gathers=[(r.label, r.start) for r in log.records if r.op == "all_gather"],
                 backward_starts=[(s.label, s.start) for s in trace.spans if s.kind == "backward"],
                 peak=model.gathered_memory.peak)

@@ -32,6 +32,7 @@ from fsdp_mini.fsdp.grad_reduction import GradReduction, ReductionQueue
 from fsdp_mini.fsdp.groups import MeshInfo
 from fsdp_mini.memory import MemoryTracker
 from fsdp_mini.fsdp.states import ReduceStage, ShardedState, TrainingState
+from fsdp_mini.fsdp.units import UnitLifecycle
 from fsdp_mini.torch_internals import chunk_cat_into
 from fsdp_mini.weak_hooks import weak_hook
 
@@ -50,12 +51,13 @@ class PostForwardShards:
     kept_bytes: int = 0
 
 
-class FSDPParamGroup:
+class FSDPParamGroup(UnitLifecycle):
     """The parameters that one `fully_shard(module)` call manages, their collectives, and their life in a
-    step, as in FSDP2's `_fsdp_param_group.py`: `pre_forward`, `post_forward`, `pre_backward`,
-    `post_backward` and `finalize_backward` make every state transition, gather, prefetch, wait and
-    choose how to reshard; the module's `FSDPState` only calls them from its hooks. The group decides
-    when backward is done with it (`maybe_post_backward`).
+    step, as in FSDP2's `_fsdp_param_group.py`: `pre_forward`, `post_forward`, `pre_backward` (the
+    lifecycle both designs share, `fsdp_mini.fsdp.units.UnitLifecycle`), `post_backward` and
+    `finalize_backward` make every state transition, gather, prefetch, wait and choose how to reshard; the
+    module's `FSDPState` only calls them from its hooks. The group decides when backward is done with it
+    (`maybe_post_backward`).
 
     When is a unit's backward over? When every trainable parameter has its gradient *and* the gradients
     with respect to the unit's inputs have been computed (frozen parameters are still needed until then,
@@ -132,59 +134,10 @@ class FSDPParamGroup:
         if is_root and self.auto_reshard_after_forward:
             self.reshard_after_forward = False
 
-    def pre_forward(self, prefetch: list["FSDPParamGroup"]) -> None:
-        """Gather the unit for its forward (waiting for it if prefetched), issuing the AllGathers of
-        `prefetch` (the units that run next) right after its own."""
-        self.training_state = TrainingState.FORWARD
-        self.unshard(async_op=True)
-        for other in prefetch:
-            other.unshard(async_op=True)
-        self.wait_for_unshard()
-
-    def post_forward(self, post_forward_order: list["FSDPParamGroup"] | None, backward_follows: bool = True) -> None:
-        """The unit's forward is over: free its parameters, keep them, or keep a 1/k share, as
-        `reshard_after_forward` says; record it in the root's `post_forward_order` (None: not recorded).
-
-        A unit kept gathered (the root, by default) is kept for the backward that follows; a forward that
-        none can follow (`backward_follows` False: under no_grad, or no output needs a gradient, as in
-        evaluation or a registered `generate()`) frees the unit whatever reshard_after_forward says, as the
-        flat design does. FSDP2 keeps it (pytorch#131965), and until the next backward the
-        module's parameters are the gathered copies: an optimizer made then, `AdamW(model.parameters())`
-        after an evaluation pass, steps tensors that the next reshard discards, and the model never trains.
-        The price: the next forward gathers the unit again. A call that wraps another (a registered
-        `generate` that calls forward) finds the unit out of FORWARD when it ends (the inner call ended it)
-        and frees it too, as FSDP2 does (FSDPParamGroup.reshard, _fsdp_param_group.py)."""
-        ends_forward = self.training_state is TrainingState.FORWARD
-        self.training_state = TrainingState.IDLE
-        if self.reshard_after_forward or not ends_forward or not backward_follows:
-            self.reshard()
-        elif self.post_forward_shards is not None:
+    def keep_after_forward(self) -> None:
+        """Kept after forward: every gathered parameter, or (`reshard_after_forward=k`) a 1/k share."""
+        if self.post_forward_shards is not None:
             self.reshard_post_forward()
-        if post_forward_order is not None:
-            self.post_forward_indices.append(len(post_forward_order))
-            post_forward_order.append(self)
-
-    def pre_backward(self, post_forward_order: list["FSDPParamGroup"],
-                     prefetch: list["FSDPParamGroup"] | None) -> None:
-        """Backward has reached the unit's outputs: gather it again (if freed), prefetch the unit that
-        backward reaches next (`prefetch` set by hand, or FSDP2's default: see `_backward_prefetch`), wait."""
-        if self.training_state is TrainingState.PRE_BACKWARD:
-            return
-        self.training_state = TrainingState.PRE_BACKWARD
-        self.unshard(async_op=True)
-        for other in (prefetch if prefetch is not None else self._backward_prefetch(post_forward_order)):
-            other.prefetch_in_backward()
-        self.wait_for_unshard()
-
-    def _backward_prefetch(self, post_forward_order: list["FSDPParamGroup"]) -> list["FSDPParamGroup"]:
-        """FSDP2's default: the unit whose post-forward came just before this unit's latest one in this
-        step; each backward reaching the unit takes one of its post-forwards off (`post_forward_indices`).
-        A unit run standalone after the others' backward (a chunked loss head, called again once the
-        previous chunk's backward ended) finds no earlier post-forward: nothing."""
-        if not self.post_forward_indices:
-            return []
-        i = self.post_forward_indices.pop()
-        return [post_forward_order[i - 1]] if i > 0 else []
 
     # --- parameters ----------------------------------------------------------------------------------
 
@@ -221,8 +174,8 @@ class FSDPParamGroup:
             self.wait_for_unshard()
 
     def prefetch_in_backward(self) -> None:
-        """Issue this unit's AllGather ahead of its backward (another unit's pre-backward asks), as a unit in
-        backward: one that does not gather in backward (`unshard_in_backward` False) is not prefetched."""
+        """`UnitLifecycle.prefetch_in_backward`, as a unit in backward: one that does not gather in backward
+        (`unshard_in_backward` False) is not prefetched."""
         if self.training_state is TrainingState.PRE_BACKWARD:
             return
         saved, self.training_state = self.training_state, TrainingState.PRE_BACKWARD

@@ -476,7 +476,7 @@ class FSDPState:
         """Whether a backward can reach the unit through this forward's output (no: under no_grad, in a
         no-grad method such as `generate()` whose hooks run outside its no_grad, or a frozen unit fed
         inputs that need no gradient). A unit no backward reaches is freed and not recorded: backward's
-        prefetch would gather it for nothing (the flat design's `needs_pre_backward_unshard`)."""
+        prefetch would gather it for nothing (FSDP1 skips it too: `_needs_pre_backward_unshard`)."""
         return torch.is_grad_enabled() and any(t.requires_grad for t in tensors_in(out))
 
     def _register_pre_backward_hook(self, out) -> None:
