@@ -20,13 +20,15 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["ParamInfo", "Piece", "FlatLayout", "flatten", "unflatten_views"]
+__all__ = ["ParamSlot", "Piece", "FlatLayout", "flatten", "unflatten_views"]
 
 
 @dataclass(frozen=True)
-class ParamInfo:
-    """One parameter inside a flat buffer. `names` are its fully qualified names, more than one when the
-    same tensor is tied under several names (embedding = head); the first one owns it in checkpoints."""
+class ParamSlot:
+    """One parameter's slot in a flat buffer. `names` are its fully qualified names, more than one when the
+    same tensor is tied under several names (embedding = head); the first one owns it in checkpoints.
+    (FSDP1 keeps shapes and offsets on the `FlatParameter`, `_shapes` / `_numels`; its `ParamInfo` is
+    another thing: name, module, module name.)"""
 
     names: tuple[str, ...]
     shape: torch.Size
@@ -42,7 +44,7 @@ class Piece:
     """The part of parameter `param` that lies in one shard: elements [start, end) of the flattened
     parameter, found at `shard_offset` inside that shard."""
 
-    param: ParamInfo
+    param: ParamSlot
     start: int
     end: int
     shard_offset: int
@@ -61,10 +63,10 @@ class FlatLayout:
         if len(names) != len(shapes) or not names:
             raise ValueError("a flat buffer needs at least one parameter, and one shape per name")
         self.n = n
-        self.params: list[ParamInfo] = []
+        self.params: list[ParamSlot] = []
         offset = 0
         for name, shape in zip(names, shapes):
-            info = ParamInfo((name,) if isinstance(name, str) else tuple(name), torch.Size(shape), offset)
+            info = ParamSlot((name,) if isinstance(name, str) else tuple(name), torch.Size(shape), offset)
             self.params.append(info)
             offset += info.numel
         self.numel = offset

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from fsdp_mini.fsdp.flat_param import FlatLayout, ParamInfo, Piece, flatten, unflatten_views
+from fsdp_mini.fsdp.flat_param import FlatLayout, ParamSlot, Piece, flatten, unflatten_views
 
 # Shape lists chosen to cover: one scalar, a single parameter, several of mixed rank, a tiny bias next to
 # a matrix, a zero-element parameter in the middle, and numels that are prime (never divisible by n > 1).
@@ -90,7 +90,7 @@ def test_pieces_reassemble_every_parameter_exactly_once(shapes, n):
     for r in range(n):
         lo, hi = layout.shard_range(r)
         pieces = layout.pieces(r)
-        assert all(isinstance(pc, Piece) and isinstance(pc.param, ParamInfo) for pc in pieces)
+        assert all(isinstance(pc, Piece) and isinstance(pc.param, ParamSlot) for pc in pieces)
         # in parameter order, and laid out left to right inside the shard without overlap
         order = [index[id(pc.param)] for pc in pieces]
         assert order == sorted(order) and len(set(order)) == len(order)

@@ -36,7 +36,17 @@ from fsdp_mini.fsdp.units import UnitLifecycle
 from fsdp_mini.torch_internals import chunk_cat_into
 from fsdp_mini.weak_hooks import weak_hook
 
-__all__ = ["FSDPParamGroup"]
+__all__ = ["FSDPParamGroup", "PendingGather"]
+
+
+@dataclass
+class PendingGather:
+    """A unit's AllGather in flight (FSDP2's `AllGatherResult`): its work (None when a copy sufficed), the
+    gathered rows (n, row), and each parameter's length in a row, for the copy-out."""
+
+    work: object
+    output: torch.Tensor
+    lengths: list[int]
 
 
 @dataclass
@@ -85,8 +95,7 @@ class FSDPParamGroup(UnitLifecycle):
         self.finished_calls = 0
         self.sharded_state = ShardedState.SHARDED
         self.training_state = TrainingState.IDLE
-        # the AllGather in flight: (work, output, lengths); a flat handle's `gather` is a PendingGather
-        self.gather: tuple[object, torch.Tensor, list[int]] | None = None
+        self.gather: PendingGather | None = None  # the AllGather in flight (a flat handle's has its own fields)
         # the unit's own ReduceScatters in flight, one per reduce dtype (a flat handle's `grad_reduction`)
         self.grad_reductions: list[GradReduction] = []
         self.divide_factor: float | None = None  # set_gradient_divide_factor: sum, then divide by it
@@ -165,7 +174,7 @@ class FSDPParamGroup(UnitLifecycle):
         else:
             with scope(self.label):
                 work = C.all_gather_into_tensor(output.view(-1), row, group=group, async_op=True, impl=self.impl)
-        self.gather = (work, output, lengths)
+        self.gather = PendingGather(work, output, lengths)
         self.sharded_state = ShardedState.UNSHARDING
         if from_post_forward:  # the 1/k shares are the AllGather's input now (`row`), no longer kept
             self.gathered_memory.free(self.post_forward_shards.kept_bytes, self.label)
@@ -188,10 +197,10 @@ class FSDPParamGroup(UnitLifecycle):
         """Finish a pending gather: copy each parameter out of the gathered rows, swap it into the module."""
         if self.gather is None:
             return
-        work, output, lengths = self.gather
-        self.gather = None
-        if work is not None:
-            work.wait()
+        gather, self.gather = self.gather, None
+        if gather.work is not None:
+            gather.work.wait()
+        output, lengths = gather.output, gather.lengths
         offset = 0
         for index, (p, length) in enumerate(zip(self.params, lengths)):
             p.copy_out(output, offset, length)
