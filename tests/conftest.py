@@ -64,7 +64,7 @@ LONGEST_FIRST = (
     # were both once too slow to reach their hang in time
     "lessons/ru/10_*.ipynb",                    # 85-105 s
     "tests/library/test_launch.py",             # 35-70 s
-    "tests/course/test_cpu_kernels.py",         # 60-70 s in 2 tests
+    "tests/course/test_cpu_kernels.py",         # 20-35 s
     "tests/course/test_cli.py",                 # 65-85 s
     "tests/library/test_flight_recorder.py",    # 60-70 s
     "tests/library/test_checkpoint.py",         # 35-50 s
