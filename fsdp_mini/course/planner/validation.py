@@ -247,19 +247,26 @@ def held_out_table(validated=None, language: str = "en") -> str:
 
 def rewrite_pages(root=".") -> None:
     """Put the current tables into lessons/en/planner.md and lessons/ru/planner.md (each Markdown table of a
-    page is replaced: the one whose header counts memory in GiB by the held-out table, the other by the
-    calibration table). `python -m fsdp_mini.course.planner.validation` runs it; tests/course/test_planner.py
+    page is replaced: the one whose header starts with MPT by `llm_foundry.table`, the one whose header counts
+    memory in GiB by the held-out table, the other by the calibration table). `python -m fsdp_mini.course.planner.validation` runs it; tests/course/test_planner.py
     says when it is due."""
     import re
     from pathlib import Path
 
+    from fsdp_mini.course.planner import llm_foundry
+
     held_out = validate(HELD_OUT_ROWS)
+
+    def current(header: str, language: str) -> str:
+        if header.startswith("| MPT |"):
+            return llm_foundry.table(language=language)
+        return held_out_table(held_out, language) if re.search("GiB|ГиБ", header) else table(language=language)
+
     for language in ("en", "ru"):
         path = Path(root) / "lessons" / language / "planner.md"
         text = path.read_text(encoding="utf-8")
-        text = re.sub(r"(?:^\|.*\n)+", lambda m: (held_out_table(held_out, language)
-                                                  if re.search("GiB|ГиБ", m.group(0).split("\n")[0])
-                                                  else table(language=language)) + "\n", text, flags=re.M)
+        text = re.sub(r"(?:^\|.*\n)+", lambda m: current(m.group(0).split("\n")[0], language) + "\n", text,
+                      flags=re.M)
         path.write_text(text, encoding="utf-8")
 
 
