@@ -130,7 +130,7 @@ def show_assumptions(gpu, calibration) -> None:
     print(tr(f"fitted on torchtitan's A100 runs: matrix products at {num(calibration.matmul_fraction, 3)} of the "
              f"peak, memory-bound kernels at {num(calibration.hbm_fraction, 3)} of HBM, rings across nodes at "
              f"{num(calibration.network_fraction, 3)} of the network",
-             f"подогнано по запускам torchtitan на A100: матричные произведения — {num(calibration.matmul_fraction, 3)} "
+             f"подобрано по запускам torchtitan на A100: матричные произведения — {num(calibration.matmul_fraction, 3)} "
              f"пика, ядра, упирающиеся в память, — {num(calibration.hbm_fraction, 3)} HBM, кольца между узлами — "
              f"{num(calibration.network_fraction, 3)} сети"))
 
@@ -139,12 +139,12 @@ def show_plans(plans, labels: list[str]) -> None:
     """Print one line per plan: its label, its peak memory per GPU (GiB, as max_memory_reserved reads it),
     whether it fits, its tokens/s per GPU and MFU (torchtitan's), the seconds of a step."""
     width = max(len(label) for label in labels) + 2
-    print(f"{'':<{width}}{tr('GiB/GPU', 'ГиБ/GPU'):>9}{tr('fits', 'влезает'):>9}"
+    print(f"{'':<{width}}{tr('GiB/GPU', 'ГиБ/GPU'):>9}{tr('fits', 'помещается'):>12}"
           f"{tr('tokens/s/GPU', 'токенов/с/GPU'):>15}{'MFU':>7}{tr('step, s', 'шаг, с'):>9}")
     percent = tr("%", "\u00a0%")  # Russian puts a no-break space before the sign
     for label, p in zip(labels, plans):
         fits = tr("yes", "да") if p.memory.fits else tr("no", "нет")
-        print(f"{label:<{width}}{num(p.memory.peak_reserved / 1024 ** 3, 1):>9}{fits:>9}"
+        print(f"{label:<{width}}{num(p.memory.peak_reserved / 1024 ** 3, 1):>9}{fits:>12}"
               f"{num(p.time.tokens_per_s_per_gpu, 0):>15}{num(100 * p.time.mfu, 1):>6}{percent}"
               f"{num(p.time.step_s, 2):>9}")
 

@@ -25,16 +25,16 @@ def plot_fsdp_scaling(rows, title: str = ""):
     if stop is not None:
         left.axvline(stop.gpus, color="#8C8C8C", linewidth=1, linestyle=":")
         # at the foot of the mark, to its left: the curves run higher there
-        left.annotate(tr(f"stops hiding: {stop.gpus:,} GPUs", f"перестаёт прятаться: {stop.gpus} GPU"),
+        left.annotate(tr(f"stops hiding: {stop.gpus:,} GPUs", f"вычисления больше не скрывают его: {stop.gpus} GPU"),
                       (stop.gpus, 0.04), xycoords=("data", "axes fraction"), xytext=(-4, 0),
                       textcoords="offset points", ha="right", va="bottom", fontsize=SMALL)
     left.set_ylabel(tr("tokens per GPU", "токенов на GPU"))
     # legends under the panels, where they cover no line
     left.legend(fontsize=SMALL, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.2))
     right.plot(gpus, [r.bandwidth_s * 1e3 for r in rows], "o-", color=PLAN_COLORS[2],
-               label=tr("bandwidth term", "член пропускной способности"))
+               label=tr("bandwidth term", "слагаемое пропускной способности"))
     right.plot(gpus, [r.latency_s * 1e3 for r in rows], "s--", color=PLAN_COLORS[4],
-               label=tr("latency term, (N - 1) alpha", "член задержки, (N − 1) α"))
+               label=tr("latency term, (N - 1) alpha", "слагаемое задержки, (N − 1) α"))
     right.set_ylabel(tr("ms per AllGather", "мс на один AllGather"))
     right.legend(fontsize=SMALL, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.2))
     for ax in (left, right):
