@@ -688,7 +688,8 @@ LESSON_12 = {
                            "FULL_SHARD одного блока Llama-2-70B, 4 млн токенов на шаг"),
     "planner_asked": ("planner, {gpu}, sequences of {seq} tokens, micro-batches {micro_batches}, "
                       "activation checkpointing {ac}:",
-                      "планировщик, {gpu}, последовательности по {seq} токенов, микробатчей {micro_batches}, "
+                      "планировщик, {gpu}, последовательности по {seq} {seq:токену|токена|токенов}, "
+                      "микробатчей {micro_batches}, "
                       "чекпоинтинг активаций {ac}:"),
     # tensor parallelism by hand, attention
     "partial_equals_whole": ("rank 0's partial output equals the whole: {equal}",
@@ -752,7 +753,8 @@ LESSON_12 = {
     "planner_assumptions": ("planner: GPU {gpu}; sequences of {seq} tokens, {sequences} a step; local batch = "
                             "sequences / data-parallel ranks; micro-batches {micro_batches}; activation "
                             "checkpointing {ac}",
-                            "планировщик: GPU {gpu}; последовательности по {seq} токенов, {sequences} за шаг; "
+                            "планировщик: GPU {gpu}; последовательности по {seq} {seq:токену|токена|токенов}, "
+                            "{sequences} за шаг; "
                             "локальный батч = последовательности / ранги по данным; микробатчей "
                             "{micro_batches}; чекпоинтинг активаций {ac}"),
     "parallel_layout": ("plan", "раскладка"),
@@ -811,7 +813,7 @@ LESSON_13 = {
                        "Llama-3-70B на 256 H100 (32 узла), 256 последовательностей по 8\u202f192 токена за шаг"),
     "fitting_layouts": ("\nlayouts of these GPUs and this batch that fit: {n}; the fastest: {layout}, AC {ac}",
                         "\nраскладок этих GPU с этим батчем, которые помещаются: {n}; самая быстрая: {layout},"
-                        " AC {ac}"),
+                        " чекпоинтинг {ac}"),
     "tp8_slower": ("TP 8 + SP with full AC trains {slower:.0%} slower; its TP collectives (never hidden) take"
                    " {exposed:.0%} of its step",
                    "TP 8 + SP с полным чекпоинтингом обучает на {slower:.0%} медленнее; его коллективные операции"
@@ -842,8 +844,8 @@ LESSON_13 = {
     "planner_error": ("error", "ошибка"),
     "validation_summary": ("fitted rows: largest error {largest:.1%} (the test allows {tolerance:.0%}); H100 rows"
                            " it was not fitted on: too fast by {low:.0}–{high:.0}%",
-                           "строки подгонки: наибольшая ошибка {largest:.1%} (тест допускает {tolerance:.0%});"
-                           " строки H100 вне подгонки: быстрее на {low:.0}–{high:.0}\u00a0%"),
+                           "строки подбора: наибольшая ошибка {largest:.1%} (тест допускает {tolerance:.0%});"
+                           " на строках H100 вне подбора планировщик завышает скорость на {low:.0}–{high:.0}\u00a0%"),
     "layout_passes": ("a layout passes if it fits and trains within {slower:.0%} of the fastest",
                       "раскладка проходит, если помещается и медленнее самой быстрой не больше чем на"
                       " {slower:.0%}"),

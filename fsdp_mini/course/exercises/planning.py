@@ -327,7 +327,7 @@ class LayoutCase:
                   f"per step",
                   f"{self.model} на {self.gpus} × {self.gpu}, {self.sequences} "
                   f"{plural(self.sequences, 'последовательность', 'последовательности', 'последовательностей')} по "
-                  f"{num(self.seq)} токенов за шаг")
+                  f"{num(self.seq)} {plural(self.seq, 'токену', 'токена', 'токенов')} за шаг")
 
     def baseline(self) -> Layout:
         """A well-formed layout of this global batch, for `compare` to vary."""
