@@ -334,7 +334,12 @@ class FSDP(GradientSync, nn.Module):
         needs_grad = [t for t in tensors_in(out) if t.requires_grad]
         for t in needs_grad:
             t.register_hook(partial(self._pre_backward, unit))
-        unit.post_forward(None if self.backward_queued else self.post_forward_order, backward_follows=bool(needs_grad))
+        # Kept or freed by the strategy alone while a backward may come, as FSDP1's `_post_forward_reshard` does: a
+        # unit whose outputs need no gradient (frozen, fed inputs that need none) stays gathered under
+        # SHARD_GRAD_OP, and gradient accumulation does not gather it again for every micro-batch; it is not
+        # recorded, so backward does not prefetch it (FSDP1's `_needs_pre_backward_unshard`)
+        record = None if self.backward_queued or not needs_grad else self.post_forward_order
+        unit.post_forward(record, backward_follows=torch.is_grad_enabled())
         if unit.is_root and not needs_grad:  # inference: no backward will come to free anything
             for u in self.units:
                 u.reshard()
