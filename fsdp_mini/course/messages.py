@@ -696,7 +696,7 @@ LESSON_12 = {
                              "частичный выход ранга 0 равен целому: {equal}"),
     "sum_equals_whole": ("the sum of the two partial outputs equals it: {equal}",
                          "сумма двух частичных выходов равна ему: {equal}"),
-    "qkv_cut": ("cut", "разрез"),
+    "qkv_cut": ("cut", "разбиение"),
     "rows_on_rank_0": ("rows on rank 0", "строки на ранге 0"),
     "contiguous_cut": ("contiguous", "сплошной"),
     "one_process_loss": ("one process", "один процесс"),

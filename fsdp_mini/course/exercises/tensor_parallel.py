@@ -226,7 +226,7 @@ def _judge_row_parallel(fn) -> Verdict:
             if len(fwd) != 1 or fwd[0] != "all_reduce" or bwd:
                 return Verdict.wrong(where + tr(f"rank {rank}: a row-parallel layer needs one AllReduce per step "
                                                 f"(through fsdp_mini's collectives); {seen}",
-                                                f"ранг {rank}: слою с разрезом по строкам нужен один AllReduce за шаг "
+                                                f"ранг {rank}: слою с разбиением по строкам нужен один AllReduce за шаг "
                                                 f"(через коллективные операции fsdp_mini); {seen}"))
     return Verdict.right(tr("At 2 and 4 ranks the output and the gradients of the input slice, the weight slice and "
                             "the bias equal one process's, with one AllReduce in forward and none in backward.",
