@@ -4,7 +4,7 @@ Per rank, step by step ("wrap" first): both raising is agreement (unless the uns
 step: then fsdp_mini is compared with it, see `raw_differences`) (messages may differ: PyTorch's are
 often cryptic where fsdp_mini's explain); one raising is a difference; otherwise every field of the
 step's event is compared: floats and tensors to a tolerance (AdamW eps=1e-3 and SGD keep fp32 runs within
-1e-4; bf16 within 3e-2), keys, dtypes, shapes, None-gradients, collective counts and load_state_dict's
+1e-4; bf16 within 3e-2 of each tensor's scale: `_tol`), keys, dtypes, shapes, None-gradients, collective counts and load_state_dict's
 return value exactly. The first difference per (step, field) is kept, with the first rank that shows it.
 Differences listed in `known.KNOWN` are set apart with their reason, not reported as findings.
 """
@@ -40,7 +40,12 @@ class Difference:
 
 
 def _tol(bf16: bool) -> dict:
-    return dict(rtol=3e-2, atol=3e-2) if bf16 else dict(rtol=1e-4, atol=1e-5)
+    """fp32 to 1e-4. bf16 to 3e-2, and in a tensor to 3e-2 of its largest value (`scaled`): one rounding of a
+    bf16 gradient is 1/256 of the gradient's scale, not of an element that sums to little, and the unsharded
+    model rounds in another order (the whole batch in one backward, where the ranks average per-rank gradients
+    over ranks and micro-batches); a program found so (seed 67429934: momentum buffers one bf16 step apart where
+    contributions cancel) agrees to 1e-12 in float64."""
+    return dict(rtol=3e-2, atol=3e-2, scaled=True) if bf16 else dict(rtol=1e-4, atol=1e-5)
 
 
 def _tensor_diff(a: torch.Tensor, b: torch.Tensor, tol: dict) -> str | None:
@@ -51,7 +56,10 @@ def _tensor_diff(a: torch.Tensor, b: torch.Tensor, tol: dict) -> str | None:
     if a.dtype == torch.bool or not (a.is_floating_point() or a.is_complex()):
         return None if torch.equal(a, b) else f"values {a.flatten()[:6].tolist()} vs {b.flatten()[:6].tolist()}"
     x, y = a.double(), b.double()
-    if torch.allclose(x, y, equal_nan=True, **tol):
+    rtol, atol = tol["rtol"], tol["atol"]
+    if tol.get("scaled") and y.numel():
+        atol *= max(1.0, float(y.abs().nan_to_num(0, 0, 0).max()))
+    if torch.allclose(x, y, rtol=rtol, atol=atol, equal_nan=True):
         return None
     err = (x - y).abs().nan_to_num(nan=float("inf")).max().item()
     return f"values differ by up to {err:.3g} (e.g. {x.flatten()[:3].tolist()} vs {y.flatten()[:3].tolist()})"
