@@ -34,7 +34,7 @@ def test_the_scaling_plot_draws_the_rows_and_marks_where_hiding_stops():
     plt.close(fig)
     set_language("ru")
     fig = plot_fsdp_scaling(rows)
-    assert any("перестаёт" in t for t in _texts(fig)) and fig.axes[0].get_xlabel() == "GPU"
+    assert any("больше не скрывают" in t for t in _texts(fig)) and fig.axes[0].get_xlabel() == "GPU"
     plt.close(fig)
 
 
