@@ -280,7 +280,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                                                     "default), tokens_per_s_per_gpu and, optionally, memory_gib")
     f.add_argument("--out", required=True, metavar="PROFILE.json", help="where to write the fitted constants")
     f.set_defaults(func=fit_cmd)
-    if only not in ("demo", "ring-demo", "bench-collectives", "diagnose", "plan", "fit"):
+    if only not in sub.choices:  # not one of the subcommands above
         from fsdp_mini.course import simulate
         from fsdp_mini.course.bench import command as bench_command
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from fsdp_mini.memory import decimal_scale
 
-__all__ = ["LANGUAGES", "set_language", "get_language", "tr", "num", "size", "plural"]
+__all__ = ["LANGUAGES", "set_language", "get_language", "tr", "num", "size", "plural", "ru_cell"]
 
 LANGUAGES = ("en", "ru")
 _current = "en"
@@ -48,6 +48,13 @@ def num(value: float, digits: int | None = None) -> str:
     if _current == "ru":
         text = text.replace(",", "\u202f").replace(".", ",")
     return text
+
+
+def ru_cell(text: str) -> str:
+    """A number already written the English way ("2,048", "+2.8 %", "-0.5"), in Russian typography: thin-space
+    thousands, decimal comma, a no-break space before %, the minus sign (the planner's Markdown tables)."""
+    text = text.replace(",", "\u202f").replace(".", ",").replace(" %", "\u00a0%")
+    return "\u2212" + text[1:] if text.startswith("-") else text
 
 
 def size(nbytes: float) -> str:

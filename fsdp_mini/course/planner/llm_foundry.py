@@ -29,7 +29,7 @@ import statistics
 from dataclasses import dataclass
 from functools import cache
 
-from fsdp_mini.course.language import get_language, plural, set_language
+from fsdp_mini.course.language import get_language, plural, ru_cell, set_language
 from fsdp_mini.course.planner.hardware import GiB, get_gpu
 from fsdp_mini.course.planner.hf_config import model_from_config
 from fsdp_mini.course.planner.layout import Checkpointing, Layout
@@ -203,16 +203,11 @@ def summary(predicted: tuple[Predicted, ...] | None = None) -> dict[str, float]:
             "heavy rows": len(heavy), "median |error|, attention a third or more": statistics.median(heavy)}
 
 
-def _ru(text: str) -> str:
-    text = text.replace(",", "\u202f").replace(".", ",").replace(" %", "\u00a0%")
-    return "\u2212" + text[1:] if text.startswith("-") else text
-
-
 def table(predicted: tuple[Predicted, ...] | None = None, language: str = "en") -> str:
     """Every row as Markdown: published and predicted tokens/s per GPU, the error, attention's share of the FLOPs,
     the predicted peak memory and whether it fits (every published run did)."""
     predicted = predict() if predicted is None else predicted
-    fmt = _ru if language == "ru" else (lambda x: x)
+    fmt = ru_cell if language == "ru" else (lambda x: x)
     heads = {"en": ("MPT", "seq", "GPUs", "micro-batch × accumulation", "checkpointing", "tokens/s", "predicted",
                     "error", "attention in FLOPs", "predicted GiB", "fits"),
              "ru": ("MPT", "последовательность", "GPU", "микробатч × накопление", "чекпоинтинг", "токенов/с",

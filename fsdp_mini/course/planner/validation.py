@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from fsdp_mini.course.language import ru_cell
 from fsdp_mini.course.planner.calibration import CALIBRATION, Calibration
 from fsdp_mini.course.planner.fitting import MeasuredRun, fit_constants
 from fsdp_mini.course.planner.hardware import GiB, get_gpu
@@ -188,16 +189,10 @@ def fit(rows=CALIBRATION_ROWS) -> Calibration:
     return fit_constants([MeasuredRun(get_model(r.model), get_gpu(r.gpu), r.layout(), r.tokens_per_s) for r in rows])
 
 
-def _ru(text: str) -> str:
-    """A cell in Russian typography: thin-space thousands, decimal comma, no-break space before %, minus sign."""
-    text = text.replace(",", "\u202f").replace(".", ",").replace(" %", "\u00a0%")
-    return "\u2212" + text[1:] if text.startswith("-") else text
-
-
 def table(validated=None, language: str = "en") -> str:
     """The validation table as Markdown, English or Russian (headers and number typography)."""
     validated = validate() if validated is None else validated
-    fmt = _ru if language == "ru" else (lambda x: x)
+    fmt = ru_cell if language == "ru" else (lambda x: x)
     heads = {"en": ("model", "local batch", "AC", "published tokens/s", "predicted", "error", "published MFU",
                     "predicted MFU"),
              "ru": ("модель", "локальный батч", "чекпоинтинг", "опубликовано, токенов/с", "предсказано", "ошибка",
@@ -224,7 +219,7 @@ def _layout_cell(r: PublishedRow, fmt) -> str:
 def held_out_table(validated=None, language: str = "en") -> str:
     """The held-out rows as Markdown: tokens/s and memory, published, predicted, and the errors."""
     validated = validate(HELD_OUT_ROWS) if validated is None else validated
-    fmt = _ru if language == "ru" else (lambda x: x)
+    fmt = ru_cell if language == "ru" else (lambda x: x)
     heads = {"en": ("published", "model", "GPUs", "layout", "local batch", "run", "tokens/s", "predicted", "error",
                     "memory GiB", "predicted", "error"),
              "ru": ("источник", "модель", "GPU", "раскладка", "локальный батч", "запуск", "токенов/с", "предсказано",
