@@ -9,12 +9,13 @@ PyTorch (the README's table maps every module). Bottom up (a module imports only
 ones before it; tests/library/test_layout.py checks the order):
   1. one process: torch_internals (every private PyTorch name used, with its reason), lazy_exports, nested
      (tensors in nested outputs), weak_hooks, ring_model (bytes a ring sends), memory (the tracker of
-     gathered bytes, byte counts)
+     gathered bytes, byte counts), byte_format (bytes as text), rank_environment (this rank's node-local
+     index, device, and whether torch.distributed is up: all the engines read of their process)
   2. processes and messages: flight_recorder (each rank's last collectives, a listener), collective_calls
      (a collective in flight, published to listeners: the diagnostics subscribe, the engines never call
      them), comm_log (every collective, logged), collectives (ring by hand and torch's builtins), grad_norm
      (a sharded gradient's norm and clipping by it, for both FSDP designs and ZeRO-1), runtime
-     (init / finish / get_device, torchrun's environment), run (`launch`: start N ranks and fail fast)
+     (init / finish: starting and ending a rank), run (`launch`: start N ranks and fail fast)
   3. the engines: fsdp/ (both FSDP designs and their shared mechanics: the core), parallel/ (DDP),
      _composable/ (replicate), optim/ (ZeRO-1), tensor/parallel/ (TP, SP)
   4. around the engines: checkpoint/ (full state dicts, sharded DCP checkpoints), memory_ledger (a step's
@@ -46,13 +47,13 @@ _EXPORTS = {
     "LaunchTimeout": "fsdp_mini.run:LaunchTimeout",
     "init": "fsdp_mini.runtime:init",
     "finish": "fsdp_mini.runtime:finish",
-    "under_torchrun": "fsdp_mini.runtime:under_torchrun",
-    "get_device": "fsdp_mini.runtime:get_device",
+    "under_torchrun": "fsdp_mini.rank_environment:under_torchrun",
+    "get_device": "fsdp_mini.rank_environment:get_device",
     "CommLog": "fsdp_mini.comm_log:CommLog",
     "CommRecord": "fsdp_mini.comm_log:CommRecord",
     "scope": "fsdp_mini.comm_log:scope",
     "MemoryTracker": "fsdp_mini.memory:MemoryTracker",
-    "format_bytes": "fsdp_mini.memory:format_bytes",
+    "format_bytes": "fsdp_mini.byte_format:format_bytes",
     "MemoryEstimate": "fsdp_mini.estimates:MemoryEstimate",
     "estimate_memory": "fsdp_mini.estimates:estimate_memory",
     "ZERO1": "fsdp_mini.fsdp.strategy_facts:ZERO1",

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fsdp_mini.memory import format_bytes
+from fsdp_mini.byte_format import format_bytes
 from fsdp_mini.fsdp.strategy import StrategyLike, check_shard_size
 from fsdp_mini.fsdp.strategy_facts import facts, shard_group_size_with_zero1
 

@@ -5,7 +5,7 @@ their peak (its listeners, `MemoryChange`, let a lesson or a ledger follow every
 `tensor_bytes` and `optimizer_state_bytes` sum what parameters, gradients and an optimizer really allocated
 (a DTensor counts its local shard); `step_memory_stats` is the one dict both designs report.
 
-Units are decimal (1 GB = 1e9 bytes), as in the ZeRO paper; `format_bytes` prints them that way. The paper's
+Counts are bytes; `fsdp_mini.byte_format` prints them (decimal units, as in the ZeRO paper). The paper's
 arithmetic itself, the estimate these measurements are set beside, lives in `fsdp_mini.estimates`, which the
 engines never import.
 """
@@ -16,30 +16,8 @@ from typing import Callable
 
 from torch.distributed.tensor import DTensor
 
-__all__ = ["format_bytes", "decimal_scale", "MemoryTracker", "MemoryChange", "ListenerHandle", "tensor_bytes",
-           "optimizer_state_bytes", "step_memory_stats"]
-
-_UNITS = ("B", "kB", "MB", "GB", "TB", "PB")
-
-
-def format_bytes(nbytes: int | float) -> str:
-    """Human-readable decimal size: `"512 B"`, `"1.9 GB"`, `"31.4 GB"` (1 kB = 1000 B, as in ZeRO)."""
-    if not nbytes >= 0:
-        raise ValueError(f"nbytes must be >= 0, got {nbytes!r}")
-    if nbytes < 1000:
-        return f"{nbytes:g} B"
-    value, unit = decimal_scale(nbytes)
-    return f"{value:.1f} {_UNITS[unit]}"
-
-
-def decimal_scale(nbytes: int | float, units: int = len(_UNITS)) -> tuple[float, int]:
-    """`nbytes` in decimal units: (value, k) with value = nbytes / 1000**k, k the unit ("B", "kB", "MB",
-    ...) that shows it, below `units`. A value that would print as 1000.0 moves up a unit (999,960 B is
-    "1.0 MB", not "1000.0 kB"). The one rule of `format_bytes` and of the lessons' translated sizes."""
-    value, unit = float(nbytes), 0
-    while unit < units - 1 and round(value, 1) >= 1000:
-        value, unit = value / 1000, unit + 1
-    return value, unit
+__all__ = ["MemoryTracker", "MemoryChange", "ListenerHandle", "tensor_bytes", "optimizer_state_bytes",
+           "step_memory_stats"]
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,8 @@ import torch.nn as nn
 
 from fsdp_mini.fsdp.fully_sharded_data_parallel import FSDP
 from fsdp_mini.fsdp._fully_shard.fully_shard import FSDPModule, gathered_memory, state_of
-from fsdp_mini.memory import MemoryChange, format_bytes, optimizer_state_bytes, tensor_bytes
+from fsdp_mini.byte_format import format_bytes
+from fsdp_mini.memory import MemoryChange, optimizer_state_bytes, tensor_bytes
 from fsdp_mini.torch_internals import in_backward
 
 __all__ = ["MemoryLedger", "MemoryBudgetExceeded", "LedgerSnapshot", "KINDS", "PHASES"]

@@ -8,8 +8,10 @@ notebook, `torchrun` from a shell, or a plain `python script.py` as a world of o
     ...
     fsdp_mini.finish()                  # under torchrun: end the rank without interpreter shutdown
 
-The names of the environment variables are torchrun's (`torch.distributed.run`), and this module is the
-one place that reads them, so that the engine, the launcher and checkpoints agree on what a node is.
+The names of the environment variables are torchrun's (`torch.distributed.run`). What a rank is (its
+node-local index, its device, whether torch.distributed is up) is read in `fsdp_mini.rank_environment`, which
+the engines import instead of this module, so that the engine, the launcher and checkpoints agree on what a
+node is and the engines load nothing of launching.
 
 Under torchrun, `init()` also does for a rank what `launch` does for its children: the rank dies with
 its agent (a killed torchrun leaves no training processes behind), and its collectives are recorded in a
@@ -34,35 +36,13 @@ import torch
 import torch.distributed as dist
 from torch.distributed.constants import default_pg_timeout
 
+from fsdp_mini.rank_environment import (BACKENDS, default_backend, get_device, local_rank, local_world_size,
+                                       require_distributed, under_torchrun)
+
 
 __all__ = ["init", "finish", "get_device", "under_torchrun", "require_distributed", "local_world_size", "default_backend",
            "check_backend", "BACKENDS", "STARTUP_TIMEOUT", "wait_for_every_rank", "Launcher", "launcher", "mark_launched",
            "die_with_parent", "RankFinished"]
-
-BACKENDS = ("gloo", "nccl")
-
-
-def default_backend() -> str:
-    """NCCL when this machine has a GPU, gloo (CPU processes) otherwise."""
-    return "nccl" if torch.cuda.is_available() else "gloo"
-
-
-def local_world_size(default: int) -> int:
-    """Ranks on this node: torchrun's LOCAL_WORLD_SIZE, or `default` when nothing set it (a plain
-    script, a notebook). It is what a hybrid strategy's shard group defaults to: one node."""
-    return int(os.environ.get("LOCAL_WORLD_SIZE", default))
-
-
-def local_rank() -> int:
-    """This rank's index on its node (torchrun's LOCAL_RANK): the GPU it drives."""
-    return int(os.environ.get("LOCAL_RANK", 0))
-
-
-def get_device() -> torch.device:
-    """The device this rank computes on: `cuda:LOCAL_RANK` under NCCL, the CPU under gloo."""
-    if dist.is_initialized() and dist.get_backend() == "nccl":
-        return torch.device("cuda", local_rank())
-    return torch.device("cpu")
 
 
 def check_backend(backend: str | None, world_size: int = 1, ranks_per_node: int | None = None) -> str:
@@ -221,19 +201,6 @@ def _record_flight() -> None:
         sys.stderr.write(f"fsdp_mini: this run's flight records go to {folder} ({kept}; "
                          f"python -m fsdp_mini diagnose {folder})\n")
         sys.stderr.flush()
-
-
-def require_distributed(what: str) -> None:
-    """Stop with a clear error, before any collective, when `torch.distributed` is not initialised: every
-    distributed wrapper (DDP, ZeRO, both FSDP designs, sharded checkpoints) starts with this check."""
-    if not dist.is_initialized():
-        raise RuntimeError(f"{what} needs torch.distributed, which is not initialised: run under fsdp_mini.launch "
-                           "or torchrun and call fsdp_mini.init() first")
-
-
-def under_torchrun() -> bool:
-    """True in a rank started by torchrun (or any `env://` launcher): RANK and WORLD_SIZE are set."""
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
 class RankFinished(SystemExit):

@@ -52,7 +52,7 @@ from fsdp_mini.parallel.data_parallel import GradientSync, check_same_everywhere
 from fsdp_mini.parallel.ddp import DistributedDataParallel
 from fsdp_mini.fsdp._fully_shard.fully_shard import FSDPModule
 from fsdp_mini.parallel.grad_buckets import check_bucket_cap_mb
-from fsdp_mini.runtime import get_device, require_distributed
+from fsdp_mini.rank_environment import get_device, require_distributed
 
 __all__ = ["replicate", "ReplicateModule", "ReplicateState", "replicated_parameters"]
 

@@ -84,7 +84,7 @@ from fsdp_mini.checkpoint.integrity import (CheckpointError, CorruptCheckpointEr
                                             save_atomically, verify_pieces, weights_only_refusal)
 from fsdp_mini.flight_recorder import recorded
 from fsdp_mini.fsdp._fully_shard.fully_shard import FSDPModule
-from fsdp_mini.runtime import require_distributed
+from fsdp_mini.rank_environment import require_distributed
 from fsdp_mini.checkpoint.sharded_boxes import Box, BoxedTensor, BoxesLoadPlanner, BoxesSavePlanner
 from fsdp_mini.checkpoint.state_dict import flat_wrappers, own_state, sharding_design
 from fsdp_mini.checkpoint.zero_checkpoint import is_replicated, replicated_state_dict, unwrapped

@@ -28,7 +28,7 @@ import torch.nn as nn
 from fsdp_mini.parallel.ddp import DistributedDataParallel
 from fsdp_mini.fsdp.fully_sharded_data_parallel import FSDP
 from fsdp_mini.fsdp._fully_shard.fully_shard import FSDPModule
-from fsdp_mini.runtime import require_distributed
+from fsdp_mini.rank_environment import require_distributed
 from fsdp_mini.checkpoint.sharded_boxes import Box, BoxedTensor
 from fsdp_mini.optim.zero import ZeroRedundancyOptimizer
 

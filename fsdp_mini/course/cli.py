@@ -58,7 +58,7 @@ def _demo_worker(numel: int) -> dict:
 
 def demo(args) -> int:
     from fsdp_mini.course import demo as D
-    from fsdp_mini.runtime import under_torchrun
+    from fsdp_mini.rank_environment import under_torchrun
 
     world = args.world_size if not under_torchrun() else int(os.environ["WORLD_SIZE"])
     if os.environ.get("RANK", "0") == "0":

@@ -14,8 +14,9 @@ import torch.distributed as dist
 
 from fsdp_mini.comm_log import CommLog
 from fsdp_mini.fsdp.fully_sharded_data_parallel import FSDP
-from fsdp_mini.runtime import get_device
-from fsdp_mini.memory import format_bytes, optimizer_state_bytes, tensor_bytes
+from fsdp_mini.rank_environment import get_device
+from fsdp_mini.byte_format import format_bytes
+from fsdp_mini.memory import optimizer_state_bytes, tensor_bytes
 from fsdp_mini.course.models import GPT, Block, GPTConfig, make_batch
 from fsdp_mini.course.pytorch_equivalent import pytorch_full_state_dict, shard_per_parameter, wrap_like_pytorch
 from fsdp_mini.course.tensor_parallel_plan import (parallelize_gpt, parallelize_gpt_with_pytorch,

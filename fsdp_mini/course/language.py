@@ -7,7 +7,7 @@ live in the course's modules, through `tr(en, ru)` here.
 """
 from __future__ import annotations
 
-from fsdp_mini.memory import decimal_scale
+from fsdp_mini.byte_format import decimal_scale
 
 __all__ = ["LANGUAGES", "set_language", "get_language", "tr", "num", "size", "plural", "ru_cell"]
 

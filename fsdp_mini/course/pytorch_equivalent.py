@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from fsdp_mini.runtime import get_device
+from fsdp_mini.rank_environment import get_device
 from fsdp_mini.fsdp.strategy import ShardingStrategy, as_strategy, is_hybrid, reshard_after_forward, shard_group_size
 
 __all__ = ["wrap_like_pytorch", "shard_per_parameter", "pytorch_full_state_dict"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from fsdp_mini.runtime import get_device
+from fsdp_mini.rank_environment import get_device
 from fsdp_mini.course.models import GPTConfig, make_batch
 
 __all__ = ["local_rows", "train", "hybrid_shard_size"]

@@ -69,7 +69,7 @@ from fsdp_mini.fsdp.mixed_precision import MixedPrecision
 from fsdp_mini.nested import tensors_in
 from fsdp_mini.fsdp.plan import FlatParamPlan, Plan, plan_units
 from fsdp_mini.fsdp.replaced_params import mark_replaced, mark_wrapped
-from fsdp_mini.runtime import get_device, require_distributed
+from fsdp_mini.rank_environment import get_device, require_distributed
 from fsdp_mini.fsdp.states import TrainingState
 from fsdp_mini.fsdp.strategy import ShardingStrategy, as_strategy, is_hybrid, reshard_after_forward, shard_group_size
 from fsdp_mini.torch_internals import queue_after_backward, set_registered_buffer, unregister_parameter

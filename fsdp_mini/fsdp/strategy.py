@@ -32,7 +32,7 @@ from __future__ import annotations
 import enum
 from typing import Union
 
-from fsdp_mini.runtime import local_world_size
+from fsdp_mini.rank_environment import local_world_size
 
 __all__ = ["ShardingStrategy", "StrategyLike", "as_strategy", "is_hybrid", "reshard_after_forward",
            "shard_group_size", "check_shard_size"]

@@ -47,7 +47,7 @@ from fsdp_mini.fsdp.flat_param import FlatLayout, flatten, unflatten_views
 from fsdp_mini.grad_norm import clip_sharded_grads_
 from fsdp_mini.parallel.data_parallel import fingerprint
 from fsdp_mini.memory import optimizer_state_bytes
-from fsdp_mini.runtime import require_distributed
+from fsdp_mini.rank_environment import require_distributed
 from fsdp_mini.torch_internals import version_of
 from fsdp_mini.weak_hooks import weak_hook
 

@@ -45,7 +45,7 @@ from fsdp_mini import collectives as C
 from fsdp_mini.collective_calls import scope
 from fsdp_mini.parallel.data_parallel import GradientSync, broadcast_from_rank0, check_same_everywhere
 from fsdp_mini.parallel.grad_buckets import MiB, assign_buckets, check_bucket_cap_mb
-from fsdp_mini.runtime import get_device, require_distributed
+from fsdp_mini.rank_environment import get_device, require_distributed
 from fsdp_mini.torch_internals import queue_after_backward
 from fsdp_mini.weak_hooks import weak_hook
 

@@ -500,7 +500,6 @@ ANALYSIS = ("estimates", "saved_activations", "fsdp.strategy_facts")
 # Public names of the modules the engines load that no library module reads: tools for the user, each
 # for its reason. Any other name there that only the course or an analysis module reads belongs with them.
 USER_TOOLS = {
-    "flight_recorder.diagnose": "the verdict on a failed run's record files (`python -m fsdp_mini diagnose DIR`)",
     f"{FLAT}.materialise_by_name": "a param_init_fn for a model whose initial values are a function of the name",
     f"{PER_PARAMETER}.memory_stats": "this rank's bytes under fully_shard, as FSDP.memory_stats reports them",
 }
@@ -518,7 +517,7 @@ def test_the_engines_modules_hold_nothing_that_only_the_course_or_the_analysis_r
 # subscribe to the collectives' calls, fsdp_mini/collective_calls.py), the other packages, the launcher,
 # the course.
 NOT_CORE = tuple(f"fsdp_mini.{m}" for m in ANALYSIS) + (
-    "fsdp_mini.flight_recorder", "fsdp_mini.comm_log", "fsdp_mini.run", "fsdp_mini.checkpoint", "fsdp_mini.tensor", "fsdp_mini.optim", "fsdp_mini._composable",
+    "fsdp_mini.flight_recorder", "fsdp_mini.comm_log", "fsdp_mini.run", "fsdp_mini.runtime", "fsdp_mini.byte_format", "fsdp_mini.checkpoint", "fsdp_mini.tensor", "fsdp_mini.optim", "fsdp_mini._composable",
     "fsdp_mini.parallel.ddp", "fsdp_mini.memory_ledger", f"fsdp_mini.{COURSE}")
 
 
@@ -563,3 +562,50 @@ def test_both_designs_units_live_one_lifecycle():
             calls = {node.func.attr for node in ast.walk(ast.parse(source))
                      if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)}
             assert not calls & {"unshard", "wait_for_unshard"}, f"{router.__name__}.{name} gathers a unit itself"
+
+
+def reading_list(text: str) -> list[str]:
+    """The modules the README's core reading list names: the numbered items after "loads:" up to the
+    next blank line after them, short names as the tables write them."""
+    start = text.index("`import fsdp_mini.fsdp`", text.index("## "))
+    block = text[start:text.index("\n\n", text.index("\n1. ", start))]
+    return re.findall(r"`([a-z_][\w.]*)`", block[block.index("\n1. "):])
+
+
+def core_figures(root: Path, package: str) -> tuple[int, int, int]:
+    """(modules, lines, lines of code) of the core closure's modules, packages' __init__ files left out."""
+    known = modules(root, package)
+    files = [known[m] for m in loaded_by_core(root, package) if known[m].name != "__init__.py"]
+    lines = [line.strip() for f in files for line in f.read_text().splitlines()]
+    code = 0
+    for f in files:
+        source = f.read_text()
+        docs = {n.body[0].lineno + i for n in ast.walk(ast.parse(source))
+                if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef)) and n.body
+                and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)
+                for i in range(n.body[0].end_lineno - n.body[0].lineno + 1)}
+        code += sum(1 for i, line in enumerate(source.splitlines(), 1)
+                    if line.strip() and not line.strip().startswith("#") and i not in docs)
+    return len(files), len(lines), code
+
+
+@pytest.mark.parametrize("readme", ["README.md", "README.ru.md"])
+def test_the_readme_reading_list_is_the_core_closure(readme):
+    """Issue 44: the reading list names exactly the modules `import fsdp_mini.fsdp` loads, once each, and
+    its figures (modules, lines, lines of code) are the closure's, within 5 % for the rounded ones."""
+    text = (ROOT / readme).read_text()
+    listed = reading_list(text)
+    core = {m.removeprefix("fsdp_mini.") for m in loaded_by_core(ROOT, "fsdp_mini")
+            if modules(ROOT, "fsdp_mini")[m].name != "__init__.py"}
+    assert sorted(listed) == sorted(core) and len(listed) == len(set(listed))
+    count, lines, code = core_figures(ROOT, "fsdp_mini")
+    stated = re.search(r"(\d+) (?:modules|модулей), (?:about|около) ([\d,\u202f]+)\s+(?:lines|строк)\s+"
+                       r"\((?:about|из\s+них\s+около)\s+([\d,\u202f]+)", text)
+    number = lambda s: int(re.sub(r"[,\u202f]", "", s))
+    assert int(stated[1]) == count
+    assert abs(number(stated[2]) - lines) <= 0.05 * lines and abs(number(stated[3]) - code) <= 0.05 * code
+
+
+def test_the_reading_list_parser_reads_the_numbered_items():
+    text = "## What\n`import fsdp_mini.fsdp` loads:\n\n1. the collectives: `collectives`;\n2. `fsdp.plan`.\n\nnext"
+    assert reading_list(text) == ["collectives", "fsdp.plan"]

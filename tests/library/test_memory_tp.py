@@ -5,7 +5,7 @@ import itertools
 
 import pytest
 
-from fsdp_mini.memory import format_bytes
+from fsdp_mini.byte_format import format_bytes
 from fsdp_mini.estimates import estimate_memory
 from fsdp_mini.fsdp.strategy import ShardingStrategy as S
 from fsdp_mini.fsdp.strategy_facts import ZERO1

@@ -7,7 +7,7 @@ import inspect
 import pytest
 
 import fsdp_mini.fsdp.strategy as strategy_module
-from fsdp_mini.memory import format_bytes
+from fsdp_mini.byte_format import format_bytes
 from fsdp_mini.estimates import MemoryEstimate, estimate_memory
 from fsdp_mini.fsdp.strategy import ShardingStrategy, as_strategy, is_hybrid, reshard_after_forward, shard_group_size
 from fsdp_mini.fsdp.strategy_facts import MODEL_STATES, ZERO1, all_gathers_per_step, facts, sharded_states

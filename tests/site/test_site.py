@@ -557,7 +557,7 @@ RU_UNITS = {"B": "Б", "kB": "кБ", "MB": "МБ", "GB": "ГБ", "TB": "ТБ", "
 
 def shown_size(nbytes: int, lang: str) -> str:
     """fsdp_mini.format_bytes, as the page in `lang` writes it."""
-    from fsdp_mini.memory import format_bytes
+    from fsdp_mini.byte_format import format_bytes
 
     number, unit = format_bytes(nbytes).split(" ")
     return f"{number} {unit}" if lang == "en" else f"{number.replace('.', ',')} {RU_UNITS[unit]}"

@@ -9,7 +9,7 @@ from fsdp_mini.course.bench.cases import CASES, SIZES, parse_cases, parse_sizes
 from fsdp_mini.course.bench.measure import environment, run
 from fsdp_mini.course.bench.report import judge_by_size, plot, summarize, table, targets, targets_text
 from fsdp_mini.course.language import LANGUAGES, set_language
-from fsdp_mini.runtime import under_torchrun
+from fsdp_mini.rank_environment import under_torchrun
 
 __all__ = ["add_subcommand", "command", "print_report"]
 

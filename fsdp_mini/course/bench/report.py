@@ -11,7 +11,7 @@ from fsdp_mini.course.bench.cases import SIZES, model_numel, parse_case
 from fsdp_mini.course.train import hybrid_shard_size
 from fsdp_mini.course.bench.measure import PHASES
 from fsdp_mini.course.language import tr
-from fsdp_mini.memory import format_bytes
+from fsdp_mini.byte_format import format_bytes
 
 __all__ = ["summarize", "table", "targets", "targets_text", "judge_by_size", "plot", "SMOKE_SIZES"]
 

@@ -67,7 +67,7 @@ from fsdp_mini.memory import MemoryTracker, step_memory_stats
 from fsdp_mini.fsdp.mixed_precision import MixedPrecisionPolicy
 from fsdp_mini.nested import map_tensors, tensors_in
 from fsdp_mini.fsdp.replaced_params import mark_replaced, wrapper_of
-from fsdp_mini.runtime import get_device, require_distributed
+from fsdp_mini.rank_environment import get_device, require_distributed
 from fsdp_mini.fsdp.states import TrainingState
 from fsdp_mini.torch_internals import in_backward, queue_after_backward
 from fsdp_mini.fsdp.units import ExecutionOrder, unit_label

@@ -100,7 +100,7 @@
   var DEFAULTS = {params: "7.5e9", world: "64", tp: "1", strategy: "FULL_SHARD", shard: "8", param_dtype: "2:bf16",
                   grad_dtype: "2:bf16", optimizer: "adam", state_dtype: "4:fp32", master: true};
 
-  // --- arithmetic: fsdp_mini.memory.estimate_memory -----------------------------------------------------
+  // --- arithmetic: fsdp_mini.estimates.estimate_memory -------------------------------------------------
   // `dp` ranks share the data (world / tp); a strategy shards over all of them, one, or a group of `shard`
   function groupSize(strategy, dp, shard) {
     if (strategy.group === "one") return 1n;
@@ -152,7 +152,7 @@
     return /^\d+$/.test(s) ? BigInt(s) : null;
   }
 
-  // --- formatting: fsdp_mini.memory.format_bytes -------------------------------------------------------
+  // --- formatting: fsdp_mini.byte_format.format_bytes --------------------------------------------------
   // Python's f"{x:.1f}" rounds the exact binary value half to even; toFixed rounds exact ties up. A double
   // is exactly halfway between two tenths only when 4x is an odd integer (x = 1.25, 16.75, ...).
   function fixed1(x) {
