@@ -760,7 +760,16 @@ LESSON_12 = {
     "parallel_layout": ("plan", "раскладка"),
     "peak_gib_per_gpu": ("GiB/GPU", "ГиБ/GPU"),
     "step_seconds": ("step, s", "шаг, с"),
-    "fits_in_memory": ("fits", "помещается"),
+    "memory_verdict": ("verdict", "вердикт"),
+    "verdict_fits": ("fits", "помещается"),
+    "verdict_undecided": ("undecided", "неясно"),
+    "verdict_does_not_fit": ("does not fit", "не помещается"),
+    "published_peak": ("torchtitan measured this configuration at {published:.1} GiB (table 1 of its H100 benchmark,"
+                       " 96 GB cards); the planner counts {count:.1} GiB, and the measured errors of its memory put"
+                       " the peak at {low:.1}–{high:.1} GiB against the H100's {capacity:.0}: {verdict}",
+                       "torchtitan измерил эту конфигурацию: {published:.1} ГиБ (таблица 1 его замеров на H100,"
+                       " карты по 96 ГБ); по расчёту планировщика {count:.1} ГиБ, а с учётом погрешности оценки"
+                       " памяти пик лежит в пределах {low:.1}–{high:.1} ГиБ при {capacity:.0} ГиБ у H100: {verdict}"),
     "fewer_sequences_than_ranks": ("fewer sequences than data-parallel ranks: {plans}",
                                    "последовательностей меньше, чем рангов по данным: {plans}"),
     "plan_on_gpus": ("{model} {plan} on {gpus} GPUs", "{model} {plan} на {gpus} GPU"),
@@ -836,16 +845,24 @@ LESSON_13 = {
                              " ranks may be at most {sequences}",
                              "Llama-3-70B на 256 H100, 16 последовательностей по 131\u202f072 токена за шаг:"
                              " рангов по данным может быть не больше {sequences}"),
-    "fitted_on": ("fitted on", "подгонка"),
+    "fitted_on": ("fitted on", "в подборе"),
     "fitted_yes": ("yes", "да"),
     "fitted_no": ("no", "нет"),
     "published_rate": ("published", "опубликовано"),
     "planner_rate": ("planner", "планировщик"),
     "planner_error": ("error", "ошибка"),
-    "validation_summary": ("fitted rows: largest error {largest:.1%} (the test allows {tolerance:.0%}); H100 rows"
-                           " it was not fitted on: too fast by {low:.0}–{high:.0}%",
+    "published_gib": ("published GiB", "опубликовано, ГиБ"),
+    "planner_gib": ("planner GiB", "планировщик, ГиБ"),
+    "memory_error": ("memory error", "ошибка по памяти"),
+    "validation_summary": ("fitted rows: largest error {largest:.1%} (the test allows {tolerance:.0%}); the {held_out}"
+                           " rows it was not fitted on: tokens/s {low:+.0}% to {high:+.0}% with CP up to 2, {cp_low:+.0}%"
+                           " and {cp_high:+.0}% with CP 4 and 8 (too fast on {too_fast} of {held_out}); memory short on"
+                           " all {memory_rows} rows that publish it, by {memory_low:.1}–{memory_high:.1}%",
                            "строки подбора: наибольшая ошибка {largest:.1%} (тест допускает {tolerance:.0%});"
-                           " на строках H100 вне подбора планировщик завышает скорость на {low:.0}–{high:.0}\u00a0%"),
+                           " на {held_out} строках вне подбора скорость отличается от опубликованной на"
+                           " {low:+.0}…{high:+.0}\u00a0% при CP не больше 2 и на {cp_low:+.0} и {cp_high:+.0}\u00a0% при CP 4"
+                           " и 8 (завышена в {too_fast} из {held_out}); память во всех {memory_rows} строках, где она"
+                           " опубликована, недосчитана на {memory_low:.1}–{memory_high:.1}\u00a0%"),
     "layout_passes": ("a layout passes if it fits and trains within {slower:.0%} of the fastest",
                       "раскладка проходит, если помещается и медленнее самой быстрой не больше чем на"
                       " {slower:.0%}"),

@@ -15,7 +15,7 @@ import json
 from fsdp_mini.course.planner import CALIBRATION, GPUS, MODELS, GiB
 import fsdp_mini.course.planner.activations as activations
 import fsdp_mini.course.planner.hardware as hardware
-from fsdp_mini.course.planner.memory import ALLOCATOR_OVERHEAD, STATE_BYTES
+from fsdp_mini.course.planner.memory import ALLOCATOR_OVERHEAD, MEMORY_ERROR_BAND, STATE_BYTES, VERDICTS
 from fsdp_mini.course.planner.step_time import (ATTENTION_BACKWARD_RATIO, COMPILED_LOSS_BYTES_PER_LOGIT,
                                                 FSDP_COPY_BYTES_PER_PARAM, LOSS_BYTES_PER_LOGIT,
                                                 OPTIMIZER_BYTES_PER_PARAM)
@@ -55,6 +55,8 @@ def site_data() -> dict:
             "ALPHA_NVLINK": hardware.ALPHA_NVLINK,
             "ALPHA_NETWORK": hardware.ALPHA_NETWORK,
             "ALLOCATOR_OVERHEAD": ALLOCATOR_OVERHEAD,
+            "MEMORY_ERROR_BAND": list(MEMORY_ERROR_BAND),
+            "VERDICTS": list(VERDICTS),
             "STATE_BYTES": STATE_BYTES,
             "LOSS_FP32": activations.LOSS_FP32,
             "ATTENTION_BACKWARD_RATIO": ATTENTION_BACKWARD_RATIO,

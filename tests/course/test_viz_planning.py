@@ -62,6 +62,7 @@ def test_tables_and_labels(capsys):
     show_plans(plans, [ac.value for ac in Checkpointing])
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 1 + len(plans) and f"{plans[0].memory.peak_reserved / GiB:.1f}" in out[1]
-    assert [line.split()[2] for line in out[1:]] == ["yes" if p.memory.fits else "no" for p in plans]
+    shown = [" ".join(line.split()[2:-3]) for line in out[1:]]  # between the GiB and the last three numbers
+    assert shown == [p.memory.fit_verdict for p in plans] and "undecided" in shown  # the band, not the count
     layout = Layout(gpus=256, seq=8192, local_batch=8, tp=4, sp=True, cp=2, dp_replicate=2)
     assert layout_label(layout) == "HSDP 2 × FSDP 16 × TP 4 + SP × CP 2"

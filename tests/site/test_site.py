@@ -919,6 +919,10 @@ def test_planner_equals_python(calculator_page, lang):
         assert shown_number(expected["mfu"] * 100, 1, lang) in rate, rate
         verdict = shown["verdict"]
         assert shown_number(expected["memory_gib"], 1, lang) in verdict
+        assert all(shown_number(gib, 1, lang) in verdict for gib in expected["memory_band_gib"]), verdict
+        assert verdict.startswith({"en": {"fits": "Fits", "undecided": "Undecided", "does not fit": "Does not fit"},
+                                   "ru": {"fits": "Помещается", "undecided": "Неясно",
+                                          "does not fit": "Не помещается"}}[lang][expected["verdict"]]), verdict
         if not expected["fits"]:
             assert shown_number(expected["short_by_gib"], 1, lang) in verdict
         rows = shown["rows"]

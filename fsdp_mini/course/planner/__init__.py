@@ -56,6 +56,8 @@ class Plan:
             "memory": {k: v / GiB for k, v in m.terms.items()},
             "memory_peak_moment": m.peak_moment,
             "fits": m.fits,
+            "verdict": m.fit_verdict,
+            "memory_band_gib": [b / GiB for b in m.likely_peak],
             "short_by_gib": m.short_by / GiB,
             "step_s": t.step_s,
             "step_parts_s": dict(t.parts),

@@ -32,7 +32,7 @@ from fsdp_mini.course.planner.models import get_model
 from fsdp_mini.course.planner.step_time import step_time
 
 __all__ = ["PublishedRow", "CALIBRATION_ROWS", "HELD_OUT_ROWS", "HELD_OUT_BOUNDS", "CHECK_ROWS", "TOLERANCE",
-           "Validated", "validate", "fit", "table", "held_out_table", "bound_of", "bounds_text"]
+           "Validated", "validate", "fit", "table", "held_out_table", "bound_of", "bounds_text", "layout_cell"]
 
 TOLERANCE = 0.10
 """The target: predicted tokens/s within 10 % of the published on every row."""
@@ -208,8 +208,9 @@ def table(validated=None, language: str = "en") -> str:
     return "\n".join(lines)
 
 
-def _layout_cell(r: PublishedRow, fmt) -> str:
-    """FSDP's degree, then TP's and CP's where they are not 1, and a sequence other than 8,192."""
+def layout_cell(r: PublishedRow, fmt=lambda x: x) -> str:
+    """FSDP's degree, then TP's and CP's where they are not 1, and a sequence other than 8,192 (`fmt` writes
+    the number in the page's language)."""
     layout = r.layout()
     text = f"FSDP {layout.fsdp_group // r.cp}" + (f" × TP {r.tp}" if r.tp > 1 else "") + (
         f" × CP {r.cp}" if r.cp > 1 else "")
@@ -235,7 +236,7 @@ def held_out_table(validated=None, language: str = "en") -> str:
         cells = [f"{r.tokens_per_s:,.0f}", f"{v.tokens_per_s:,.0f}", f"{v.error * 100:+.1f} %"] + memory
         source = r.source if language == "en" else re.sub(  # «дек. 2024 г.»: a year, not 2 024 of something
             r"(\d{4})$", r"\1 г.", r.source.replace("Dec", "дек.").replace("Jun", "июнь"))
-        lines.append(f"| {source} | {r.model} | {r.gpus} | {_layout_cell(r, fmt)} | {r.local_batch} | {run} | "
+        lines.append(f"| {source} | {r.model} | {r.gpus} | {layout_cell(r, fmt)} | {r.local_batch} | {run} | "
                      + " | ".join(fmt(c) for c in cells) + " |")
     return "\n".join(lines)
 

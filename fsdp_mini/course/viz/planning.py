@@ -2,13 +2,14 @@
 into what holds it and its training speed, both from `fsdp_mini.course.planner.plan`."""
 from __future__ import annotations
 
-from fsdp_mini.course.language import num, tr
+from fsdp_mini.course.language import get_language, num, ru_cell, tr
+from fsdp_mini.course.planner.validation import layout_cell
 from fsdp_mini.course.show import text
 from fsdp_mini.course.viz import figure
 from fsdp_mini.course.viz.style import SMALL
 
 __all__ = ["memory_parts", "plot_memory_and_speed", "PART_COLORS", "STATES", "LOSS", "model_state_bytes",
-           "memory_rows", "time_rows", "validation_rows"]
+           "memory_rows", "time_rows", "validation_rows", "verdict_word"]
 
 PART_COLORS = ("#4C72B0", "#DD8452", "#8C8C8C")
 STATES = ("parameters (fp32 shard)", "gradients (fp32 shard)", "AdamW moments (fp32 shard)")
@@ -135,16 +136,20 @@ def show_assumptions(gpu, calibration) -> None:
              f"{num(calibration.network_fraction, 3)} сети"))
 
 
+def verdict_word(p) -> str:
+    """A plan's memory verdict with its error band ("fits", "undecided", "does not fit"), in the lesson's language."""
+    return text("verdict_" + p.memory.fit_verdict.replace(" ", "_"))
+
+
 def show_plans(plans, labels: list[str]) -> None:
     """Print one line per plan: its label, its peak memory per GPU (GiB, as max_memory_reserved reads it),
-    whether it fits, its tokens/s per GPU and MFU (torchtitan's), the seconds of a step."""
+    the verdict with the memory error band, its tokens/s per GPU and MFU (torchtitan's), the seconds of a step."""
     width = max(len(label) for label in labels) + 2
-    print(f"{'':<{width}}{tr('GiB/GPU', 'ГиБ/GPU'):>9}{tr('fits', 'помещается'):>12}"
+    print(f"{'':<{width}}{tr('GiB/GPU', 'ГиБ/GPU'):>9}{tr('verdict', 'вердикт'):>15}"
           f"{tr('tokens/s/GPU', 'токенов/с/GPU'):>15}{'MFU':>7}{tr('step, s', 'шаг, с'):>9}")
     percent = tr("%", "\u00a0%")  # Russian puts a no-break space before the sign
     for label, p in zip(labels, plans):
-        fits = tr("yes", "да") if p.memory.fits else tr("no", "нет")
-        print(f"{label:<{width}}{num(p.memory.peak_reserved / 1024 ** 3, 1):>9}{fits:>12}"
+        print(f"{label:<{width}}{num(p.memory.peak_reserved / 1024 ** 3, 1):>9}{verdict_word(p):>15}"
               f"{num(p.time.tokens_per_s_per_gpu, 0):>15}{num(100 * p.time.mfu, 1):>6}{percent}"
               f"{num(p.time.step_s, 2):>9}")
 
@@ -175,14 +180,16 @@ def time_rows(p) -> list[dict]:
 
 def validation_rows(validations, fitted_rows) -> list[dict]:
     """One row per published run `validate` compared: the run (model, GPUs, layout, AC and switches), whether
-    the planner was fitted on it, the published tokens/s per GPU, the planner's, and the relative error."""
+    the planner was fitted on it, the published tokens/s per GPU, the planner's and the relative error; then the
+    published peak memory where the run reports it, the planner's and the relative error (None: not published)."""
     rows = []
     for v in validations:
         r = v.row
-        layout = f"FSDP {r.gpus // r.tp}" + (f" × TP {r.tp}" if r.tp > 1 else "")
         run = r.ac.value + (" compile" if r.compile else "") + (" float8" if r.float8 else "")
         fitted = text("fitted_yes" if r in fitted_rows else "fitted_no")
-        rows.append({"model_name": r.model, "GPU": f"{r.gpus} × {r.gpu}", "layout_name": layout, "AC": run,
-                     "fitted_on": fitted, "published_rate": r.tokens_per_s, "planner_rate": v.tokens_per_s,
-                     "planner_error": round(v.error, 3) + 0.0})  # + 0.0: no -0.0
+        memory_error = None if v.memory_error is None else round(v.memory_error, 3) + 0.0
+        rows.append({"model_name": r.model, "GPU": f"{r.gpus} × {r.gpu}", "layout_name": layout_cell(r, ru_cell if get_language() == "ru" else str),
+                     "AC": run, "fitted_on": fitted, "published_rate": r.tokens_per_s, "planner_rate": v.tokens_per_s,
+                     "planner_error": round(v.error, 3) + 0.0,  # + 0.0: no -0.0
+                     "published_gib": r.memory_gib, "planner_gib": v.memory_gib, "memory_error": memory_error})
     return rows

@@ -218,6 +218,8 @@
       return {values: values, peak_allocated: peak, peak_reserved: reserved, capacity: gpu.memory_bytes,
               moment: atForwardEnd ? "forward" : "backward", fits: reserved <= gpu.memory_bytes,
               short_by: Math.max(0.0, reserved - gpu.memory_bytes),
+              // MemoryBreakdown.likely_peak and .fit_verdict: where published runs' errors put the measured peak
+              likely: [reserved / (1 + C.MEMORY_ERROR_BAND[1]), reserved / (1 + C.MEMORY_ERROR_BAND[0])],
               // the peak's parts, for the bar: states, the root unit, activations, what the peak's moment adds
               bar: {states: states, root: rootBytes, activations: blocks + finalNorm,
                     moment: atForwardEnd ? forwardEnd : backwardStart,
@@ -449,7 +451,9 @@
                  ac: l.ac, float8: l.float8, compile: l.compile, compile_loss: l.compile_loss},
         memory_gib: m.peak_reserved / C.GiB, memory_allocated_gib: m.peak_allocated / C.GiB,
         memory_capacity_gib: m.capacity / C.GiB, memory: memory, memory_peak_moment: MOMENTS[m.moment],
-        fits: m.fits, short_by_gib: m.short_by / C.GiB, step_s: t.step_s, step_parts_s: parts,
+        fits: m.fits, verdict: m.likely[1] <= m.capacity ? C.VERDICTS[0] : m.likely[0] > m.capacity ? C.VERDICTS[2] : C.VERDICTS[1],
+        memory_band_gib: [m.likely[0] / C.GiB, m.likely[1] / C.GiB],
+        short_by_gib: m.short_by / C.GiB, step_s: t.step_s, step_parts_s: parts,
         tokens_per_s_per_gpu: t.tokens_per_s_per_gpu, mfu: t.mfu,
       };
     }

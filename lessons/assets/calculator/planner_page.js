@@ -26,8 +26,9 @@
       compile_loss: "the loss compiled too (--compile-loss)",
       reset: "torchtitan's published run", params: "parameters",
       headline: "{model} ({params} {params_word}) on {gpus} × {gpu}: {layout}, {batch} × {seq} tokens per data-parallel rank, AC {ac}",
-      fits: "Fits: {peak} of {capacity} GiB per GPU ({free} GiB free).",
-      short: "Does not fit: {peak} of {capacity} GiB per GPU, short by {short} GiB.",
+      fits: "Fits: {peak} of {capacity} GiB per GPU ({free} GiB free); published runs' peaks put it at {low}–{high} GiB.",
+      undecided: "Undecided: {peak} of {capacity} GiB per GPU by the count, but published runs' peaks put it at {low}–{high} GiB: measure it first.",
+      short: "Does not fit: {peak} of {capacity} GiB per GPU ({short} GiB short by the count); published runs' peaks put it at {low}–{high} GiB.",
       rate: "{rate} {tokens}/s per GPU, MFU {mfu}%, {step} s per step.",
       published: "Published for this run (torchtitan, docs/performance.md): {rate} {tokens}/s per GPU, MFU {mfu}%.",
       memory: "Memory per GPU at its peak", memory_table: "Every term", gib: "GiB", s: "s",
@@ -83,8 +84,9 @@
       compile_loss: "лосс тоже через torch.compile (--compile-loss)",
       reset: "опубликованный запуск torchtitan", params: "параметров",
       headline: "{model} ({params} {params_word}) на {gpus} × {gpu}: {layout}, {batch} × {seq} токенов на ранг параллелизма по данным, AC {ac}",
-      fits: "Помещается: {peak} из {capacity}\u00a0ГиБ на GPU (свободно {free}\u00a0ГиБ).",
-      short: "Не помещается: {peak} из {capacity}\u00a0ГиБ на GPU, не хватает {short}\u00a0ГиБ.",
+      fits: "Помещается: {peak} из {capacity}\u00a0ГиБ на GPU (свободно {free}\u00a0ГиБ); с учётом погрешности оценки по опубликованным запускам — {low}–{high}\u00a0ГиБ.",
+      undecided: "Неясно: по расчёту {peak} из {capacity}\u00a0ГиБ на GPU, но с учётом погрешности оценки по опубликованным запускам — {low}–{high}\u00a0ГиБ: сначала измерьте.",
+      short: "Не помещается: {peak} из {capacity}\u00a0ГиБ на GPU (по расчёту не хватает {short}\u00a0ГиБ); с учётом погрешности оценки по опубликованным запускам — {low}–{high}\u00a0ГиБ.",
       rate: "{rate} {tokens}/с на GPU, MFU {mfu}\u00a0%, шаг {step}\u00a0с.",
       published: "Опубликовано для этого запуска (torchtitan, docs/performance.md): {rate} {tokens}/с на GPU, MFU {mfu}\u00a0%.",
       memory: "Память GPU в пике", memory_table: "Все слагаемые", gib: "ГиБ", s: "с",
@@ -348,12 +350,12 @@
       out.appendChild(el("p", {class: "pl-headline", id: "pl-headline", text: fill(t.headline, {
         model: p.model.name, params: num(p.model.params, 0, t), params_word: plural(p.model.params, t.words.params, t), gpus: l.gpus, gpu: p.gpu.name,
         layout: describe(l, t).split(",")[0], batch: l.local_batch, seq: num(l.seq, 0, t), ac: l.ac})}));
-      var verdict = d.fits
-        ? fill(t.fits, {peak: gib(d.memory_gib, 1), capacity: gib(d.memory_capacity_gib, 1),
-                        free: gib(d.memory_capacity_gib - d.memory_gib, 1)})
-        : fill(t.short, {peak: gib(d.memory_gib, 1), capacity: gib(d.memory_capacity_gib, 1), short: gib(d.short_by_gib, 1)});
-      out.appendChild(el("p", {class: "pl-verdict " + (d.fits ? "pl-fits" : "pl-short"), id: "pl-verdict",
-                               "data-fits": String(d.fits)}, [el("strong", {text: verdict}), " ",
+      var word = {fits: "fits", undecided: "undecided", "does not fit": "short"}[d.verdict];
+      var verdict = fill(t[word], {peak: gib(d.memory_gib, 1), capacity: gib(d.memory_capacity_gib, 1),
+                                   free: gib(d.memory_capacity_gib - d.memory_gib, 1), short: gib(d.short_by_gib, 1),
+                                   low: gib(d.memory_band_gib[0], 1), high: gib(d.memory_band_gib[1], 1)});
+      out.appendChild(el("p", {class: "pl-verdict pl-" + word, id: "pl-verdict", "data-fits": String(d.fits),
+                               "data-verdict": d.verdict}, [el("strong", {text: verdict}), " ",
         el("span", {id: "pl-rate", text: fill(t.rate, {rate: num(d.tokens_per_s_per_gpu, 0, t),
           tokens: plural(Number(pyFixed(d.tokens_per_s_per_gpu, 0)), t.words.tokens, t),
           mfu: num(d.mfu * 100, 1, t), step: num(d.step_s, 3, t)})})]));
