@@ -51,3 +51,20 @@ def test_the_layout_cases_are_well_posed():
         layout = pick_layout(get_model(case.model), get_gpu(case.gpu), case.gpus, case.seq, case.sequences)
         assert layout.local_batch * layout.dp == case.sequences and layout.gpus == case.gpus
         assert plan(get_model(case.model), get_gpu(case.gpu), layout).memory.fits
+
+
+def test_each_planted_mistake_gets_a_hint_at_its_cause():
+    """Issue 41: the hint points at what the mistake did (a per-token log-sum-exp, a missing tensor of the
+    residual stream's width, a rule of the lesson broken), not at its symptom alone."""
+    from fsdp_mini.course.exercises import planning
+    from fsdp_mini.course.language import set_language
+
+    set_language("en")
+    expected = {"_log_sum_exp_per_token": "log-sum-exp values does the kernel keep per token",
+                "_forgets_the_input": "two tensors of that width", "_saves_the_even_products": "1st, 3rd",
+                "_full_checkpointing_first": "rule 2", "_always_tp8_and_full": "rule 1"}
+    for exercise in (planning.SELECTIVE_OP_BYTES, planning.PICK_LAYOUT):
+        for wrong in exercise.wrong:
+            if wrong.__name__ in expected:
+                assert expected.pop(wrong.__name__) in exercise.verdict(wrong).detail, wrong.__name__
+    assert expected == {}

@@ -94,6 +94,12 @@ def _log_sum_exp_in_bf16(model, element_bytes):
     return e * model.hidden + e * sum(widths[0::2]) + e * model.hidden + e * model.heads  # it is fp32
 
 
+def _log_sum_exp_per_token(model, element_bytes):
+    e = element_bytes
+    widths = [width for _, width, _ in matmul_outputs(model)]
+    return e * model.hidden + e * sum(widths[0::2]) + e * model.hidden + 4  # one per head, not one per token
+
+
 def _forgets_the_attention(model, element_bytes):
     e = element_bytes
     widths = [width for _, width, _ in matmul_outputs(model)]
@@ -254,11 +260,24 @@ def _why_bytes(got: float, want: float, model: ModelSpec, e: int) -> str:
     """What a wrong count probably left out or added, from the difference (never the answer)."""
     diff = got - want
     h = model.hidden
-    if abs(diff) == e * h:
-        return tr(" That is one activation of the residual stream's width: is the block's input counted, and are "
-                  "the saved products the 1st, 3rd, ... in forward order?",
-                  " Это одна активация шириной остаточного потока: учтён ли вход блока и сохраняются ли "
-                  "произведения 1-е, 3-е, ... в порядке forward?")
+    if diff == -e * h:
+        return tr(" That is one activation of the residual stream's width (hidden values per token) fewer: besides "
+                  "the saved products the block keeps two tensors of that width; are both in your count, and are the saved "
+                  "products the 1st, 3rd, ... in forward order?",
+                  " Это на одну активацию шириной остаточного потока (hidden значений на токен) меньше: кроме "
+                  "сохранённых произведений блок хранит два тензора такой ширины; оба ли есть в вашем счёте и сохраняются "
+                  "ли произведения 1-е, 3-е, ... в порядке forward?")
+    if diff == e * h:
+        return tr(" That is one activation of the residual stream's width too many: is a tensor counted twice, and "
+                  "are the saved products the 1st, 3rd, ... in forward order?",
+                  " Это на одну активацию шириной остаточного потока больше: не учтён ли тензор дважды и "
+                  "сохраняются ли произведения 1-е, 3-е, ... в порядке forward?")
+    if model.heads > 1 and abs(diff) == 4 * (model.heads - 1):
+        return tr(f" That is 4 bytes for every head but one ({model.heads} heads): how many log-sum-exp values does "
+                  "the kernel keep per token?",
+                  f" Это по 4 байта на каждую голову, кроме одной (у модели {model.heads} "
+                  f"{plural(model.heads, 'голова', 'головы', 'голов')}): сколько значений "
+                  "log-sum-exp ядро хранит на токен?")
     if abs(diff) == e * h + 4 * model.heads:
         return tr(" That is what the attention kernel keeps: check that your count has it.",
                   " Ровно столько хранит ядро внимания: проверьте, есть ли оно в вашем счёте.")
@@ -352,6 +371,27 @@ def _largest(terms: dict) -> tuple[str, float]:
     return max(terms.items(), key=lambda kv: kv[1])
 
 
+def _which_rule(mine: Layout, best: Layout) -> str:
+    """The rule of the lesson a slow layout breaks, from how it differs from the fastest (its cause, not its
+    symptom; never the fastest layout itself)."""
+    if mine.tp * mine.cp > best.tp * best.cp:
+        return tr(" More GPUs share each sequence than needed (rule 1: the fewest GPUs per sequence).",
+                  " Одну последовательность делят больше GPU, чем нужно (правило 1: как можно меньше GPU на "
+                  "последовательность).")
+    if mine.tp * mine.cp == best.tp * best.cp and mine.tp > best.tp:
+        return tr(" As many GPUs per sequence as needed, but more of them through TP, whose collectives wait on the "
+                  "critical path (rule 1: at an equal count, less TP).",
+                  " GPU на последовательность столько, сколько нужно, но больше из них за счёт TP, чьи коллективные "
+                  "операции ждут на критическом пути (правило 1: при равном числе — меньше TP).")
+    order = [c.value for c in (Checkpointing.NONE, Checkpointing.SELECTIVE_OP, Checkpointing.FULL)]
+    if mine.ac.value in order and best.ac.value in order and order.index(mine.ac.value) > order.index(best.ac.value):
+        return tr(" Its checkpointing recomputes more than a layout this size needs (rule 2: the cheapest mode "
+                  "that fits).",
+                  " Его чекпоинтинг пересчитывает больше, чем нужно раскладке такого размера (правило 2: самый "
+                  "дешёвый режим, который помещается).")
+    return ""
+
+
 def _judge_layout(fn) -> Verdict:
     for case in LAYOUT_CASES:
         model, gpu = get_model(case.model), get_gpu(case.gpu)
@@ -389,12 +429,13 @@ def _judge_layout(fn) -> Verdict:
         if ratio < 1 - SLOWER_ALLOWED:
             extra = {k: mine.time.parts[k] - best.time.parts.get(k, 0.0) for k in mine.time.parts}
             part, seconds = _largest(extra)
+            cause = _which_rule(mine.layout, best.layout)
             return Verdict.wrong(tr(
                 f"{case}: fits, but trains {(1 - ratio) * 100:.0f} % slower than the fastest layout the planner "
                 f"finds; most of the extra time is «{term_name(part)}», +{seconds / mine.time.step_s * 100:.0f} % of your step.",
                 f"{case}: помещается, но обучает на {num((1 - ratio) * 100, 0)} % медленнее самой быстрой "
                 f"раскладки, которую находит планировщик; больше всего лишнего времени уходит на «{term_name(part)}», "
-                f"+{num(seconds / mine.time.step_s * 100, 0)} % вашего шага."))
+                f"+{num(seconds / mine.time.step_s * 100, 0)} % вашего шага.") + cause)
     return Verdict.right(tr(f"{len(LAYOUT_CASES)} clusters: each layout fits and trains within "
                             f"{SLOWER_ALLOWED * 100:.0f} % of the fastest.",
                             f"{len(LAYOUT_CASES)} кластера: каждая раскладка помещается и обучает не более чем на "
@@ -403,7 +444,7 @@ def _judge_layout(fn) -> Verdict:
 
 SELECTIVE_OP_BYTES = CodeExercise("13.selective_op_bytes", _judge_bytes, selective_op_bytes,
                                   (_saves_every_product, _saves_the_even_products, _forgets_the_input,
-                                   _log_sum_exp_in_bf16, _forgets_the_attention))
+                                   _log_sum_exp_in_bf16, _log_sum_exp_per_token, _forgets_the_attention))
 PICK_LAYOUT = CodeExercise("13.pick_layout", _judge_layout, pick_layout,
                            (_fsdp_alone, _always_tp8_and_full, _full_checkpointing_first, _local_batch_per_gpu,
                             _tp_without_sp, _without_cp))
