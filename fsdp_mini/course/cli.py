@@ -147,11 +147,15 @@ def plan_cmd(args) -> int:
             return 0
         print(f"{model.name} on {args.gpus} x {gpu.name}, {layout.local_batch * layout.dp} sequences of "
               f"{args.seq} per step: every layout, fastest first")
-        print(f"{'rank':>4}  {'layout':<48}{'GiB':>7}{'tokens/s/GPU':>14}{'MFU':>7}  why not first")
+        width = max(len(describe(c.plan.layout)) for c in ranked) + 2
+        print(f"{'rank':>4}  {'layout':<{width}}{'GiB':>7}  {'verdict':<13}{'tokens/s/GPU':>13}{'MFU':>7}  why not first")
         for c in ranked:
             p = c.plan
-            print(f"{c.rank if c.rank else '-':>4}  {describe(p.layout):<48}{p.memory.peak_reserved / planner.GiB:7.1f}"
-                  f"{p.time.tokens_per_s_per_gpu:14,.0f}{p.time.mfu * 100:6.1f}%  {c.why}")
+            print(f"{c.rank if c.rank else '-':>4}  {describe(p.layout):<{width}}{p.memory.peak_reserved / planner.GiB:7.1f}"
+                  f"  {p.memory.fit_verdict:<13}{p.time.tokens_per_s_per_gpu:13,.0f}{p.time.mfu * 100:6.1f}%  {c.why}")
+        low, high = (1 / (1 + e) - 1 for e in reversed(planner.memory.MEMORY_ERROR_BAND))
+        print(f"ranked by verdict (the memory count with its error: measured peaks {low * 100:.0f}-{high * 100:.0f} % "
+              f"above it), then by speed")
         return 0
     result = planner.plan(model, gpu, layout, calibration)
     if args.json:

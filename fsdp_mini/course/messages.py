@@ -760,6 +760,7 @@ LESSON_12 = {
     "parallel_layout": ("plan", "раскладка"),
     "peak_gib_per_gpu": ("GiB/GPU", "ГиБ/GPU"),
     "step_seconds": ("step, s", "шаг, с"),
+    "fits_in_memory": ("fits", "помещается"),
     "memory_verdict": ("verdict", "вердикт"),
     "verdict_fits": ("fits", "помещается"),
     "verdict_undecided": ("undecided", "неясно"),
@@ -845,6 +846,14 @@ LESSON_13 = {
                              " ranks may be at most {sequences}",
                              "Llama-3-70B на 256 H100, 16 последовательностей по 131\u202f072 токена за шаг:"
                              " рангов по данным может быть не больше {sequences}"),
+    "micro_batches_of_step": ("{m} {m:micro-batch|micro-batches|micro-batches}",
+                          "{m} {m:микробатч|микробатча|микробатчей}"),
+    "micro_batches_win": ("fastest: {m} micro-batches of {per} {per:sequence|sequences|sequences} each, AC {ac},"
+                          " {faster:.0%} faster than the fastest with one micro-batch per step ({plain_ac} AC)",
+                          "самая быстрая: {m} {m:микробатч|микробатча|микробатчей} по {per}"
+                          " {per:последовательности|последовательности|последовательностей}, чекпоинтинг {ac};"
+                          " она на {faster:.0%} быстрее самой быстрой раскладки с одним микробатчем за шаг"
+                          " (чекпоинтинг {plain_ac})"),
     "fitted_on": ("fitted on", "в подборе"),
     "fitted_yes": ("yes", "да"),
     "fitted_no": ("no", "нет"),

@@ -182,12 +182,32 @@ def test_hsdp_keeps_the_big_collectives_in_the_node():
 def test_compare_ranks_fitting_layouts_by_throughput_and_says_why_the_rest_lose():
     ranked = compare(get_model("llama2-70b"), get_gpu("a100-80gb"), Layout(gpus=64, seq=4096, local_batch=2))
     fitting = [c for c in ranked if c.rank is not None]
-    rates = [c.plan.time.tokens_per_s_per_gpu for c in fitting]
-    assert rates == sorted(rates, reverse=True) and [c.rank for c in fitting] == list(range(1, len(fitting) + 1))
-    assert all(c.plan.memory.fits for c in fitting)
+    assert [c.rank for c in fitting] == list(range(1, len(fitting) + 1))
+    verdicts = [c.plan.memory.fit_verdict for c in fitting]
+    assert verdicts == sorted(verdicts, key=["fits", "undecided"].index) and "undecided" in verdicts
+    for verdict in ("fits", "undecided"):  # sure fits first, fastest first; then those a measurement must decide
+        rates = [c.plan.time.tokens_per_s_per_gpu for c in fitting if c.plan.memory.fit_verdict == verdict]
+        assert rates == sorted(rates, reverse=True)
+    assert all(c.why.startswith("undecided") for c in fitting if c.plan.memory.fit_verdict == "undecided")
     short = [c for c in ranked if c.rank is None]
-    assert short and all(c.why.startswith("short by") for c in short)
+    assert short and all(c.plan.memory.fit_verdict == "does not fit" for c in short)
+    assert all(c.why.startswith("short by") or c.why == "over capacity within the memory error" for c in short)
+    assert any(c.why == "over capacity within the memory error" for c in short)
     assert all(c.plan.layout.tokens_per_step == 64 * 2 * 4096 for c in ranked)
+    # every number of micro-batches that divides a candidate's local batch is searched
+    assert {c.plan.layout.micro_batches for c in ranked if c.plan.layout.local_batch == 8} == {1, 2, 4, 8}
+
+
+def test_compare_finds_what_fits_with_more_micro_batches():
+    """Issue 41: Llama-3-70B at 32k on 64 H100s with 64 sequences per step: with one micro-batch per step
+    nothing fits; gradient accumulation (a search over micro-batches) finds layouts that fit for sure. And a
+    given --micro-batches that some layouts' local batch cannot take no longer drops them."""
+    model, gpu = get_model("llama3-70b"), get_gpu("h100-sxm")
+    ranked = compare(model, gpu, Layout(gpus=64, seq=32768, local_batch=1))
+    assert not any(c.plan.memory.fits for c in ranked if c.plan.layout.micro_batches == 1)
+    assert ranked[0].plan.memory.fit_verdict == "fits" and ranked[0].plan.layout.micro_batches > 1
+    given = compare(model, gpu, Layout(gpus=64, seq=32768, local_batch=8, tp=8, sp=True, micro_batches=8))
+    assert any(c.plan.layout.tp == 1 and c.plan.layout.cp == 1 for c in given)  # FSDP alone is still tried
 
 
 @pytest.mark.parametrize("kwargs, message", [

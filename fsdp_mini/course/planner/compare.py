@@ -4,9 +4,14 @@ others lose.
 The global batch (sequences per step) is the one the given layout trains: local batch x data-parallel ranks.
 Each candidate spreads it its own way: HSDP replicas over whole nodes, TP of 1, 2, 4 or 8 inside a node
 (with and without SP), CP of 1, 2, 4 or 8, every checkpointing mode; the local batch follows from the
-data-parallel ranks left (a candidate that cannot split the batch evenly is skipped), the micro-batches,
-float8 and compile stay as given. Why a candidate loses: it does not fit (short by how much), or, against
-the winner, the largest of its extra seconds: exposed communication (which collectives), recomputation,
+data-parallel ranks left (a candidate that cannot split the batch evenly is skipped), and every number of
+micro-batches that divides it (gradient accumulation: fewer sequences in flight, more FSDP collectives per
+step; the given layout's micro-batches are only its starting point); float8 and compile stay as given.
+
+Ranked by the memory verdict first (`memory.MemoryBreakdown.fit_verdict`): the layouts that fit even with the
+planner's largest memory error, fastest first, then the undecided ones, which a measurement must confirm; the
+layouts that do not fit get no rank. Why a candidate loses: it does not fit (short by how much, or inside the
+memory error of the capacity), it is undecided, or, against the winner, the largest of its extra seconds: exposed communication (which collectives), recomputation,
 or smaller matrix products on each GPU.
 """
 from __future__ import annotations
@@ -40,7 +45,8 @@ def describe(layout: Layout) -> str:
         parts.append(f"TP {layout.tp}{'+SP' if layout.sp else ''}")
     if layout.cp > 1:
         parts.append(f"CP {layout.cp}")
-    return " ".join(parts) + f", batch {layout.local_batch}, AC {layout.ac.value}"
+    micro = f" in {layout.micro_batches} micro-batches" if layout.micro_batches > 1 else ""
+    return " ".join(parts) + f", batch {layout.local_batch}{micro}, AC {layout.ac.value}"
 
 
 def candidates(model: ModelSpec, layout: Layout) -> list[Layout]:
@@ -58,19 +64,25 @@ def candidates(model: ModelSpec, layout: Layout) -> list[Layout]:
                         dp = layout.gpus // (tp * cp)
                         if sequences % dp:
                             continue
-                        try:
-                            c = replace(layout, dp_replicate=replicate, tp=tp, sp=sp, cp=cp, ac=ac,
-                                        local_batch=sequences // dp)
-                            model.check_tp(tp)
-                        except ValueError:
-                            continue
-                        out.append(c)
+                        local = sequences // dp
+                        for micro_batches in (m for m in range(1, local + 1) if local % m == 0):
+                            try:
+                                c = replace(layout, dp_replicate=replicate, tp=tp, sp=sp, cp=cp, ac=ac,
+                                            local_batch=local, micro_batches=micro_batches)
+                                model.check_tp(tp)
+                            except ValueError:
+                                continue
+                            out.append(c)
     return out
 
 
 def _why(loser: Plan, winner: Plan) -> str:
     if not loser.memory.fits:
         return f"short by {loser.memory.short_by / GiB:.1f} GiB"
+    if loser.memory.fit_verdict == "does not fit":
+        return "over capacity within the memory error"
+    if loser.memory.fit_verdict == "undecided" and loser is not winner:
+        return "undecided: measure its memory first"
     if loser.time.tokens_per_s_per_gpu >= 0.995 * winner.time.tokens_per_s_per_gpu:
         return "as fast as the first (within 0.5 %)"
     extra = {k: loser.time.parts[k] - winner.time.parts.get(k, 0.0) for k in loser.time.parts}
@@ -90,7 +102,10 @@ def compare(model: ModelSpec, gpu: GPU, layout: Layout, calibration: Calibration
             plans.append(plan(model, gpu, c, calibration))
         except ValueError:
             continue
-    fitting = sorted((p for p in plans if p.memory.fits), key=lambda p: -p.time.tokens_per_s_per_gpu)
-    short = sorted((p for p in plans if not p.memory.fits), key=lambda p: p.memory.short_by)
+    surely = {"fits": 0, "undecided": 1}
+    fitting = sorted((p for p in plans if p.memory.fit_verdict in surely),
+                     key=lambda p: (surely[p.memory.fit_verdict], -p.time.tokens_per_s_per_gpu))
+    short = sorted((p for p in plans if p.memory.fit_verdict not in surely),
+                   key=lambda p: (p.memory.short_by, p.memory.likely_peak[0]))
     out = [Candidate(p, i + 1, "fastest" if i == 0 else _why(p, fitting[0])) for i, p in enumerate(fitting)]
     return out + [Candidate(p, None, _why(p, fitting[0] if fitting else p)) for p in short]

@@ -372,12 +372,17 @@
     function getModel(name) { return modelSpec(Object.assign({}, D.models[name], {name: name})); }
 
     // --- compare.py ---------------------------------------------------------------------------------------
+    // MemoryBreakdown.fit_verdict: fits at both ends of the memory error band, does not fit at neither
+    function verdictOf(m) {
+      return m.likely[1] <= m.capacity ? C.VERDICTS[0] : m.likely[0] > m.capacity ? C.VERDICTS[2] : C.VERDICTS[1];
+    }
     function describe(l) {
       var parts = ["FSDP " + l.dp_shard];
       if (l.dp_replicate > 1) parts.unshift("HSDP " + l.dp_replicate + "x");
       if (l.tp > 1) parts.push("TP " + l.tp + (l.sp ? "+SP" : ""));
       if (l.cp > 1) parts.push("CP " + l.cp);
-      return parts.join(" ") + ", batch " + l.local_batch + ", AC " + l.ac;
+      var micro = l.micro_batches > 1 ? " in " + l.micro_batches + " micro-batches" : "";
+      return parts.join(" ") + ", batch " + l.local_batch + micro + ", AC " + l.ac;
     }
     function candidates(model, l) {
       var sequences = l.local_batch * l.dp;
@@ -392,13 +397,17 @@
                 if (l.gpus % (replicate * tp * cp) || tp > l.gpus_per_node) return;
                 var dp = floorDiv(l.gpus, tp * cp);
                 if (sequences % dp) return;
-                try {
-                  var c = layout(Object.assign({}, l, {dp_replicate: replicate, tp: tp, sp: sp, cp: cp, ac: ac,
-                                                       local_batch: floorDiv(sequences, dp)}));
-                  checkTp(model, tp);
-                  out.push(c);
-                } catch (e) {
-                  if (!(e instanceof PlanError)) throw e;
+                var local = floorDiv(sequences, dp);
+                for (var micro = 1; micro <= local; micro++) {  // every number of micro-batches that divides it
+                  if (local % micro) continue;
+                  try {
+                    var c = layout(Object.assign({}, l, {dp_replicate: replicate, tp: tp, sp: sp, cp: cp, ac: ac,
+                                                         local_batch: local, micro_batches: micro}));
+                    checkTp(model, tp);
+                    out.push(c);
+                  } catch (e) {
+                    if (!(e instanceof PlanError)) throw e;
+                  }
                 }
               });
             });
@@ -409,6 +418,8 @@
     }
     function why(loser, winner) {
       if (!loser.memory.fits) return {key: "short", value: loser.memory.short_by / C.GiB};
+      if (verdictOf(loser.memory) === C.VERDICTS[2]) return {key: "within_error"};
+      if (verdictOf(loser.memory) === C.VERDICTS[1] && loser !== winner) return {key: "undecided"};
       if (loser.time.tokens_per_s_per_gpu >= 0.995 * winner.time.tokens_per_s_per_gpu) return {key: "as_fast"};
       var best = -1, seconds = -Infinity;
       loser.time.parts.forEach(function (s, i) {
@@ -423,10 +434,13 @@
       candidates(model, l).forEach(function (c) {
         try { plans.push(plan(model, gpu, c)); } catch (e) { if (!(e instanceof PlanError)) throw e; }
       });
-      var fitting = plans.filter(function (p) { return p.memory.fits; })
-        .sort(function (a, b) { return b.time.tokens_per_s_per_gpu - a.time.tokens_per_s_per_gpu; });
-      var short = plans.filter(function (p) { return !p.memory.fits; })
-        .sort(function (a, b) { return a.memory.short_by - b.memory.short_by; });
+      var surely = {}; surely[C.VERDICTS[0]] = 0; surely[C.VERDICTS[1]] = 1;  // Python's compare: fits, then undecided
+      var fitting = plans.filter(function (p) { return verdictOf(p.memory) in surely; })
+        .sort(function (a, b) {
+          return surely[verdictOf(a.memory)] - surely[verdictOf(b.memory)] ||
+                 b.time.tokens_per_s_per_gpu - a.time.tokens_per_s_per_gpu; });
+      var short = plans.filter(function (p) { return !(verdictOf(p.memory) in surely); })
+        .sort(function (a, b) { return a.memory.short_by - b.memory.short_by || a.memory.likely[0] - b.memory.likely[0]; });
       return fitting.map(function (p, i) { return {plan: p, rank: i + 1, why: i === 0 ? {key: "fastest"} : why(p, fitting[0])}; })
         .concat(short.map(function (p) { return {plan: p, rank: null, why: why(p, fitting.length ? fitting[0] : p)}; }));
     }
@@ -451,7 +465,7 @@
                  ac: l.ac, float8: l.float8, compile: l.compile, compile_loss: l.compile_loss},
         memory_gib: m.peak_reserved / C.GiB, memory_allocated_gib: m.peak_allocated / C.GiB,
         memory_capacity_gib: m.capacity / C.GiB, memory: memory, memory_peak_moment: MOMENTS[m.moment],
-        fits: m.fits, verdict: m.likely[1] <= m.capacity ? C.VERDICTS[0] : m.likely[0] > m.capacity ? C.VERDICTS[2] : C.VERDICTS[1],
+        fits: m.fits, verdict: verdictOf(m),
         memory_band_gib: [m.likely[0] / C.GiB, m.likely[1] / C.GiB],
         short_by_gib: m.short_by / C.GiB, step_s: t.step_s, step_parts_s: parts,
         tokens_per_s_per_gpu: t.tokens_per_s_per_gpu, mfu: t.mfu,

@@ -48,8 +48,9 @@
       more: "all {n} layouts", cli: "The same numbers in Python:", apply: "use this layout",
       terms: {}, parts: {}, part_short: {},
       why_text: {fastest: "fastest", short: "short by {v} GiB", as_fast: "as fast as the first (within 0.5 %)",
+                 within_error: "over capacity within the memory error", undecided: "undecided: measure its memory first",
                  exposed: "communication exposed: {name} +{share} % of its step", part: "{name} +{share} % of its step"},
-      batch: "batch", words: {tokens: ["token", "tokens", "tokens"], params: ["parameter", "parameters", "parameters"],
+      batch: "batch", micro_batches: " in $1 micro-batches", words: {tokens: ["token", "tokens", "tokens"], params: ["parameter", "parameters", "parameters"],
                              sequences: ["sequence", "sequences", "sequences"]},
       err: {
         invalid_int: "argument {flag}: invalid int value: {value}",
@@ -134,8 +135,9 @@
         "FSDP AllGather (exposed)": "AllGather FSDP", "FSDP ReduceScatter / HSDP AllReduce (exposed)": "ReduceScatter FSDP и AllReduce HSDP",
       },
       why_text: {fastest: "самая быстрая", short: "не хватает {v}\u00a0ГиБ", as_fast: "так же быстра, как первая (разница меньше 0,5\u00a0%)",
+                 within_error: "с учётом погрешности оценки памяти не помещается", undecided: "неясно: сначала измерьте память",
                  exposed: "не скрыто за вычислениями: {name}, +{share}\u00a0% её шага", part: "{name}: +{share}\u00a0% её шага"},
-      batch: "батч", words: {tokens: ["токен", "токена", "токенов"], params: ["параметр", "параметра", "параметров"],
+      batch: "батч", micro_batches: " в $1 микробатчах", words: {tokens: ["токен", "токена", "токенов"], params: ["параметр", "параметра", "параметров"],
                             sequences: ["последовательность", "последовательности", "последовательностей"]},
       err: {
         invalid_int: "аргумент {flag}: не целое число: {value}",
@@ -196,7 +198,9 @@
     var name = P.STEP_PARTS[w.part], share = pyFixed(w.share, 0);
     return fill(t.why_text[name.indexOf("exposed") >= 0 ? "exposed" : "part"], {name: t.part_short[name], share: share});
   }
-  function describe(l, t) { return P.describe(l).replace(", batch ", ", " + t.batch + " "); }
+  function describe(l, t) {
+    return P.describe(l).replace(", batch ", ", " + t.batch + " ").replace(/ in (\d+) micro-batches/, t.micro_batches);
+  }
 
   // --- what the inputs say: a plan, or the first error Python would raise ---------------------------------
   function compute(v) {
