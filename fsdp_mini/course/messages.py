@@ -782,6 +782,10 @@ LESSON_12 = {
     "ac_mode": ("checkpointing", "чекпоинтинг"),
     "micro_batch_count": ("micro-batches", "микробатчей"),
     "fits_from_gpus": ("fits from", "помещается с"),
+    "micro_batches_there": ("micro-batches there", "микробатчей при этом"),
+    "crossing_searched": ("{model}, the micro-batches chosen (for each layout and cluster the fastest number that fits):",
+                          "{model}, микробатчи выбраны (для каждой раскладки и кластера — самое быстрое число из тех,"
+                          " при которых она помещается):"),
     "tp_wins_from_gpus": ("TP from", "TP с"),
     "one_sequence_no_recomputation": ("one sequence per micro-batch, no recomputation, 512 GPUs:",
                                       "одна последовательность на микробатч, без пересчёта, 512 GPU:"),

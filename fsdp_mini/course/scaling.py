@@ -65,7 +65,7 @@ __all__ = [
     "HidingRow", "ScalingLimits", "fsdp_scaling", "scaling_limits", "latency_equals_bandwidth_at",
     "LinkTraffic", "MeshLayout", "mesh_layout",
     "Plan", "FSDP_PLAN", "HSDP_PLAN", "TP8_FSDP_PLAN", "PLANS", "PlanRow", "compare_plans",
-    "H100", "PLANNER_LAYOUTS", "PlannerRow", "planner_comparison", "best_plans", "tp_crossing",
+    "H100", "PLANNER_LAYOUTS", "PlannerRow", "planner_comparison", "searched_comparison", "best_plans", "tp_crossing",
 ]
 
 H100 = get_gpu("h100-sxm")
@@ -568,6 +568,22 @@ def planner_comparison(models: Sequence[TransformerShape] = (LLAMA2_7B, LLAMA2_7
                     result = planner_plan(spec, get_gpu(gpu), layout)
                 rows.append(PlannerRow(model.name, gpus, name, micro_batches, ac, result))
     return rows
+
+
+def searched_comparison(models: Sequence[TransformerShape] = (LLAMA2_7B, LLAMA2_70B),
+                        gpu_counts: Sequence[int] = GPU_COUNTS[3:], layouts: dict = PLANNER_LAYOUTS,
+                        ac: str = "full", gpu: str = "h100-sxm") -> list[PlannerRow]:
+    """`planner_comparison` with the micro-batches chosen, not given: for each model, GPU count and layout, the
+    fastest number of micro-batches (of those that divide the local batch) that fits, as a practitioner picks
+    gradient accumulation; where none fits, one micro-batch (the row then does not fit either)."""
+    sequences = GLOBAL_BATCH_TOKENS // SEQUENCE_LENGTH
+    tried = [planner_comparison(models, gpu_counts, layouts, micro_batches=2 ** k, ac=ac, gpu=gpu)
+             for k in range(sequences.bit_length())]
+    out = []
+    for options in zip(*tried):  # the same (model, GPU count, layout) under 1, 2, 4, ... micro-batches
+        fitting = [r for r in options if r.fits]
+        out.append(max(fitting, key=lambda r: r.mfu) if fitting else options[0])
+    return out
 
 
 def best_plans(rows: Sequence[PlannerRow]) -> dict[tuple[str, int], PlannerRow | None]:
