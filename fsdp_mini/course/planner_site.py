@@ -15,6 +15,7 @@ import json
 from fsdp_mini.course.planner import CALIBRATION, GPUS, MODELS, GiB
 import fsdp_mini.course.planner.activations as activations
 import fsdp_mini.course.planner.hardware as hardware
+from fsdp_mini.course.viz.planning import RU_NAMES
 from fsdp_mini.course.planner.memory import ALLOCATOR_OVERHEAD, MEMORY_ERROR_BAND, STATE_BYTES, VERDICTS
 from fsdp_mini.course.planner.step_time import (ATTENTION_BACKWARD_RATIO, COMPILED_LOSS_BYTES_PER_LOGIT,
                                                 FSDP_COPY_BYTES_PER_PARAM, LOSS_BYTES_PER_LOGIT,
@@ -50,6 +51,8 @@ def site_data() -> dict:
                            if f.default is not dataclasses.MISSING},
         # the page opens on the first published run the constants were fitted on, and says what was published
         "start": _start(),
+        # the Russian page names the planner's terms as the lessons do: one home, viz.planning.RU_NAMES
+        "ru_names": RU_NAMES,
         "constants": {
             "GiB": GiB,
             "ALPHA_NVLINK": hardware.ALPHA_NVLINK,

@@ -902,3 +902,44 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+
+
+_PLACEHOLDER = re.compile(r"\{[^{}]*\}")
+_JS_STRING = re.compile(r'"((?:[^"\\]|\\.)*)"')
+SITE_SCRIPTS = sorted((LESSONS / "assets").rglob("*.js"))
+
+
+def russian_strings(source: str) -> list[str]:
+    """The Russian string literals of a script (JavaScript or Python), escapes decoded, placeholders left out."""
+    out = []
+    for m in _JS_STRING.finditer(source):
+        text = re.sub(r"\\u([0-9a-fA-F]{4})", lambda u: chr(int(u.group(1), 16)), m.group(1))
+        if CYRILLIC.search(text):
+            out.append(" ".join(_PLACEHOLDER.sub(" ", text).split()))
+    return out
+
+
+def test_russian_strings_are_found_and_placeholders_dropped():
+    assert russian_strings('a: "ранг {rank} из {world}", b: "rank", c: "\\u0433руппа"') == ["ранг из", "группа"]
+
+
+def test_russian_messages_use_the_agreed_terms():
+    """Issue 41: every Russian message the course can print (fsdp_mini/course/messages.py), printed by an executed
+    lesson or not, follows the glossary; placeholders are code, not prose."""
+    from fsdp_mini.course.messages import MESSAGES
+
+    hits = [f"{key}: {h}" for key, (_, ru) in MESSAGES.items()
+            for h in ruled_out(" ".join(_PLACEHOLDER.sub(" ", ru).split()))]
+    assert not hits, "messages.py: ruled-out forms (lessons/ru/STYLE.md):\n" + "\n".join(hits)
+
+
+@pytest.mark.parametrize("script", [p.relative_to(LESSONS).as_posix() for p in SITE_SCRIPTS])
+def test_the_sites_russian_strings_use_the_agreed_terms(script):
+    """The Russian pages' calculators print their own strings: the glossary holds for them as for the lessons."""
+    hits = [h for text in russian_strings((LESSONS / script).read_text(encoding="utf-8")) for h in ruled_out(text)]
+    assert not hits, f"{script}: ruled-out forms (lessons/ru/STYLE.md):\n" + "\n".join(hits)
+
+
+def test_the_site_check_catches_a_planted_second_rendering():
+    planted = 'ru: {mm: "матричные умножения", head: "выходной слой и лосс"}'
+    assert len([h for text in russian_strings(planted) for h in ruled_out(text)]) == 2

@@ -680,7 +680,7 @@ def test_memory_calculator_equals_estimate_memory(calculator_page, lang):
     set_calculator(tab.page, {"world": "16", "tp": "3"})
     text = read_calculator(tab.page)["text"]
     if lang == "ru":
-        assert "Размер группы шардирования" in text and "World size" in text
+        assert "Размер группы шардирования" in text and "Число рангов (GPU)" in text and "World size" not in text
         assert "Степень TP должна быть целым числом" in text and "тензорного параллелизма" in text
     else:
         assert "TP degree must be a whole number" in text and "Tensor-parallel degree" in text

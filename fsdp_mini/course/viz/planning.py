@@ -74,7 +74,7 @@ def plot_memory_and_speed(plans, labels: list[str], title: str = ""):
 
 # --- the lesson's printed tables: the planner's rows in the lesson's language ------------------------------
 
-_RU_NAMES = {
+RU_NAMES = {
     "parameters (fp32 shard)": "параметры (шард fp32)",
     "gradients (fp32 shard)": "градиенты (шард fp32)",
     "AdamW moments (fp32 shard)": "моменты AdamW (шард fp32)",
@@ -99,12 +99,14 @@ _RU_NAMES = {
     "end of forward (the loss)": "конец forward (лосс)",
     "start of backward": "начало backward",
 }
+"""The Russian names of the planner's memory terms, step parts and peak moments: the lessons print them, and the
+site's planner page gets them from here (`planner_site.site_data`), so the two cannot drift apart."""
 
 
 def term_name(key: str) -> str:
     """A planner's memory term, step part or peak moment in the lesson's language (the key itself in English,
     and for a key this table does not know yet)."""
-    return tr(key, _RU_NAMES.get(key, key))
+    return tr(key, RU_NAMES.get(key, key))
 
 
 def layout_label(layout) -> str:

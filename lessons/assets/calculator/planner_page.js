@@ -73,10 +73,10 @@
       decimal: ".", group: ",",
     },
     ru: {
-      model: "Модель (--model)", custom: "свои размеры…", family: "Семейство", llama: "Llama (SwiGLU, RMSNorm, rotary)",
-      gpt2: "GPT-2 (GELU, LayerNorm, обучаемые позиции, общий выходной слой)", gpu: "GPU (--gpu)",
+      model: "Модель (--model)", custom: "свои размеры…", family: "Семейство", llama: "Llama (SwiGLU, RMSNorm, RoPE)",
+      gpt2: "GPT-2 (GELU, LayerNorm, обучаемые позиции, голова с общим весом)", gpu: "GPU (--gpu)",
       hidden: "hidden", layers: "layers", heads: "heads", kv_heads: "kv_heads", ffn: "ffn", vocab: "vocab",
-      gpus: "Всего GPU (--gpus)", gpus_per_node: "GPU на узел (--gpus-per-node)",
+      gpus: "Число GPU (--gpus)", gpus_per_node: "GPU на узел (--gpus-per-node)",
       dp_replicate: "Реплики HSDP (--dp-replicate)", tp: "Тензорный параллелизм (--tp)",
       sp: "параллелизм по последовательности (--sp)", cp: "Контекстный параллелизм (--cp)",
       seq: "Длина последовательности (--seq)", local_batch: "Последовательностей на ранг параллелизма по данным (--local-batch)",
@@ -99,37 +99,14 @@
       moment: {forward: "конец forward (лосс)", backward: "начало backward"},
       timeline: "Один шаг во времени", time_table: "Из чего складывается время шага",
       lane_gpu: "GPU", lane_nccl: "коллективные операции FSDP", step: "шаг",
-      seg: {mm: "матричные умножения", attn: "внимание", elem: "операции, упирающиеся в память", tp: "обмен данными TP",
-            cp: "кольцо CP", recompute: "пересчёт", copies: "копирование FSDP в буферы и из них", head: "выходной слой и лосс", wait_ag: "ожидание AllGather",
+      seg: {mm: "матричные произведения", attn: "внимание", elem: "операции, упирающиеся в память", tp: "обмен данными TP",
+            cp: "кольцо CP", recompute: "пересчёт", copies: "копирование FSDP в буферы и из них", head: "голова и лосс", wait_ag: "ожидание AllGather",
             wait_rs: "ожидание ReduceScatter / AllReduce", optimizer: "шаг оптимизатора",
             ag: "AllGather (скрыты за forward, если успевают)", rs: "ReduceScatter и AllReduce HSDP"},
       ranking: "Все раскладки этих GPU при том же глобальном батче ({n} {sequences}), от быстрой к медленной",
       rank: "место", layout: "раскладка", mem: "ГиБ", tok: "токенов/с на GPU", mfu: "MFU", why: "почему не первая",
       more: "все раскладки ({n})", cli: "Те же числа в Python:", apply: "взять эту раскладку",
-      terms: {
-        "parameters (fp32 shard)": "параметры (шард в fp32)",
-        "gradients (fp32 shard)": "градиенты (шард в fp32)",
-        "AdamW moments (fp32 shard)": "моменты AdamW (шард в fp32)",
-        "root unit gathered (bf16)": "собранный корневой юнит (bf16)",
-        "activations: blocks": "активации: блоки",
-        "activations: final norm": "активации: последняя нормализация",
-        "blocks gathered in flight (bf16)": "блоки, собранные заранее (bf16)",
-        "gradient buffers (block bf16 + fp32 for ReduceScatter, root bf16)": "буферы градиентов (блок в bf16 и fp32 для ReduceScatter, корневой юнит в bf16)",
-        "checkpointed block rebuilt in backward": "блок под чекпоинтингом, пересчитанный в backward",
-        "logits and loss (bf16 logits, fp32 copy, log_softmax)": "логиты и лосс (логиты в bf16, копия в fp32, log_softmax)",
-      },
-      parts: {
-        "matmuls (blocks and head)": "матричные умножения (блоки и выходной слой)",
-        "attention": "внимание",
-        "memory-bound ops (norms, rotary, SwiGLU, loss)": "операции, упирающиеся в память (нормализации, rotary, SwiGLU, лосс)",
-        "FSDP copy-in / copy-out": "копирование FSDP в буферы и из них",
-        "recomputation": "пересчёт",
-        "TP collectives (exposed)": "обмен данными TP (не скрыт)",
-        "CP ring (exposed)": "кольцо CP (не скрыто)",
-        "FSDP AllGather (exposed)": "AllGather FSDP (не скрыт)",
-        "FSDP ReduceScatter / HSDP AllReduce (exposed)": "ReduceScatter FSDP и AllReduce HSDP (не скрыты)",
-        "optimizer step": "шаг оптимизатора",
-      },
+      terms: {}, parts: {},  // the lessons' Russian names of the planner's terms: D.ru_names (viz.planning.RU_NAMES)
       part_short: {
         "TP collectives (exposed)": "обмен данными TP", "CP ring (exposed)": "кольцо CP",
         "FSDP AllGather (exposed)": "AllGather FSDP", "FSDP ReduceScatter / HSDP AllReduce (exposed)": "ReduceScatter FSDP и AllReduce HSDP",
@@ -162,6 +139,8 @@
   };
   P.MEMORY_TERMS.forEach(function (k) { TEXT.en.terms[k] = k; });
   P.STEP_PARTS.forEach(function (k) { TEXT.en.parts[k] = k; TEXT.en.part_short[k] = k.replace(" (exposed)", ""); });
+  P.MEMORY_TERMS.forEach(function (k) { TEXT.ru.terms[k] = D.ru_names[k]; });
+  P.STEP_PARTS.forEach(function (k) { TEXT.ru.parts[k] = D.ru_names[k]; });
   P.STEP_PARTS.forEach(function (k) { if (!TEXT.ru.part_short[k]) TEXT.ru.part_short[k] = TEXT.ru.parts[k]; });
 
   // the CLI's options, in the order `python -m fsdp_mini plan` defines them (argparse reads them in that order)
