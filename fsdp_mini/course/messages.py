@@ -676,6 +676,9 @@ LESSON_12 = {
     "tokens_to_hide_gather": ("to hide", "порог"),
     "unit_forward_ms": ("forward, ms", "forward, мс"),
     "unit_all_gather_ms": ("AllGather, ms", "AllGather, мс"),
+    "tp_forward_ms": ("TP collectives, ms", "коллективные операции TP, мс"),
+    "why_the_crossing": ("why: one block of {model} (one micro-batch, full recomputation)",
+                         "почему: один блок {model} (один микробатч, полный пересчёт)"),
     "ring_latency_ms": ("latency, ms", "задержка, мс"),
     "ring_bytes_ms": ("bytes, ms", "байты, мс"),
     "gather_hides": ("hides", "скрыт"),
@@ -850,6 +853,13 @@ LESSON_13 = {
                              " ranks may be at most {sequences}",
                              "Llama-3-70B на 256 H100, 16 последовательностей по 131\u202f072 токена за шаг:"
                              " рангов по данным может быть не больше {sequences}"),
+    "search_space": ("searched: {n} layouts (HSDP replicas {replicas}; TP {tp}, with and without SP; CP {cp};"
+                     " {modes} checkpointing modes; micro-batches {micro}): {verdicts[fits]} fit,"
+                     " {verdicts[undecided]} undecided, {verdicts[does not fit]} do not fit",
+                     "в переборе {n} {n:раскладка|раскладки|раскладок} (реплик HSDP {replicas}; TP {tp}, с SP и"
+                     " без; CP {cp};"
+                     " {modes} режима чекпоинтинга; микробатчей {micro}): помещаются {verdicts[fits]},"
+                     " неясно — {verdicts[undecided]}, не помещаются {verdicts[does not fit]}"),
     "micro_batches_of_step": ("{m} {m:micro-batch|micro-batches|micro-batches}",
                           "{m} {m:микробатч|микробатча|микробатчей}"),
     "micro_batches_win": ("fastest: {m} micro-batches of {per} {per:sequence|sequences|sequences} each, AC {ac},"

@@ -16,7 +16,7 @@ from fsdp_mini.course.planner import GiB
 from fsdp_mini.course.scaling import HidingRow, MeshLayout, PlannerRow
 from fsdp_mini.course.show import text
 
-__all__ = ["OP_NAMES", "hiding_rows", "block_gather_rows", "qkv_spans", "traffic_rows", "layout_rows",
+__all__ = ["OP_NAMES", "hiding_rows", "block_gather_rows", "block_cost_rows", "qkv_spans", "traffic_rows", "layout_rows",
            "plan_label", "planner_rows", "plan_on_gpus", "best_plan_rows"]
 
 OP_NAMES = {"all_reduce": "AllReduce", "all_gather": "AllGather", "reduce_scatter": "ReduceScatter"}
@@ -35,6 +35,16 @@ def block_gather_rows(rows: Iterable[PlannerRow]) -> list[dict]:
     """The planner's forward of one block and FSDP's AllGather of one block, in milliseconds."""
     return [{"GPU": r.gpus, "block_forward_ms": 1e3 * r.result.time.collectives["block_forward_s"],
              "unit_all_gather_ms": 1e3 * r.result.time.collectives["fsdp_all_gather_per_block_s"]}
+            for r in rows]
+
+
+def block_cost_rows(rows: Iterable[PlannerRow]) -> list[dict]:
+    """Why a layout wins, per block: its forward, FSDP's AllGather of the block (which must hide behind the
+    previous block's forward) and TP's collectives of the block's forward (on the critical path), in ms."""
+    return [{"parallel_layout": plan_label(r.plan), "GPU": r.gpus,
+             "block_forward_ms": 1e3 * r.result.time.collectives["block_forward_s"],
+             "unit_all_gather_ms": 1e3 * r.result.time.collectives["fsdp_all_gather_per_block_s"],
+             "tp_forward_ms": 1e3 * r.result.time.collectives["tp_per_block_forward_s"]}
             for r in rows]
 
 
