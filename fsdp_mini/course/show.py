@@ -30,16 +30,18 @@ from fsdp_mini.course.language import get_language, num, plural, size, yes
 from fsdp_mini.course.messages import MESSAGES
 from fsdp_mini.course.viz import set_language
 
-__all__ = ["set_language", "text", "say", "show", "cell", "header"]
+__all__ = ["set_language", "text", "say", "show", "cell", "header", "MISSING"]
+
+MISSING = "\u2014"
+"""A number a source does not give, in a table of numbers: a dash, aligned with the numbers."""
 
 _DIGITS = re.compile(r"(?P<sign>\+?)\.(?P<digits>\d+)(?P<percent>%?)")
 
 
 def cell(value, spec: str = "") -> str:
-    """One value as the lesson's language writes it (the format specs of the module's docstring); None, a
-    value a source does not give, is a dash."""
-    if value is None:
-        return "\u2014"
+    """One value as the lesson's language writes it (the format specs of the module's docstring)."""
+    if value == MISSING:
+        return MISSING
     if "|" in spec:
         one, few, many = (spec.split("|") + ["", ""])[:3]
         return plural(value, one, few or many, many or few)
@@ -128,7 +130,7 @@ def show(rows: Iterable, columns: Iterable[str] | None = None, formats: Mapping[
     formats = dict(formats or {})
     table = [[cell(r[c], formats.get(c, "")) for c in columns] for r in rows]
     heads = [header(c) for c in columns]
-    right = [all(_numeric(r[c]) or r[c] is None for r in rows) and any(_numeric(r[c]) for r in rows)
+    right = [all(_numeric(r[c]) or r[c] == MISSING for r in rows) and any(_numeric(r[c]) for r in rows)
              for c in columns]
     widths = [max(len(h), *(len(t[i]) for t in table)) for i, h in enumerate(heads)]
 

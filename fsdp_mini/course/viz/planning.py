@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fsdp_mini.course.language import get_language, num, ru_cell, tr
 from fsdp_mini.course.planner.validation import layout_cell
-from fsdp_mini.course.show import text
+from fsdp_mini.course.show import MISSING, text
 from fsdp_mini.course.viz import figure
 from fsdp_mini.course.viz.style import SMALL
 
@@ -138,9 +138,12 @@ def show_assumptions(gpu, calibration) -> None:
              f"{num(calibration.network_fraction, 3)} сети"))
 
 
+_VERDICT_KEYS = {"fits": "verdict_fits", "undecided": "verdict_undecided", "does not fit": "verdict_does_not_fit"}
+
+
 def verdict_word(p) -> str:
     """A plan's memory verdict with its error band ("fits", "undecided", "does not fit"), in the lesson's language."""
-    return text("verdict_" + p.memory.fit_verdict.replace(" ", "_"))
+    return text(_VERDICT_KEYS[p.memory.fit_verdict])
 
 
 def show_plans(plans, labels: list[str]) -> None:
@@ -183,15 +186,17 @@ def time_rows(p) -> list[dict]:
 def validation_rows(validations, fitted_rows) -> list[dict]:
     """One row per published run `validate` compared: the run (model, GPUs, layout, AC and switches), whether
     the planner was fitted on it, the published tokens/s per GPU, the planner's and the relative error; then the
-    published peak memory where the run reports it, the planner's and the relative error (None: not published)."""
+    published peak memory where the run reports it, the planner's and the relative error (`MISSING`: not
+    published)."""
     rows = []
     for v in validations:
         r = v.row
         run = r.ac.value + (" compile" if r.compile else "") + (" float8" if r.float8 else "")
         fitted = text("fitted_yes" if r in fitted_rows else "fitted_no")
-        memory_error = None if v.memory_error is None else round(v.memory_error, 3) + 0.0
+        memory_error = MISSING if v.memory_error is None else round(v.memory_error, 3) + 0.0
         rows.append({"model_name": r.model, "GPU": f"{r.gpus} × {r.gpu}", "layout_name": layout_cell(r, ru_cell if get_language() == "ru" else str),
                      "AC": run, "fitted_on": fitted, "published_rate": r.tokens_per_s, "planner_rate": v.tokens_per_s,
                      "planner_error": round(v.error, 3) + 0.0,  # + 0.0: no -0.0
-                     "published_gib": r.memory_gib, "planner_gib": v.memory_gib, "memory_error": memory_error})
+                     "published_gib": MISSING if r.memory_gib is None else r.memory_gib,
+                     "planner_gib": v.memory_gib, "memory_error": memory_error})
     return rows
