@@ -65,7 +65,8 @@ __all__ = [
     "HidingRow", "ScalingLimits", "fsdp_scaling", "scaling_limits", "latency_equals_bandwidth_at",
     "LinkTraffic", "MeshLayout", "mesh_layout",
     "Plan", "FSDP_PLAN", "HSDP_PLAN", "TP8_FSDP_PLAN", "PLANS", "PlanRow", "compare_plans",
-    "H100", "PLANNER_LAYOUTS", "PlannerRow", "planner_comparison", "searched_comparison", "best_plans", "tp_crossing",
+    "H100", "PLANNER_LAYOUTS", "PlannerRow", "planner_comparison", "searched_comparison", "best_plans",
+    "tp_crossing",
 ]
 
 H100 = get_gpu("h100-sxm")

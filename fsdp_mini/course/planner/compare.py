@@ -11,8 +11,8 @@ step; the given layout's micro-batches are only its starting point); float8 and 
 Ranked by the memory verdict first (`memory.MemoryBreakdown.fit_verdict`): the layouts that fit even with the
 planner's largest memory error, fastest first, then the undecided ones, which a measurement must confirm; the
 layouts that do not fit get no rank. Why a candidate loses: it does not fit (short by how much, or inside the
-memory error of the capacity), it is undecided, or, against the winner, the largest of its extra seconds: exposed communication (which collectives), recomputation,
-or smaller matrix products on each GPU.
+memory error of the capacity), it is undecided, or, against the winner, the largest of its extra seconds:
+exposed communication (which collectives), recomputation, or smaller matrix products on each GPU.
 """
 from __future__ import annotations
 

@@ -30,10 +30,11 @@ from dataclasses import dataclass
 from functools import cache
 
 from fsdp_mini.course.language import get_language, plural, ru_cell, set_language
+from fsdp_mini.course.messages import MESSAGES
 from fsdp_mini.course.planner.hardware import GiB, get_gpu
 from fsdp_mini.course.planner.hf_config import model_from_config
 from fsdp_mini.course.planner.layout import Checkpointing, Layout
-from fsdp_mini.course.planner.memory import memory_breakdown
+from fsdp_mini.course.planner.memory import VERDICTS, memory_breakdown
 from fsdp_mini.course.planner.models import ModelSpec
 from fsdp_mini.course.planner.step_time import step_time
 
@@ -218,13 +219,13 @@ def table(predicted: tuple[Predicted, ...] | None = None, language: str = "en") 
              "ru": ("MPT", "последовательность", "GPU", "микробатч × накопление", "чекпоинтинг", "токенов/с",
                     "предсказано", "ошибка", "доля внимания во FLOP", "предсказано, ГиБ", "вердикт")}[language]
     words = {"en": ("full", "none"), "ru": ("полный", "нет")}[language]
-    verdicts = {"en": {}, "ru": {"fits": "помещается", "undecided": "неясно", "does not fit": "не помещается"}}[language]
+    verdicts = {v: MESSAGES["verdict_" + v.replace(" ", "_")][language == "ru"] for v in VERDICTS}  # the lessons' words
     lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     for p in predicted:
         r = p.row
         cells = [f"{r.seq:,}", str(r.gpus), f"{r.micro_batch} × {r.grad_accum}", words[0] if r.checkpointed else words[1],
                  f"{r.tokens_per_s:,.0f}", f"{p.tokens_per_s:,.0f}", f"{p.error * 100:+.1f} %",
-                 f"{attention_share(r) * 100:.0f} %", f"{p.peak_gib:.1f}", verdicts.get(p.verdict, p.verdict)]
+                 f"{attention_share(r) * 100:.0f} %", f"{p.peak_gib:.1f}", verdicts[p.verdict]]
         lines.append(f"| {r.size} | " + " | ".join(fmt(c) for c in cells) + " |")
     return "\n".join(lines)
 

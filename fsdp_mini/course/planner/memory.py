@@ -40,7 +40,8 @@ from fsdp_mini.course.planner.hardware import GPU, GiB
 from fsdp_mini.course.planner.layout import Checkpointing, Layout
 from fsdp_mini.course.planner.models import ModelSpec
 
-__all__ = ["ALLOCATOR_OVERHEAD", "MEMORY_ERROR_BAND", "VERDICTS", "STATE_BYTES", "MemoryBreakdown", "memory_breakdown", "saved_bytes"]
+__all__ = ["ALLOCATOR_OVERHEAD", "MEMORY_ERROR_BAND", "VERDICTS", "STATE_BYTES", "MemoryBreakdown",
+           "memory_breakdown", "saved_bytes"]
 
 ALLOCATOR_OVERHEAD = 1.02
 """max_memory_reserved / max_memory_allocated: what PyTorch's caching allocator keeps beyond the live tensors
