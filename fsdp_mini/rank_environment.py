@@ -19,7 +19,6 @@ __all__ = ["BACKENDS", "default_backend", "local_world_size", "local_rank", "get
 BACKENDS = ("gloo", "nccl")
 
 
-
 def default_backend() -> str:
     """NCCL when this machine has a GPU, gloo (CPU processes) otherwise."""
     return "nccl" if torch.cuda.is_available() else "gloo"

@@ -39,7 +39,6 @@ from torch.distributed.constants import default_pg_timeout
 from fsdp_mini.rank_environment import (BACKENDS, default_backend, get_device, local_rank, local_world_size,
                                        require_distributed, under_torchrun)
 
-
 __all__ = ["init", "finish", "get_device", "under_torchrun", "require_distributed", "local_world_size", "default_backend",
            "check_backend", "BACKENDS", "STARTUP_TIMEOUT", "wait_for_every_rank", "Launcher", "launcher", "mark_launched",
            "die_with_parent", "RankFinished"]
