@@ -711,6 +711,11 @@ LESSON_12 = {
                          "каждый — целая активация, {batch} × {seq} × {h} × 4 Б = {b:size}"),
     "traffic": ("traffic", "трафик"),
     "collective_counts": ("collectives", "коллективные операции"),
+    "block_0_in_order": ("block 0's collectives in the order CommLog saw them (forward, then backward):",
+                         "коллективные операции блока 0 в том порядке, в каком их увидел CommLog (forward, затем"
+                         " backward):"),
+    "collective_op": ("collective", "операция"),
+    "layer_name": ("layer", "слой"),
     "collective_calls": ("calls", "вызовов"),
     "message_bytes": ("S, bytes", "S, байт"),
     "bytes_sent": ("sent", "отправлено"),
