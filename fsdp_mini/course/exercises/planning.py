@@ -383,8 +383,8 @@ def _which_rule(mine: Layout, best: Layout) -> str:
                   "critical path (rule 1: at an equal count, less TP).",
                   " GPU на последовательность столько, сколько нужно, но больше из них за счёт TP, чьи коллективные "
                   "операции ждут на критическом пути (правило 1: при равном числе — меньше TP).")
-    order = [c.value for c in (Checkpointing.NONE, Checkpointing.SELECTIVE_OP, Checkpointing.FULL)]
-    if mine.ac.value in order and best.ac.value in order and order.index(mine.ac.value) > order.index(best.ac.value):
+    order = (Checkpointing.NONE, Checkpointing.SELECTIVE_OP, Checkpointing.FULL)  # the rule's, cheapest first
+    if mine.ac in order and best.ac in order and order.index(mine.ac) > order.index(best.ac):
         return tr(" Its checkpointing recomputes more than a layout this size needs (rule 2: the cheapest mode "
                   "that fits).",
                   " Его чекпоинтинг пересчитывает больше, чем нужно раскладке такого размера (правило 2: самый "

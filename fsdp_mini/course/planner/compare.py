@@ -81,7 +81,7 @@ def _why(loser: Plan, winner: Plan) -> str:
         return f"short by {loser.memory.short_by / GiB:.1f} GiB"
     if loser.memory.fit_verdict == "does not fit":
         return "over capacity within the memory error"
-    if loser.memory.fit_verdict == "undecided" and loser is not winner:
+    if loser.memory.fit_verdict == "undecided":
         return "undecided: measure its memory first"
     if loser.time.tokens_per_s_per_gpu >= 0.995 * winner.time.tokens_per_s_per_gpu:
         return "as fast as the first (within 0.5 %)"

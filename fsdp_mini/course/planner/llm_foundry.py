@@ -34,7 +34,7 @@ from fsdp_mini.course.messages import MESSAGES
 from fsdp_mini.course.planner.hardware import GiB, get_gpu
 from fsdp_mini.course.planner.hf_config import model_from_config
 from fsdp_mini.course.planner.layout import Checkpointing, Layout
-from fsdp_mini.course.planner.memory import VERDICTS, memory_breakdown
+from fsdp_mini.course.planner.memory import VERDICT_MESSAGES, memory_breakdown
 from fsdp_mini.course.planner.models import ModelSpec
 from fsdp_mini.course.planner.step_time import step_time
 
@@ -219,7 +219,7 @@ def table(predicted: tuple[Predicted, ...] | None = None, language: str = "en") 
              "ru": ("MPT", "последовательность", "GPU", "микробатч × накопление", "чекпоинтинг", "токенов/с",
                     "предсказано", "ошибка", "доля внимания во FLOP", "предсказано, ГиБ", "вердикт")}[language]
     words = {"en": ("full", "none"), "ru": ("полный", "нет")}[language]
-    verdicts = {v: MESSAGES["verdict_" + v.replace(" ", "_")][language == "ru"] for v in VERDICTS}  # the lessons' words
+    verdicts = {v: MESSAGES[key][language == "ru"] for v, key in VERDICT_MESSAGES.items()}  # the lessons' words
     lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     for p in predicted:
         r = p.row

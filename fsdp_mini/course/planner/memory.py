@@ -40,7 +40,7 @@ from fsdp_mini.course.planner.hardware import GPU, GiB
 from fsdp_mini.course.planner.layout import Checkpointing, Layout
 from fsdp_mini.course.planner.models import ModelSpec
 
-__all__ = ["ALLOCATOR_OVERHEAD", "MEMORY_ERROR_BAND", "VERDICTS", "STATE_BYTES", "MemoryBreakdown",
+__all__ = ["ALLOCATOR_OVERHEAD", "MEMORY_ERROR_BAND", "VERDICTS", "VERDICT_MESSAGES", "STATE_BYTES", "MemoryBreakdown",
            "memory_breakdown", "saved_bytes"]
 
 ALLOCATOR_OVERHEAD = 1.02
@@ -57,6 +57,9 @@ peak / (1 + largest) and peak / (1 + smallest), 4 to 21 % above the count."""
 
 VERDICTS = ("fits", "undecided", "does not fit")
 """The three answers to "does it fit?": within capacity at both ends of the error band, across it, beyond it."""
+
+VERDICT_MESSAGES = dict(zip(VERDICTS, ("verdict_fits", "verdict_undecided", "verdict_does_not_fit")))
+"""The entry of fsdp_mini/course/messages.py each verdict is printed as, in the lessons and on the pages."""
 
 STATE_BYTES = {"parameters (fp32 shard)": 4, "gradients (fp32 shard)": 4, "AdamW moments (fp32 shard)": 8}
 """Bytes per sharded parameter of each model state (FSDP2 keeps the fp32 original sharded; AdamW's exp_avg

@@ -3,6 +3,7 @@ into what holds it and its training speed, both from `fsdp_mini.course.planner.p
 from __future__ import annotations
 
 from fsdp_mini.course.language import get_language, num, ru_cell, tr
+from fsdp_mini.course.planner.memory import VERDICT_MESSAGES
 from fsdp_mini.course.planner.validation import layout_cell
 from fsdp_mini.course.show import MISSING, text
 from fsdp_mini.course.viz import figure
@@ -138,12 +139,9 @@ def show_assumptions(gpu, calibration) -> None:
              f"{num(calibration.network_fraction, 3)} сети"))
 
 
-_VERDICT_KEYS = {"fits": "verdict_fits", "undecided": "verdict_undecided", "does not fit": "verdict_does_not_fit"}
-
-
 def verdict_word(p) -> str:
     """A plan's memory verdict with its error band ("fits", "undecided", "does not fit"), in the lesson's language."""
-    return text(_VERDICT_KEYS[p.memory.fit_verdict])
+    return text(VERDICT_MESSAGES[p.memory.fit_verdict])
 
 
 def show_plans(plans, labels: list[str]) -> None:
@@ -194,8 +192,8 @@ def validation_rows(validations, fitted_rows) -> list[dict]:
         run = r.ac.value + (" compile" if r.compile else "") + (" float8" if r.float8 else "")
         fitted = text("fitted_yes" if r in fitted_rows else "fitted_no")
         memory_error = MISSING if v.memory_error is None else round(v.memory_error, 3) + 0.0
-        rows.append({"model_name": r.model, "GPU": f"{r.gpus} × {r.gpu}", "layout_name": layout_cell(r, ru_cell if get_language() == "ru" else str),
-                     "AC": run, "fitted_on": fitted, "published_rate": r.tokens_per_s, "planner_rate": v.tokens_per_s,
+        layout = layout_cell(r, ru_cell if get_language() == "ru" else str)
+        rows.append({"model_name": r.model, "GPU": f"{r.gpus} × {r.gpu}", "layout_name": layout, "AC": run, "fitted_on": fitted, "published_rate": r.tokens_per_s, "planner_rate": v.tokens_per_s,
                      "planner_error": round(v.error, 3) + 0.0,  # + 0.0: no -0.0
                      "published_gib": MISSING if r.memory_gib is None else r.memory_gib,
                      "planner_gib": v.memory_gib, "memory_error": memory_error})

@@ -419,7 +419,7 @@
     function why(loser, winner) {
       if (!loser.memory.fits) return {key: "short", value: loser.memory.short_by / C.GiB};
       if (verdictOf(loser.memory) === C.VERDICTS[2]) return {key: "within_error"};
-      if (verdictOf(loser.memory) === C.VERDICTS[1] && loser !== winner) return {key: "undecided"};
+      if (verdictOf(loser.memory) === C.VERDICTS[1]) return {key: "undecided"};
       if (loser.time.tokens_per_s_per_gpu >= 0.995 * winner.time.tokens_per_s_per_gpu) return {key: "as_fast"};
       var best = -1, seconds = -Infinity;
       loser.time.parts.forEach(function (s, i) {
