@@ -15,13 +15,23 @@ The model, and why each piece is what it is:
   `fsdp_mini.fsdp.groups.grid` applies: shard groups are rows of `shard_size` consecutive ranks, replica
   groups are columns.
 * A ring moves in lockstep: each of its steps ends when the slowest of its links has delivered its
-  chunk. So a collective over a group whose ranks all live on one node runs at `intra_bandwidth` and
-  `alpha_intra`, and one over a group that spans nodes runs entirely at `inter_bandwidth` and
-  `alpha_inter`, even though most of its links are NVLink. Its time is `fsdp_mini.course.cost`'s ring formula
-  with that link's alpha and bandwidth.
-* Groups of the same kind (all shard groups, all replica groups) run at the same time, each GPU on its
-  own links; the bandwidths are per GPU (one NIC per GPU). With one NIC shared by a node's g GPUs,
-  divide `inter_bandwidth` by g.
+  chunk. A ring whose ranks all live on one node runs at `intra_bandwidth` and `alpha_intra`.
+* A ring over a group that spans nodes enters and leaves each node over the network, and NCCL does not send
+  it all through one card: with NVLink inside the node it runs one ring per network card ("rails", one
+  channel each), every ring carries its share of the chunks and leaves the node through its own card, and
+  NVLink moves each chunk to the GPU whose card it takes (NVIDIA's NCCL maintainers: "we can use NVLink to
+  split the operations in N parts then balance the traffic onto the N NICs", NVIDIA/nccl issue 601). So a
+  group with k ranks on each node crosses on k cards at once, and its ring runs at
+
+      ring_bandwidth(k, intra, inter) = min(intra_bandwidth, k x inter_bandwidth)     per rank
+
+  with `alpha_inter` per step: FULL_SHARD over whole nodes of 8 crosses on all 8 cards (no slower than
+  NVLink when the node's cards add up to it), HYBRID_SHARD's replica groups, one rank per node, each on one
+  card. This is the model `fsdp_mini.course.planner.step_time.group_link` uses too (with the network's
+  fitted efficiency); lesson 12 derives it.
+* `inter_bandwidth` is the network per GPU: the node's cards' bandwidth over its GPUs (one 400 Gb/s card per
+  GPU on DGX-class nodes: 50 GB/s; one card for a node of g GPUs: its bandwidth / g). Groups of the same kind
+  (all shard groups, all replica groups) run at the same time and share the node's cards that way.
 * Per step and unit (P = the unit's flat parameter, padded to a multiple of the shard group size n as
   fsdp_mini pads it; r = number of replicas), exactly `fsdp_mini.fsdp.fully_sharded_data_parallel`'s schedule:
 
@@ -37,8 +47,8 @@ The model, and why each piece is what it is:
 
 What it ignores: overlap (FSDP prefetches the next AllGather during compute, so a step waits for
 max(compute, communication), not their sum; `seconds` here is the communication a step has to hide),
-NCCL's hierarchical and tree algorithms for multi-node all-reduce, several rings per collective
-(channels), congestion in the network, and the time to compute reductions. Use it to compare strategies
+NCCL's hierarchical and tree algorithms for multi-node all-reduce, an uneven split of the chunks over the
+rails, congestion in the network, and the time to compute reductions. Use it to compare strategies
 on one cluster and to see which link each one stresses; measure before quoting absolute times.
 
 Bytes sent per rank use `fsdp_mini.ring_model.ring_model_sent`, the ring model CommLog applies to the
@@ -58,12 +68,22 @@ from fsdp_mini.ring_model import ring_model_sent
 from fsdp_mini.fsdp.strategy import StrategyLike, as_strategy, is_hybrid, shard_group_size
 from fsdp_mini.fsdp.strategy_facts import all_gathers_per_step
 
-__all__ = ["Cluster", "Collective", "StepComm", "step_communication", "compare_strategies"]
+__all__ = ["Cluster", "Collective", "StepComm", "ring_bandwidth", "step_communication", "compare_strategies"]
+
+
+def ring_bandwidth(members_per_node: int, intra_bandwidth: float, inter_bandwidth: float) -> float:
+    """Bytes/s per rank of a ring over a group that spans nodes with `members_per_node` of its ranks on each
+    node: it leaves every node on its members' network cards at once (one NCCL ring per card, NVLink bringing
+    each chunk to its card), `inter_bandwidth` each, and cannot run faster than NVLink inside the node. One home
+    for the course's multi-rail model: `Cluster.link` and the planner's `group_link` both call it."""
+    if isinstance(members_per_node, bool) or not isinstance(members_per_node, int) or members_per_node < 1:
+        raise ValueError(f"members_per_node must be an integer >= 1, got {members_per_node!r}")
+    return min(intra_bandwidth, members_per_node * inter_bandwidth)
 
 @dataclass(frozen=True)
 class Cluster:
     """`nodes` machines of `gpus_per_node` GPUs. Bandwidths in bytes/s per GPU (NVLink inside a node,
-    the network between nodes), latencies `alpha_*` in seconds per message."""
+    the node's network cards between nodes, divided by its GPUs), latencies `alpha_*` in seconds per ring step."""
 
     nodes: int
     gpus_per_node: int
@@ -98,18 +118,31 @@ class Cluster:
         """True when the ranks do not all live on one node: their ring must cross the network."""
         return len({self.node_of(r) for r in ranks}) > 1
 
-    def link(self, crosses_nodes: bool) -> tuple[float, float]:
-        """(alpha, bandwidth) of a ring over a group that does or does not span nodes: its slowest link."""
-        if crosses_nodes:
-            return self.alpha_inter, self.inter_bandwidth
-        return self.alpha_intra, self.intra_bandwidth
+    def cards(self, ranks: Iterable[int]) -> int:
+        """The network cards per node a ring over `ranks` leaves on: its ranks per node (the fewest on any of
+        its nodes: a ring runs at its slowest crossing); 0 when they all live on one node."""
+        if isinstance(ranks, bool):
+            raise TypeError("pass the ring's ranks (e.g. range(cluster.world_size) for FULL_SHARD), not a bool: "
+                            "how fast a ring crosses nodes depends on how many of its ranks each node holds")
+        per_node = Counter(self.node_of(r) for r in ranks)
+        return min(per_node.values()) if len(per_node) > 1 else 0
+
+    def link(self, ranks: Iterable[int]) -> tuple[float, float]:
+        """(alpha, bandwidth) of a ring over `ranks`: NVLink's inside one node; across nodes the network's
+        alpha and the `ring_bandwidth` of the cards it leaves each node on."""
+        cards = self.cards(ranks)
+        if cards == 0:
+            return self.alpha_intra, self.intra_bandwidth
+        return self.alpha_inter, ring_bandwidth(cards, self.intra_bandwidth, self.inter_bandwidth)
 
 
 @dataclass(frozen=True)
 class Collective:
     """`count` identical collectives of one step: `op` over groups of `group_size` ranks on `nbytes`
     (S, the full tensor, as in CommLog), whether their groups cross nodes, and per call the predicted
-    `seconds` and the bytes `sent` by one rank."""
+    `seconds` and the bytes `sent` by one rank. `cards`: the network cards per node a crossing group's ring
+    leaves on (its ranks per node; 0 when it stays inside a node), so a rank's card carries `sent / cards`
+    and NVLink the rest."""
 
     op: str
     nbytes: int
@@ -118,6 +151,7 @@ class Collective:
     crosses_nodes: bool
     seconds: float
     sent: int
+    cards: int = 0
 
     @property
     def total_seconds(self) -> float:
@@ -126,6 +160,11 @@ class Collective:
     @property
     def total_sent(self) -> int:
         return self.count * self.sent
+
+    @property
+    def total_network(self) -> float:
+        """Bytes per step that one rank's network card sends for these calls (0 inside a node)."""
+        return self.count * self.sent / self.cards if self.crosses_nodes else 0
 
 
 @dataclass(frozen=True)
@@ -166,8 +205,19 @@ class StepComm:
 
     @property
     def sent_inter(self) -> int:
-        """Bytes one rank sends in collectives whose groups span nodes: all of them wait on the network."""
+        """Bytes one rank sends in collectives whose groups span nodes; of these its network card carries
+        `sent_network`, NVLink the rest (the group's other ranks on the node are its ring's neighbours)."""
         return self._sum("total_sent", True)
+
+    @property
+    def sent_network(self) -> float:
+        """Bytes one rank's network card sends per step: what leaves a node, over its cards."""
+        return self._sum("total_network", None)
+
+    @property
+    def sent_nvlink(self) -> float:
+        """Bytes one rank sends over NVLink per step: everything but what its network card carries."""
+        return self.sent - self.sent_network
 
 
 def _unit_sizes(num_params, units: int) -> list[int]:
@@ -216,34 +266,34 @@ def step_communication(cluster: Cluster, strategy: StrategyLike, num_params: int
     n = shard_group_size(strategy, world, shard_size)
     replicas = world // n
     rows, cols = grid(world, n)
-    shard_crosses = any(cluster.spans_nodes(row) for row in rows)
-    replica_crosses = any(cluster.spans_nodes(col) for col in cols)
+    shard_group, replica_group = tuple(rows[0]), tuple(cols[0])  # every row (column) lies on the nodes alike
 
     calls: Counter = Counter()
     sizes = _unit_sizes(num_params, units)
     if n == 1:  # NO_SHARD: nothing to gather; the gradients travel in buckets
         for numel in _buckets(sizes, grad_bytes, bucket_cap_mb) if replicas > 1 else []:
-            calls[("all_reduce", numel, grad_bytes, replicas, replica_crosses)] += 1
+            calls[("all_reduce", numel, grad_bytes, replica_group)] += 1
     else:
         for i, numel in enumerate(sizes):
             padded = math.ceil(numel / n) * n  # fsdp_mini's flat layout: equal shards
             gathers = all_gathers_per_step(strategy)
             if root_stays_gathered and i == 0:
                 gathers = min(gathers, 1)
-            calls[("all_gather", padded, param_bytes, n, shard_crosses)] += gathers
-            calls[("reduce_scatter", padded, grad_bytes, n, shard_crosses)] += 1
+            calls[("all_gather", padded, param_bytes, shard_group)] += gathers
+            calls[("reduce_scatter", padded, grad_bytes, shard_group)] += 1
             if replicas > 1:
-                calls[("all_reduce", padded // n, grad_bytes, replicas, replica_crosses)] += 1
+                calls[("all_reduce", padded // n, grad_bytes, replica_group)] += 1
 
     collectives = []
-    for (op, numel, size, group, crosses), count in sorted(calls.items()):
+    for (op, numel, size, group), count in sorted(calls.items()):
         if count == 0:
             continue
-        alpha, bandwidth = cluster.link(crosses)
+        alpha, bandwidth = cluster.link(group)  # NVLink, or the network on the group's cards per node
         nbytes = numel * size
-        collectives.append(Collective(op=op, nbytes=nbytes, group_size=group, count=count, crosses_nodes=crosses,
-                                      seconds=predict(op, nbytes, group, alpha, bandwidth),
-                                      sent=ring_model_sent(op, numel, size, group)))
+        collectives.append(Collective(op=op, nbytes=nbytes, group_size=len(group), count=count,
+                                      crosses_nodes=cluster.spans_nodes(group),
+                                      seconds=predict(op, nbytes, len(group), alpha, bandwidth),
+                                      sent=ring_model_sent(op, numel, size, len(group)), cards=cluster.cards(group)))
     return StepComm(strategy=strategy.name, shard_size=n, replicas=replicas, collectives=tuple(collectives))
 
 

@@ -29,14 +29,15 @@ Assumptions, each a default a caller can change:
 
 * cluster: nodes of 8 H100 SXM, NVLink 450 GB/s and 400 Gb/s InfiniBand (50 GB/s) per GPU, alpha 5 us
   inside a node and 20 us across (the planner's `h100-sxm` preset; lesson 11's `Cluster(n, 8, 450e9, 50e9,
-  5e-6, 20e-6)`); 989 TFLOP/s dense bf16 at 45 % MFU (lesson 11's H100 number).
+  5e-6, 20e-6)`); a ring over whole nodes leaves each on all 8 cards (`fsdp_mini.course.cluster.ring_bandwidth`:
+  min(450, 8 x 50) = 400 GB/s); 989 TFLOP/s dense bf16 at 45 % MFU (lesson 11's H100 number).
 * batch: 4M = 4,194,304 tokens a step, 1,024 sequences of 4,096 (Llama 2: Touvron et al. 2023, section 2.2,
   "a global batch-size of 4M tokens", for the 7B to the 70B model).
 * models: Llama-2-7B and Llama-2-70B's published shapes (`LLAMA2_7B`, `LLAMA2_70B`); a unit is one
   transformer block (202 M and 856 M parameters), bf16 parameters and gradients, Adam in fp32 (K = 12).
 
-What the alpha-beta model leaves out: NCCL's other algorithms (trees and PAT for large rings, several
-channels), congestion in the network, the time to reduce, the attention's s^2 FLOPs (compute is 6 x
+What the alpha-beta model leaves out: NCCL's other algorithms (trees and PAT for large rings), an uneven
+split over the rails, congestion in the network, the time to reduce, the attention's s^2 FLOPs (compute is 6 x
 parameters x tokens), the first AllGather of a step (nothing runs before it) and the root unit (embeddings
 and output head: counted in memory, not in communication), activation memory and gradient accumulation
 (every micro-batch gathers again), activation recomputation (its forward repeats TP's two AllReduces),
@@ -248,7 +249,7 @@ def fsdp_scaling(unit_params: int | float, gpu_counts: Sequence[int] = GPU_COUNT
     for gpus in gpu_counts:
         cluster = cluster_for(gpus)
         n = cluster.world_size
-        alpha, bandwidth = cluster.link(cluster.nodes > 1)  # FULL_SHARD's ring spans every node
+        alpha, bandwidth = cluster.link(range(n))  # FULL_SHARD's ring: every rank
         nbytes = unit_params * param_bytes
         tokens = global_batch / n
         rows.append(HidingRow(
@@ -295,7 +296,8 @@ def scaling_limits(rows: Sequence[HidingRow]) -> ScalingLimits:
 def latency_equals_bandwidth_at(unit_bytes: float, alpha: float, bandwidth: float) -> float:
     """The ring length n at which an AllGather's latency (n - 1) alpha equals its bandwidth term
     (n - 1)/n S / B: n = S / (alpha B). Longer rings are latency-bound: a unit of 1.7 GB (a Llama-2-70B
-    block in bf16) over InfiniBand crosses at about 1,711 GPUs, a 7B block's 405 MB at about 405."""
+    block in bf16) on nodes of 8 cards of 50 GB/s (B = 400 GB/s) crosses at about 214 GPUs, a 7B block's 405 MB
+    at about 51."""
     if not unit_bytes > 0 or not alpha > 0 or not bandwidth > 0:
         raise ValueError("unit_bytes, alpha and bandwidth must be > 0")
     return unit_bytes / (alpha * bandwidth)
@@ -403,7 +405,7 @@ def mesh_layout(model: TransformerShape, cluster: Cluster, tp: int, global_batch
         if n == 1 or count == 0:
             return
         crosses = cluster.spans_nodes(ranks)
-        alpha, bandwidth = cluster.link(crosses)
+        alpha, bandwidth = cluster.link(ranks)
         nbytes = numel * element_size
         calls.append(LinkTraffic(purpose, op, _link_name(crosses), n, nbytes, count * model.layers,
                                  ring_model_sent(op, numel, element_size, n),

@@ -209,7 +209,8 @@ def extrapolate(cluster: Cluster, units: list[int], compute_s: float, strategies
                                 root_stays_gathered=True)
         out.append({"strategy": sc.strategy, "shard_size": sc.shard_size, "replicas": sc.replicas,
                     "comm_s": sc.seconds, "intra_s": sc.intra_seconds, "inter_s": sc.inter_seconds,
-                    "sent": sc.sent, "sent_inter": sc.sent_inter, "compute_s": compute_s,
+                    "sent": sc.sent, "sent_inter": sc.sent_inter, "sent_network": sc.sent_network,
+                    "compute_s": compute_s,
                     "serial_s": compute_s + sc.seconds, "overlapped_s": max(compute_s, sc.seconds)})
     return out
 
@@ -271,7 +272,8 @@ def report(bench_report: dict, rows: list[dict] | None = None, cluster: Cluster 
     c = cluster
     lines += ["", f"extrapolation: {c.nodes} nodes x {c.gpus_per_node} GPUs, {c.intra_bandwidth / 1e9:g} GB/s "
               f"inside a node (alpha {c.alpha_intra * 1e6:g} us), {c.inter_bandwidth * 8 / 1e9:g} Gb/s per GPU "
-              f"between nodes (alpha {c.alpha_inter * 1e6:g} us); bf16 parameters and gradients; compute = "
+              f"between nodes (alpha {c.alpha_inter * 1e6:g} us; a ring leaves a node on the cards of all its "
+              f"ranks there); bf16 parameters and gradients; compute = "
               f"6 x params x {tokens_per_gpu} tokens per GPU at {mfu:.0%} of {gpu_flops / 1e12:g} TFLOP/s"]
     models = [(f"{s} GPT", gpt_units(SIZES[s][0])) for s in dict.fromkeys(r["size"] for r in bench_report["results"])]
     base, extra = divmod(int(big_params), big_units)

@@ -54,7 +54,7 @@ def tokens_to_hide(
     unit_params: float, param_bytes: int, cluster: Cluster, flops_per_s: float
 ) -> int:
     n = cluster.world_size
-    alpha, bandwidth = cluster.link(cluster.nodes > 1)  # FULL_SHARD's ring spans every node
+    alpha, bandwidth = cluster.link(range(n))  # FULL_SHARD's ring: every rank of the cluster
     gather = (n - 1) * alpha + (n - 1) / n * unit_params * param_bytes / bandwidth  # seconds
     # forward: 2 FLOPs per parameter per token
     tokens = gather * flops_per_s / (2 * unit_params)
@@ -101,41 +101,50 @@ def _every_block(saved, kept, budget):
 
 def _no_alpha(unit_params, param_bytes, cluster, flops_per_s):
     n = cluster.world_size
-    _, bandwidth = cluster.link(cluster.nodes > 1)
+    _, bandwidth = cluster.link(range(n))
     return math.ceil((n - 1) / n * unit_params * param_bytes / bandwidth * flops_per_s / (2 * unit_params))
 
 
 def _whole_unit_per_rank(unit_params, param_bytes, cluster, flops_per_s):
     n = cluster.world_size
-    alpha, bandwidth = cluster.link(cluster.nodes > 1)
+    alpha, bandwidth = cluster.link(range(n))
     gather = (n - 1) * alpha + unit_params * param_bytes / bandwidth  # forgets that a rank already holds 1/n
     return math.ceil(gather * flops_per_s / (2 * unit_params))
 
 
 def _six_flops(unit_params, param_bytes, cluster, flops_per_s):
     n = cluster.world_size
-    alpha, bandwidth = cluster.link(cluster.nodes > 1)
+    alpha, bandwidth = cluster.link(range(n))
     gather = (n - 1) * alpha + (n - 1) / n * unit_params * param_bytes / bandwidth
     return math.ceil(gather * flops_per_s / (6 * unit_params))  # forward + backward, but only forward hides it
 
 
 def _two_percent_high(unit_params, param_bytes, cluster, flops_per_s):
     n = cluster.world_size
-    alpha, bandwidth = cluster.link(cluster.nodes > 1)
+    alpha, bandwidth = cluster.link(range(n))
     gather = (n - 1) * alpha + (n - 1) / n * unit_params * param_bytes / bandwidth
     return math.ceil(1.02 * gather * flops_per_s / (2 * unit_params))  # a safety margin: not the smallest
 
 
 def _ceil_without_tolerance(unit_params, param_bytes, cluster, flops_per_s):
     n = cluster.world_size
-    alpha, bandwidth = cluster.link(cluster.nodes > 1)
+    alpha, bandwidth = cluster.link(range(n))
     gather = (n - 1) * alpha + (n - 1) / n * unit_params * param_bytes / bandwidth
     return math.ceil(gather * flops_per_s / (2 * unit_params))  # 2250.0000000000005 -> 2251, one too many
 
 
 def _always_nvlink(unit_params, param_bytes, cluster, flops_per_s):
     n = cluster.world_size
-    alpha, bandwidth = cluster.link(False)  # the ring over several nodes waits for its network links
+    alpha, bandwidth = cluster.link(range(cluster.gpus_per_node))  # one node's ring: the network never counts
+    gather = (n - 1) * alpha + (n - 1) / n * unit_params * param_bytes / bandwidth
+    return math.ceil(gather * flops_per_s / (2 * unit_params))
+
+
+def _one_card_per_ring(unit_params, param_bytes, cluster, flops_per_s):
+    n = cluster.world_size
+    alpha, bandwidth = cluster.link(range(n))
+    if cluster.nodes > 1:  # every chunk through a single network card, as if NCCL ran one ring
+        bandwidth = cluster.inter_bandwidth
     gather = (n - 1) * alpha + (n - 1) / n * unit_params * param_bytes / bandwidth
     return math.ceil(gather * flops_per_s / (2 * unit_params))
 
@@ -323,9 +332,13 @@ def _why_tokens(tokens, case) -> str:
                         " Пока идёт AllGather, выполняется только forward предыдущего юнита (2 FLOP на "
                         "параметр на токен), а не все 6 FLOP шага.")),
         (_always_nvlink, tr(" FULL_SHARD's ring spans the whole cluster: across nodes it waits for the "
-                            "network between them (cluster.link(True)), not NVLink.",
+                            "network between them (cluster.link of every rank), not NVLink alone.",
                             " Кольцо FULL_SHARD охватывает весь кластер: между узлами оно ждёт сеть "
-                            "(cluster.link(True)), а не NVLink.")),
+                            "(cluster.link по всем рангам), а не только NVLink.")),
+        (_one_card_per_ring, tr(" The ring leaves a node on the network cards of all its ranks there, not on "
+                                "one: NCCL runs one ring per card (cluster.link counts them).",
+                                " Кольцо выходит из узла через сетевые карты всех своих рангов на нём, а не "
+                                "через одну: NCCL запускает по кольцу на карту (cluster.link это учитывает).")),
         (_two_percent_high, tr(" No safety margin: the answer is the smallest whole number that hides it.",
                                " Без запаса: ответ — наименьшее целое число токенов, которое его прячет.")),
     )
@@ -344,7 +357,7 @@ def _judge_tokens(fn) -> Verdict:
         if not isinstance(tokens, (int, float)) or isinstance(tokens, bool) or not tokens > 0:
             return Verdict.wrong(tr(f"{name}: expected a positive number of tokens, got {tokens!r}",
                                     f"{name}: ожидалось положительное число токенов, получено {tokens!r}"))
-        alpha, bandwidth = cluster.link(cluster.nodes > 1)
+        alpha, bandwidth = cluster.link(range(cluster.world_size))
         gather = ring_all_gather(params * pbytes, cluster.world_size, alpha, bandwidth)
         forward = 2 * params * tokens / flops
         if not _hides(tokens, params, flops, gather):
@@ -366,5 +379,5 @@ def _judge_tokens(fn) -> Verdict:
 CHOOSE_CHECKPOINTED = CodeExercise("11.choose_checkpointed", _judge_checkpointed, choose_checkpointed,
                                    (_in_order, _forgets_kept, _sorts_by_saved, _every_block))
 TOKENS_TO_HIDE = CodeExercise("11.tokens_to_hide", _judge_tokens, tokens_to_hide,
-                              (_no_alpha, _whole_unit_per_rank, _six_flops, _always_nvlink, _two_percent_high,
-                               _ceil_without_tolerance))
+                              (_no_alpha, _whole_unit_per_rank, _six_flops, _always_nvlink, _one_card_per_ring,
+                               _two_percent_high, _ceil_without_tolerance))

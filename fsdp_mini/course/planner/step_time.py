@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from fsdp_mini.course.cluster import ring_bandwidth
 from fsdp_mini.course.cost import ring_all_gather, ring_all_reduce, ring_reduce_scatter
 from fsdp_mini.course.planner.activations import checkpointed_blocks, matmul_outputs, recomputed_matmuls
 from fsdp_mini.course.planner.calibration import CALIBRATION, Calibration
@@ -127,15 +128,16 @@ def elementwise_bytes(model: ModelSpec, compile: bool) -> tuple[float, float]:
 
 def group_link(size: int, stride: int, gpu: GPU, gpus_per_node: int,
                network_fraction: float = 1.0) -> tuple[float, float]:
-    """(alpha, bandwidth) of a ring over `size` ranks `stride` apart. Inside a node: NVLink. Across nodes:
-    NCCL threads its rings through the node over NVLink and leaves it through the NICs, each GPU's own, so
-    the k members of the group on one node share the node's crossing: the ring runs at min(NVLink, k x NIC)
-    per rank (k = 1 for HSDP's replicas one per node; 8 for FSDP over whole nodes), of which the network
-    reaches `network_fraction` (`calibration.NETWORK_FRACTION`)."""
+    """(alpha, bandwidth) of a ring over `size` ranks `stride` apart. Inside a node: NVLink. Across nodes: the
+    course's multi-rail model (`fsdp_mini.course.cluster.ring_bandwidth`, derived in lesson 12): NCCL threads its
+    rings through the node over NVLink and leaves it through the NICs, each GPU's own, so the k members of the
+    group on one node share the node's crossing: min(NVLink, k x NIC) per rank (k = 1 for HSDP's replicas one
+    per node; 8 for FSDP over whole nodes), the network reaching `network_fraction` of its nominal bandwidth
+    (`calibration.NETWORK_FRACTION`)."""
     if size * stride <= gpus_per_node:
         return gpu.alpha_nvlink, gpu.nvlink_bandwidth
     per_node = max(1, gpus_per_node // stride)
-    return gpu.alpha_network, min(gpu.nvlink_bandwidth, per_node * gpu.network_bandwidth * network_fraction)
+    return gpu.alpha_network, ring_bandwidth(per_node, gpu.nvlink_bandwidth, gpu.network_bandwidth * network_fraction)
 
 
 @dataclass(frozen=True)
