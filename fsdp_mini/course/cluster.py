@@ -210,12 +210,12 @@ class StepComm:
         return self._sum("total_sent", True)
 
     @property
-    def sent_network(self) -> float:
-        """Bytes one rank's network card sends per step: what leaves a node, over its cards."""
-        return self._sum("total_network", None)
+    def sent_network(self) -> int:
+        """Bytes one rank's network card sends per step: what leaves a node, over its cards (to the byte)."""
+        return round(self._sum("total_network", None))
 
     @property
-    def sent_nvlink(self) -> float:
+    def sent_nvlink(self) -> int:
         """Bytes one rank sends over NVLink per step: everything but what its network card carries."""
         return self.sent - self.sent_network
 

@@ -298,27 +298,34 @@ LESSON_07 = {
     "losses_hybrid_shard": ("losses, HYBRID_SHARD: {losses:.4}", "лоссы, HYBRID_SHARD:  {losses:.4}"),
     "parity_within_1e_5": ("max |loss diff| < 1e-5 and max |weight diff| < 1e-5: {holds}",
                            "max |разница лоссов| < 1e-5 и max |разница весов| < 1e-5: {holds}"),
-    "sent_inside_a_node": ("sent inside a node", "отправлено в узле"),
-    "sent_across_nodes": ("sent across nodes", "отправлено между узлами"),
+    "sent_over_nvlink": ("sent over NVLink", "отправлено по NVLink"),
+    "sent_per_card": ("sent per network card", "отправлено через сетевую карту"),
     "total_per_rank": ("total per rank", "всего на ранг"),
     "memory_7b_title": ("7B parameters, mixed-precision Adam, 8 nodes x 8 GPUs",
                         "7 млрд параметров, Adam со смешанной точностью, 8 узлов × 8 GPU"),
-    "seconds_inside": ("s inside", "с в узле"),
-    "seconds_across": ("s across", "с между"),
-    "seconds_per_step": ("s per step", "с на шаг"),
+    "seconds_card_per_gpu": ("s per step, a card per GPU", "с на шаг, карта на GPU"),
+    "seconds_card_per_node": ("s per step, a card per node", "с на шаг, карта на узел"),
+    "card_per_gpu": ("a card per GPU", "карта на GPU"),
+    "card_per_node": ("a card per node", "карта на узел"),
     "step_comm_7b_title": ("7B, 8 nodes x 8 GPUs: one training step, per rank",
                            "7 млрд, 8 узлов × 8 GPU: один шаг обучения, на ранг"),
+    "hybrid_per_card": (
+        "under HYBRID_SHARD a network card carries {ddp:.2f}x DDP's bytes and {full:.2f}x FULL_SHARD's",
+        "при HYBRID_SHARD сетевая карта везёт {ddp:.2f} от байтов DDP и {full:.2f} от байтов FULL_SHARD"),
     "hybrid_speedup": (
-        "HYBRID_SHARD is {over_full:.1}x faster than FULL_SHARD and {over_ddp:.1}x faster than DDP",
-        "HYBRID_SHARD быстрее FULL_SHARD в {over_full:.1} раза и быстрее DDP в {over_ddp:.1} раза"),
+        "HYBRID_SHARD is {rich:.1f}x faster than FULL_SHARD with a card per GPU, {thin:.1f}x with a card per node",
+        "HYBRID_SHARD быстрее FULL_SHARD в {rich:.1f} раза с картой на GPU и в {thin:.1f} раза с картой на узел"),
     "holds": ("holds", "верно"),
     "rule": ("rule of thumb", "правило"),
     "rule_7b_ddp_does_not_fit": ("7B: DDP does not fit", "7 млрд: DDP не помещается"),
     "rule_7b_node_copy_fits": ("7B: one copy per node fits, with room for activations",
                                "7 млрд: копия на узел помещается, есть место для активаций"),
-    "rule_7b_hybrid_is_fastest": ("7B: HYBRID_SHARD is the fastest", "7 млрд: HYBRID_SHARD быстрее всех"),
-    "rule_below_a_node_is_worse": ("shard groups smaller than a node: slower and bigger",
-                                   "группы меньше узла: медленнее и больше"),
+    "rule_7b_hybrid_is_fastest_that_fits": ("7B: HYBRID_SHARD is the fastest that fits, on both networks",
+                                            "7 млрд: HYBRID_SHARD быстрее всех, кто помещается, в обеих сетях"),
+    "rule_thin_below_a_node_is_worse": ("a card per node: shard groups smaller than a node, slower and bigger",
+                                        "карта на узел: группы меньше узла медленнее и больше"),
+    "rule_rich_two_node_groups_cost_no_more": ("a card per GPU: a shard group of two nodes costs no more than one",
+                                               "карта на GPU: группа из двух узлов обходится не дороже одного"),
     "rule_70b_node_copy_does_not_fit": ("70B: one copy per node does not fit",
                                         "70 млрд: копия на узел не помещается"),
     "rule_70b_full_shard_fits": ("70B: FULL_SHARD over 64 GPUs fits",
@@ -682,11 +689,18 @@ LESSON_12 = {
     "ring_latency_ms": ("latency, ms", "задержка, мс"),
     "ring_bytes_ms": ("bytes, ms", "байты, мс"),
     "gather_hides": ("hides", "скрыт"),
-    "fsdp_stops_hiding": ("the AllGather stops hiding at {gpus} GPUs; from {split} GPUs a GPU holds less than "
-                          "one sequence of {seq} tokens and latency outweighs bandwidth",
-                          "AllGather перестаёт скрываться за вычислениями на {gpus} GPU; с {split} GPU каждой "
-                          "GPU достаётся меньше одной последовательности из {seq} токенов, и задержка "
-                          "перевешивает пропускную способность"),
+    "fsdp_stops_hiding": ("the ring's latency outweighs its bytes from {latency} GPUs; the AllGather stops hiding at "
+                          "{gpus} GPUs; from {split} GPUs a GPU holds less than one sequence of {seq} tokens",
+                          "задержка кольца перевешивает его байты начиная с {latency} GPU; AllGather перестаёт "
+                          "скрываться за вычислениями на {gpus} GPU; с {split} GPU каждой GPU достаётся меньше "
+                          "одной последовательности из {seq} токенов"),
+    "ring_one_node": ("one node, 8 ranks", "один узел, 8 рангов"),
+    "ring_two_nodes": ("two nodes, all 16 ranks", "два узла, все 16 рангов"),
+    "ring_eight_nodes": ("8 nodes, all 64 ranks", "8 узлов, все 64 ранга"),
+    "ring_one_rank_per_node": ("8 nodes, one rank on each", "8 узлов, по одному рангу на узле"),
+    "cards_per_node": ("cards per node", "карт на узел"),
+    "one_card_per_ring": ("the two-node ring if each crossing went through one card: {ms:.2f} ms",
+                          "кольцо на двух узлах, если бы каждый переход шёл через одну карту: {ms:.2f} мс"),
     "fsdp_scaling_title": ("FULL_SHARD of one Llama-2-70B block, 4M tokens per step",
                            "FULL_SHARD одного блока Llama-2-70B, 4 млн токенов на шаг"),
     "planner_asked": ("planner, {gpu}, sequences of {seq} tokens, micro-batches {micro_batches}, "
@@ -757,7 +771,7 @@ LESSON_12 = {
     # when to choose what
     "params_per_gpu": ("parameters per GPU", "параметров на GPU"),
     "nvlink_per_step": ("NVLink per step", "NVLink за шаг"),
-    "network_per_step": ("network per step", "сеть за шаг"),
+    "network_per_step": ("network card per step", "сетевая карта за шаг"),
     "planner_assumptions": ("planner: GPU {gpu}; sequences of {seq} tokens, {sequences} a step; local batch = "
                             "sequences / data-parallel ranks; micro-batches {micro_batches}; activation "
                             "checkpointing {ac}",

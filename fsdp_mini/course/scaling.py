@@ -308,8 +308,9 @@ def latency_equals_bandwidth_at(unit_bytes: float, alpha: float, bandwidth: floa
 @dataclass(frozen=True)
 class LinkTraffic:
     """`count` identical collectives per step (all blocks): `op` over `group_size` ranks of `nbytes` (S, the
-    full tensor), for `purpose` ("TP" or "FSDP"), on the `link` ("NVLink" inside a node, "network" across);
-    per call, the bytes one rank sends (`sent`) and the alpha-beta `seconds`."""
+    full tensor), for `purpose` ("TP" or "FSDP"), on the `link` ("NVLink" inside a node, "network" when the group
+    crosses nodes: it leaves each on `cards` network cards, its ranks there); per call, the bytes one rank sends
+    (`sent`) and the alpha-beta `seconds`."""
 
     purpose: str
     op: str
@@ -319,10 +320,16 @@ class LinkTraffic:
     count: int
     sent: int
     seconds: float
+    cards: int = 0
 
     @property
     def total_sent(self) -> int:
         return self.count * self.sent
+
+    @property
+    def total_on_card(self) -> float:
+        """Bytes per step one rank's network card sends for these calls: 1/cards of a crossing ring's bytes."""
+        return self.total_sent / self.cards if self.link == "network" else 0
 
     @property
     def total_seconds(self) -> float:
@@ -348,9 +355,14 @@ class MeshLayout:
     params_per_rank: int
     traffic: tuple[LinkTraffic, ...]
 
-    def sent_on(self, link: str, purpose: str | None = None) -> int:
-        """Bytes one rank sends per step on `link` ("NVLink" or "network"), for one `purpose` or all."""
-        return sum(t.total_sent for t in self.traffic if t.link == link and purpose in (None, t.purpose))
+    def sent_on(self, link: str, purpose: str | None = None) -> float:
+        """Bytes one rank sends per step on `link`, for one `purpose` or all: "network", what its network card
+        carries (a crossing ring's bytes over the cards it leaves a node on); "NVLink", the rest."""
+        if link not in ("NVLink", "network"):
+            raise ValueError(f"link must be 'NVLink' or 'network', got {link!r}")
+        chosen = [t for t in self.traffic if purpose in (None, t.purpose)]
+        card = sum(t.total_on_card for t in chosen)
+        return card if link == "network" else sum(t.total_sent for t in chosen) - card
 
     def seconds_of(self, purpose: str) -> float:
         """Communication seconds per step of one purpose, collectives one after another."""
@@ -378,8 +390,8 @@ def mesh_layout(model: TransformerShape, cluster: Cluster, tp: int, global_batch
             2 AllGather of U x param_bytes (1 without `reshard_after_forward`) + 1 ReduceScatter of
             U x grad_bytes, and with replicas (a hybrid's `shard_size` < dp) 1 AllReduce of its shard
 
-    A group whose ranks all sit on one node uses NVLink, else the network (`Cluster.link`). `shard_size`
-    defaults to all dp ranks (FULL_SHARD on dp).
+    A group whose ranks all sit on one node uses NVLink, else the network on its ranks' cards per node
+    (`Cluster.link`). `shard_size` defaults to all dp ranks (FULL_SHARD on dp).
     """
     model.check_tp(tp)
     world = cluster.world_size
@@ -409,7 +421,7 @@ def mesh_layout(model: TransformerShape, cluster: Cluster, tp: int, global_batch
         nbytes = numel * element_size
         calls.append(LinkTraffic(purpose, op, _link_name(crosses), n, nbytes, count * model.layers,
                                  ring_model_sent(op, numel, element_size, n),
-                                 _PRICE[op](nbytes, n, alpha, bandwidth)))
+                                 _PRICE[op](nbytes, n, alpha, bandwidth), cluster.cards(ranks)))
 
     add("TP", "all_reduce", tp_group, tokens * model.hidden, activation_bytes, 4)
     add("FSDP", "all_gather", shard_group, padded, param_bytes, 2 if reshard_after_forward else 1)

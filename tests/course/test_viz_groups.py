@@ -53,16 +53,21 @@ def test_layout_plot_has_both_rows_and_a_padding_entry(russian_then_english):
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["ранг 0", "ранг 1", "паддинг"]
 
 
-def test_step_comm_bars_stack_inside_and_across_nodes(russian_then_english):
-    steps = compare_strategies(Cluster(8, 8, 300e9, 50e9, 5e-6, 20e-6), 7e9)
-    for lang, legend in (("en", ["inside a node", "across nodes"]), ("ru", ["внутри узла", "между узлами"])):
+def test_step_comm_splits_bytes_by_link_and_sets_networks_side_by_side(russian_then_english):
+    rich = compare_strategies(Cluster(8, 8, 300e9, 50e9, 5e-6, 20e-6), 7e9)
+    thin = compare_strategies(Cluster(8, 8, 300e9, 50e9 / 8, 5e-6, 20e-6), 7e9)
+    for lang, legend in (("en", ["over NVLink", "over its network card"]),
+                         ("ru", ["по NVLink", "через свою сетевую карту"])):
         set_language(lang)
-        fig = plot_step_comm(steps)
+        fig = plot_step_comm({"a card per GPU": rich, "a card per node": thin})
         left, right = fig.axes
         assert [t.get_text() for t in left.get_legend().get_texts()] == legend
+        assert [t.get_text() for t in right.get_legend().get_texts()] == ["a card per GPU", "a card per node"]
         assert len(left.patches) == len(right.patches) == 2 * 3
-        assert [t.get_text() for t in left.texts] == [f"{s.sent / 1e9:.3g}" for s in steps.values()]
-        assert [t.get_text() for t in right.texts] == [f"{s.seconds:.3g}" for s in steps.values()]
+        assert [t.get_text() for t in left.texts][::2] == [f"{s.sent / 1e9:.3g}" for s in rich.values()]
+        assert [t.get_text() for t in left.texts][1::2] == [f"{s.sent_network / 1e9:.2g}" for s in rich.values()]
+        assert [t.get_text() for t in right.texts] == [f"{s.seconds:.2g}" for net in (rich, thin)
+                                                       for s in net.values()]
 
 
 def test_shard_size_sweep_shows_memory_and_stacked_time_per_size(russian_then_english):

@@ -155,30 +155,46 @@ def plot_shard_layouts(params: Sequence[tuple[str, Sequence[int]]], n: int, titl
     return fig
 
 
-def plot_step_comm(steps: Mapping[str, object], unit: float = 1e9, title: str | None = None):
-    """Two panels per strategy: bytes one rank sends per step and predicted seconds per step, each bar
-    split into collectives inside a node and across nodes. `steps[label]` has `sent_intra`,
-    `sent_inter`, `intra_seconds`, `inter_seconds` (a `fsdp_mini.course.cluster.StepComm`)."""
-    labels = list(steps)
+def plot_step_comm(networks: Mapping[str, Mapping[str, object]], unit: float = 1e9, title: str | None = None):
+    """Two panels, one bar group per strategy. Left: bytes one rank sends per step, split into what goes over
+    NVLink and what its network card carries (from the first network: bytes do not depend on bandwidth). Right:
+    predicted seconds of communication per step on each network, side by side. `networks[name][strategy]` is a
+    `fsdp_mini.course.cluster.StepComm` (`sent_nvlink`, `sent_network`, `seconds`)."""
+    names = list(networks)
+    first = networks[names[0]]
+    labels = list(first)
     fig, axes = figure(width=max(8.0, 2.2 * len(labels) + 3.5), height=3.5, ncols=2)
-    panels = ((axes[0], "sent_intra", "sent_inter", unit, tr("GB sent per rank per step", "ГБ на ранг за шаг"), "{:.3g}"),
-              (axes[1], "intra_seconds", "inter_seconds", 1.0,
-               tr("predicted communication, s per step", "предсказанное время обмена данными, с за шаг"), "{:.3g}"))
-    for ax, intra_attr, inter_attr, scale, ylabel, fmt in panels:
-        intra = [getattr(steps[k], intra_attr) / scale for k in labels]
-        inter = [getattr(steps[k], inter_attr) / scale for k in labels]
-        ax.bar(labels, intra, color=LINK_COLORS["intra"], width=0.6, label=tr("inside a node", "внутри узла"))
-        ax.bar(labels, inter, bottom=intra, color=LINK_COLORS["inter"], width=0.6,
-               label=tr("across nodes", "между узлами"))
-        tops = [a + b for a, b in zip(intra, inter)]
-        for x, top in enumerate(tops):
-            ax.text(x, top, fmt.format(top), ha="center", va="bottom", fontsize=TEXT)
-        ax.set_ylim(0, max(tops) * 1.18)
-        ax.set_ylabel(ylabel, fontsize=TEXT)
+    left, right = axes
+    nvlink = [first[k].sent_nvlink / unit for k in labels]
+    card = [first[k].sent_network / unit for k in labels]
+    left.bar(labels, nvlink, color=LINK_COLORS["intra"], width=0.6, label=tr("over NVLink", "по NVLink"))
+    left.bar(labels, card, bottom=nvlink, color=LINK_COLORS["inter"], width=0.6,
+             label=tr("over its network card", "через свою сетевую карту"))
+    for x, (a, b) in enumerate(zip(nvlink, card)):
+        left.text(x, a + b, f"{a + b:.3g}", ha="center", va="bottom", fontsize=TEXT)
+        left.text(x, a + b / 2, f"{b:.2g}", ha="center", va="center", fontsize=SMALL, color="white")
+    left.set_ylim(0, max(a + b for a, b in zip(nvlink, card)) * 1.4)
+    left.set_ylabel(tr("GB sent per rank per step", "ГБ на ранг за шаг"), fontsize=TEXT)
+    left.legend(fontsize=SMALL, frameon=False, loc="upper left")
+    width = 0.8 / len(names)
+    shades = ("#55A868", "#DD8452", "#8172B2", "#937860")  # not the link colours of the left panel
+    tops = []
+    for i, name in enumerate(names):
+        xs = [x - 0.4 + width * (i + 0.5) for x in range(len(labels))]
+        seconds = [networks[name][k].seconds for k in labels]
+        tops += seconds
+        right.bar(xs, seconds, width=width * 0.95, color=shades[i % len(shades)], label=name)
+        for x, sec in zip(xs, seconds):
+            right.text(x, sec, f"{sec:.2g}", ha="center", va="bottom", fontsize=SMALL)
+    right.set_xticks(range(len(labels)))
+    right.set_xticklabels(labels)
+    right.set_ylim(0, max(tops) * 1.3)
+    right.set_ylabel(tr("communication, s per step", "обмен данными, с за шаг"), fontsize=TEXT)
+    right.legend(fontsize=SMALL, frameon=False, loc="upper left")
+    for ax in axes:
         ax.tick_params(axis="x", labelsize=8.5)
         for side in ("top", "right"):
             ax.spines[side].set_visible(False)
-    axes[0].legend(fontsize=SMALL, frameon=False, loc="upper left")
     if title:
         fig.suptitle(title, fontsize=TITLE)
     fig.tight_layout()
