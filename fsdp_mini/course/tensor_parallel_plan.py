@@ -45,10 +45,12 @@ def gpt_tp_plan(cfg: GPTConfig, tp: int) -> dict:
             "blocks.*.mlp.fc": ColwiseParallel(), "blocks.*.mlp.proj": RowwiseParallel()}
 
 
-def gpt_sp_plan(cfg: GPTConfig, tp: int) -> dict:
+def gpt_sp_plan(cfg: GPTConfig, tp: int, save_gathered_input: bool = True) -> dict:
     """`gpt_tp_plan` with sequence parallelism (the same checks, and the sequence length `block_size` must
     be a multiple of `tp`; a shorter batch is checked at its forward). Between the TP regions a rank holds
-    its 1/tp of the positions: LayerNorms, residual adds and what they keep for backward are 1/tp."""
+    its 1/tp of the positions: LayerNorms, residual adds and what they keep for backward are 1/tp.
+    `save_gathered_input=False`: the column-parallel layers keep their input's shard and gather it again in
+    backward (Megatron-LM's variant), so their inputs are kept at 1/tp too."""
     gpt_tp_plan(cfg, tp)
     if cfg.block_size % tp:
         raise ValueError(f"the tensor-parallel degree {tp} does not divide the sequence length "
@@ -56,20 +58,22 @@ def gpt_sp_plan(cfg: GPTConfig, tp: int) -> dict:
     seq = Shard(1)  # (batch, seq, hidden): the sequence is dim 1
     return {"blocks.0": PrepareModuleInput(input_layouts=Replicate(), desired_input_layouts=seq),
             "blocks.*.ln_1": SequenceParallel(), "blocks.*.ln_2": SequenceParallel(), "ln_f": SequenceParallel(),
-            "blocks.*.attn.qkv": ColwiseParallel(stacked=3, input_layouts=seq),
+            "blocks.*.attn.qkv": ColwiseParallel(stacked=3, input_layouts=seq,
+                                                 save_gathered_input=save_gathered_input),
             "blocks.*.attn.proj": RowwiseParallel(output_layouts=seq),
-            "blocks.*.mlp.fc": ColwiseParallel(input_layouts=seq),
+            "blocks.*.mlp.fc": ColwiseParallel(input_layouts=seq, save_gathered_input=save_gathered_input),
             "blocks.*.mlp.proj": RowwiseParallel(output_layouts=seq),
             "lm_head": PrepareModuleInput(input_layouts=seq, desired_input_layouts=Replicate())}
 
 
-def parallelize_gpt_sp(model: GPT, mesh, reshard_after_forward=None) -> nn.Module:
+def parallelize_gpt_sp(model: GPT, mesh, reshard_after_forward=None, save_gathered_input: bool = True) -> nn.Module:
     """`parallelize_gpt` with `gpt_sp_plan`: TP with sequence parallelism over mesh["tp"], then `fully_shard`
-    of each block and of the root over mesh["dp"]. Every check runs before the first collective."""
+    of each block and of the root over mesh["dp"]. Every check runs before the first collective.
+    `save_gathered_input=False`: Megatron-LM's variant (`gpt_sp_plan`)."""
     if getattr(mesh, "mesh_dim_names", None) != ("dp", "tp"):
         raise ValueError(f"parallelize_gpt_sp needs a 2-D mesh with dimensions ('dp', 'tp'), got "
                          f"{getattr(mesh, 'mesh_dim_names', None)}")
-    parallelize_module(model, mesh["tp"], gpt_sp_plan(model.cfg, mesh["tp"].size()))
+    parallelize_module(model, mesh["tp"], gpt_sp_plan(model.cfg, mesh["tp"].size(), save_gathered_input))
     for block in model.blocks:
         fully_shard(block, mesh=mesh["dp"], reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=mesh["dp"], reshard_after_forward=reshard_after_forward)

@@ -25,20 +25,24 @@ __all__ = ["StepProbe", "tp_or_sp_step", "describe", "watch_placements"]
 class StepProbe:
     """One training step of the course GPT on a TP group, as one rank saw it."""
 
-    parallelism: str  # "TP" or "TP + SP"
+    parallelism: str  # "TP", "TP + SP" (PyTorch's: the gathered input kept) or "TP + SP, shards kept" (Megatron's)
     sent: list[CommRecord]  # every collective CommLog recorded, forward and backward
     kept_by_norms: int  # bytes the LayerNorms saved for backward
     kept_by_rest: int  # bytes everything else saved for backward
 
 
-def tp_or_sp_step(cfg: GPTConfig, batch_size: int, sequence_parallel: bool, tp: int = 2) -> StepProbe:
+def tp_or_sp_step(cfg: GPTConfig, batch_size: int, sequence_parallel: bool, tp: int = 2,
+                  save_gathered_input: bool = True) -> StepProbe:
     """One step of the course GPT under `gpt_tp_plan` or `gpt_sp_plan` on a TP group of `tp` ranks (the whole
     world): what CommLog saw, and what the LayerNorms and the rest of the model keep for backward.
+    `save_gathered_input=False`: SP as Megatron-LM runs it (the column-parallel layers keep their input's shard).
 
     Autograd packs a saved tensor with the innermost saved-tensor hooks only, so a tracker opened inside each
     LayerNorm's forward takes the norm's tensors and the outer tracker skips them."""
     model = GPT(cfg)
-    plan = (gpt_sp_plan if sequence_parallel else gpt_tp_plan)(cfg, tp)
+    if not save_gathered_input and not sequence_parallel:
+        raise ValueError("save_gathered_input=False is a variant of sequence parallelism: pass sequence_parallel=True")
+    plan = gpt_sp_plan(cfg, tp, save_gathered_input) if sequence_parallel else gpt_tp_plan(cfg, tp)
     parallelize_module(model, ParallelDims(1, tp, tp).build_mesh()["tp"], plan)
     kept_by_norms = []
     trackers: dict[nn.Module, SavedActivations] = {}
@@ -58,8 +62,8 @@ def tp_or_sp_step(cfg: GPTConfig, batch_size: int, sequence_parallel: bool, tp: 
         with SavedActivations(exclude=model.parameters()) as the_rest:
             loss = model(*make_batch(cfg, batch_size))
         loss.backward()
-    return StepProbe("TP + SP" if sequence_parallel else "TP", list(log.records), sum(kept_by_norms),
-                     the_rest.nbytes)
+    name = "TP" if not sequence_parallel else "TP + SP" if save_gathered_input else "TP + SP, shards kept"
+    return StepProbe(name, list(log.records), sum(kept_by_norms), the_rest.nbytes)
 
 
 def describe(t: torch.Tensor) -> str:

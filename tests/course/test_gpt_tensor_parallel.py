@@ -21,7 +21,7 @@ from fsdp_mini.course.tensor_parallel_plan import (gpt_tp_plan, parallelize_gpt,
 from fsdp_mini.fsdp._fully_shard.fully_shard import full_state_dict
 from fsdp_mini.tensor.parallel.parallelize import (ColwiseParallel, ParallelDims, RowwiseParallel,
                                                    gather_tensor_parallel, parallelize_module)
-from fsdp_mini.tensor.parallel.tp_operators import TP_LABEL
+from fsdp_mini.tensor.parallel.tp_operators import GATHERED_AGAIN, TP_LABEL
 
 CFG = GPTConfig()  # 2 heads of 15, hidden 30, vocab 61, 2 blocks
 STEPS, BATCH = 3, 12
@@ -241,11 +241,11 @@ def test_bad_input_gets_a_clear_error_before_any_collective(no_orphans):
 
 # --- sequence parallelism: the same four runs with gpt_sp_plan ---------------------------------------------
 
-def _sp_alone(opt_name):
+def _sp_alone(opt_name, save_gathered_input=True):
     from fsdp_mini.course.tensor_parallel_plan import gpt_sp_plan
 
     model = GPT(CFG)
-    parallelize_module(model, tp_mesh(2), gpt_sp_plan(CFG, 2))
+    parallelize_module(model, tp_mesh(2), gpt_sp_plan(CFG, 2, save_gathered_input))
     opt = make_optimizer(opt_name, model.parameters())
     losses = []
     for step in range(STEPS):
@@ -259,11 +259,18 @@ def _sp_alone(opt_name):
     return losses, grads, gather_tensor_parallel(model, model.state_dict())
 
 
+def _sp_alone_shards_kept(opt_name):
+    return _sp_alone(opt_name, save_gathered_input=False)
+
+
 @pytest.mark.parametrize("opt_name", OPTIMIZERS)
+@pytest.mark.parametrize("variant", [_sp_alone, _sp_alone_shards_kept], ids=["pytorch", "megatron"])
 @pytest.mark.timeout(360)
-def test_sequence_parallel_alone_matches_one_process(opt_name, no_orphans):
+def test_sequence_parallel_alone_matches_one_process(opt_name, variant, no_orphans):
+    """Both variants: the column-parallel layers keep the gathered input (PyTorch) or its shard, gathered
+    again in backward (Megatron-LM, `all_gather_linear`): the same losses, gradients and weights."""
     losses, grads, weights = reference(opt_name)
-    for got_losses, got_grads, got_weights in run_cases(_sp_alone, OPTIMIZERS, 2, timeout=300)[opt_name]:
+    for got_losses, got_grads, got_weights in run_cases(variant, OPTIMIZERS, 2, timeout=300)[opt_name]:
         assert got_losses == pytest.approx(losses, rel=1e-5)
         for name in grads:
             torch.testing.assert_close(got_grads[name], grads[name], **TOL)
@@ -271,12 +278,30 @@ def test_sequence_parallel_alone_matches_one_process(opt_name, no_orphans):
             torch.testing.assert_close(got_weights[name], weights[name], **TOL)
 
 
-def _sp_fsdp(opt_name):
+def _sp_fsdp(opt_name, save_gathered_input=True):
     from fsdp_mini.course.tensor_parallel_plan import parallelize_gpt_sp
 
     mesh = ParallelDims(dp=2, tp=2, world_size=4).build_mesh("cpu")
-    model = parallelize_gpt_sp(GPT(CFG), mesh)
+    model = parallelize_gpt_sp(GPT(CFG), mesh, save_gathered_input=save_gathered_input)
     return _train_2d(model, mesh, opt_name), gather_tensor_parallel(model, full_state_dict(model))
+
+
+def _sp_fsdp_shards_kept(opt_name):
+    return _sp_fsdp(opt_name, save_gathered_input=False)
+
+
+@pytest.mark.parametrize("opt_name", OPTIMIZERS)
+@pytest.mark.timeout(360)
+def test_megatron_sequence_parallel_with_fully_shard_matches_one_process(opt_name, no_orphans):
+    """Megatron-LM's variant under fully_shard on a 2 x 2 mesh: the shard autograd keeps and the weight it
+    multiplies again in backward (FSDP regathers it) give one process's training."""
+    losses, _, weights = reference(opt_name)
+    results = run_cases(_sp_fsdp_shards_kept, OPTIMIZERS, 4, timeout=300)[opt_name]
+    for rank, (got_losses, got_weights) in enumerate(results):
+        partner = results[rank ^ 2][0]
+        assert [(a + b) / 2 for a, b in zip(got_losses, partner)] == pytest.approx(losses, rel=1e-5)
+        for name in weights:
+            torch.testing.assert_close(got_weights[name], weights[name], **TOL)
 
 
 def _pytorch_sp_2d(opt_name):
@@ -398,6 +423,33 @@ def test_the_norm_and_residual_path_keeps_one_tp_th_of_its_activations_per_rank(
         assert set(tp_norms.values()) == {4 * positions * (CFG.n_embd + 2)}
         assert set(sp_norms.values()) == {4 * positions // tp * (CFG.n_embd + 2)}
         assert tp_rest == sp_rest
+
+
+def _both_sp_variants():
+    from fsdp_mini.course.tensor_parallel_probes import tp_or_sp_step
+
+    return [tp_or_sp_step(CFG, BATCH, True, save_gathered_input=keep) for keep in (True, False)]
+
+
+def test_megatron_sp_sends_one_allgather_more_per_column_parallel_layer_and_keeps_its_input_shard(no_orphans):
+    """Per block, attention's qkv and the MLP's fc gather their input again in backward ((tp - 1)/tp of one
+    activation sent each), and autograd keeps 1/tp of each input instead of the gathered whole: the bytes
+    sent grow by what the bytes kept shrink, 2 L (tp - 1)/tp activations."""
+    tp, L = 2, CFG.n_layer
+    activation = 4 * BATCH * CFG.block_size * CFG.n_embd
+    for pytorch, megatron in launch(_both_sp_variants, 2, timeout=90):
+        again = [r for r in megatron.sent if r.label.endswith(GATHERED_AGAIN)]
+        assert sorted(r.label.split()[-3] for r in again) == sorted(
+            f"blocks.{i}.{layer}" for i in range(L) for layer in ("attn.qkv", "mlp.fc"))
+        assert {(r.op, r.nbytes) for r in again} == {("all_gather", activation)}
+        key = lambda records: [(r.op, r.label, r.nbytes, r.sent) for r in records]  # noqa: E731
+        assert key(r for r in megatron.sent if r not in again) == key(pytorch.sent)
+        extra = 2 * L * (tp - 1) * activation // tp
+        assert sum(r.sent for r in again) == extra
+        assert megatron.kept_by_norms == pytorch.kept_by_norms
+        assert pytorch.kept_by_rest - megatron.kept_by_rest == extra
+    assert "save_gathered_input=False keeps a sequence shard" in error_text(
+        lambda: ColwiseParallel(save_gathered_input=False))
 
 
 def test_the_sequence_length_is_checked_without_any_process_group():

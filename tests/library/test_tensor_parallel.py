@@ -297,6 +297,48 @@ def test_g_gathers_the_sequence_and_g_bar_reduce_scatters_it_each_backward_the_o
                                  ("all_gather", "scatter", "backward", (shard,))]
 
 
+def _all_gather_linear_against_gather_then_linear():
+    """Megatron's column-parallel product (`all_gather_linear`) against PyTorch's way (`g`, then F.linear), on
+    the same shard, weight and output gradient: with a bias, without one, and with a frozen weight."""
+    from fsdp_mini.saved_activations import SavedActivations
+    from fsdp_mini.tensor.parallel.tp_operators import (GATHERED_AGAIN, all_gather_linear,
+                                                        gather_from_sequence_parallel_region)
+
+    rank = dist.get_rank()
+    torch.manual_seed(rank)
+    x = torch.randn(2, SEQ // 2, 6)  # this rank's positions
+    torch.manual_seed(7)
+    weight, bias = torch.randn(4, 6), torch.randn(4)
+    out = {}
+    for case, with_bias, frozen in (("bias", True, False), ("no_bias", False, False), ("frozen", True, True)):
+        results = []
+        for fn in ("megatron", "pytorch"):
+            xs, w, b = (t.clone().requires_grad_(not (frozen and t is weight)) for t in (x, weight, bias))
+            with CommLog() as log, SavedActivations(exclude=[w, b]) as kept:
+                y = (all_gather_linear(xs, w, b if with_bias else None, None, "l") if fn == "megatron" else
+                     F.linear(gather_from_sequence_parallel_region(xs, None, "l"), w, b if with_bias else None))
+                y.backward(torch.arange(y.numel(), dtype=torch.float).view_as(y) / 100 + rank)
+            results.append((y.detach(), xs.grad, w.grad, b.grad if with_bias else None,
+                            [(r.op, r.label) for r in log.records], kept.nbytes))
+        out[case] = results
+    out["again"] = GATHERED_AGAIN
+    return out
+
+
+def test_all_gather_linear_keeps_the_shard_and_gathers_it_again_in_backward(no_orphans):
+    for out in launch(_all_gather_linear_against_gather_then_linear, 2, timeout=60):
+        for case in ("bias", "no_bias", "frozen"):
+            (y, gx, gw, gb, ops, kept), (y0, gx0, gw0, gb0, ops0, kept0) = out[case]
+            torch.testing.assert_close(y, y0)
+            torch.testing.assert_close(gx, gx0)
+            for got, want in ((gw, gw0), (gb, gb0)):
+                assert (got is None) == (want is None) and (got is None or torch.allclose(got, want, atol=1e-6))
+            assert kept * 2 == kept0  # the shard, not the gathered whole
+            again = [("all_gather", f"l {out['again']}")] if case != "frozen" else []
+            assert ops == [("all_gather", "l")] + again + [("reduce_scatter", "l")]
+            assert ops0 == [("all_gather", "l"), ("reduce_scatter", "l")]
+
+
 class SeqModel(nn.Module):
     """A residual MLP block on (rows, SEQ, 12) and a head: norm -> up (column parallel) -> down (row parallel)
     -> + the residual, then a final norm and the head. Under sequence parallelism both norms and the residual

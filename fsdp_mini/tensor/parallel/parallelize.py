@@ -54,7 +54,7 @@ from torch.distributed.tensor.placement_types import Placement
 from fsdp_mini import collectives as C
 from fsdp_mini.collective_calls import scope
 from fsdp_mini.parallel.data_parallel import broadcast_from_rank0
-from fsdp_mini.tensor.parallel.tp_operators import (TP_LABEL, copy_to_tensor_model_parallel_region,
+from fsdp_mini.tensor.parallel.tp_operators import (TP_LABEL, all_gather_linear, copy_to_tensor_model_parallel_region,
                                                     gather_from_sequence_parallel_region, reduce_from_tensor_model_parallel_region,
                                                     reduce_scatter_to_sequence_parallel_region, scatter_to_sequence_parallel_region)
 
@@ -78,6 +78,8 @@ class TPShard:
     label: str
     sequence_dim: int | None = None  # sequence parallelism: the activations' dim cut at the input (column
     # parallel) or output (row parallel); None: replicated activations, Megatron's f and g
+    save_gathered_input: bool = True  # column parallel under SP: keep the gathered input for backward
+    # (PyTorch), or only its shard and all-gather it again in backward (Megatron-LM, `all_gather_linear`)
 
     def local(self, full: torch.Tensor, dim: int) -> torch.Tensor:
         """This rank's piece of `full` cut along `dim` (dim 0 of a stacked tensor: each matrix's own piece)."""
@@ -132,11 +134,15 @@ def _check_not_the_features(x: torch.Tensor, shard: TPShard, what: str) -> None:
 
 class SequenceParallelColumnLinear(ColumnParallelLinear):
     """A ColumnParallelLinear whose input is this rank's sequence shard (`ColwiseParallel(input_layouts=Shard(d))`):
-    `g` (AllGather in forward, ReduceScatter of the input's gradient in backward) instead of `f`."""
+    `g` (AllGather in forward, ReduceScatter of the input's gradient in backward) instead of `f`. Autograd keeps
+    the gathered input (PyTorch), or with `save_gathered_input=False` only its shard, gathered again in backward
+    (Megatron-LM: `all_gather_linear`)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shard = self.tp_shard
         _check_not_the_features(x, shard, "input_layouts")
+        if not shard.save_gathered_input:
+            return all_gather_linear(x, self.weight, self.bias, shard.group, shard.label, shard.sequence_dim)
         return F.linear(gather_from_sequence_parallel_region(x, shard.group, shard.label, shard.sequence_dim),
                         self.weight, self.bias)
 
@@ -222,7 +228,7 @@ class ParallelStyle:
 
     def apply(self, module: nn.Linear, path: str, tp: int, rank: int, group) -> None:
         shard = TPShard(self.dim, tp, rank, getattr(self, "stacked", 1), group, f"{TP_LABEL} {path}".rstrip(),
-                        self.sequence_dim)
+                        self.sequence_dim, getattr(self, "save_gathered_input", True))
         with torch.no_grad():
             module.weight = nn.Parameter(shard.local(module.weight, self.dim), module.weight.requires_grad)
             if module.bias is not None and self.dim == 0:  # a row-parallel layer keeps its bias whole
@@ -253,11 +259,16 @@ class ColwiseParallel(ParallelStyle):
     of 2 would get all of q and half of k: the wrong heads. `ColwiseParallel(stacked=3)` cuts q, k and v
     each into tp blocks and stacks rank r's three blocks again, so its output is [q_r | k_r | v_r]: the same
     heads of q, k and v (heads r·h/tp .. (r+1)·h/tp), and `.chunk(3, dim=-1)` splits it as before.
-    (Megatron instead stores its fused weight interleaved head by head, so that a plain cut works.)"""
+    (Megatron instead stores its fused weight interleaved head by head, so that a plain cut works.)
+
+    `save_gathered_input` (fsdp_mini's, not PyTorch's): with `input_layouts=Shard(d)`, False keeps only the
+    input's shard for backward and all-gathers it again there, as Megatron-LM does (one more AllGather per
+    step, 1/tp of the input kept); True, PyTorch's behaviour, keeps the gathered input."""
 
     stacked: int = 1
     input_layouts: Placement | None = field(default=None, kw_only=True)
     output_layouts: Placement | None = field(default=None, kw_only=True)
+    save_gathered_input: bool = field(default=True, kw_only=True)
     linear_class = ColumnParallelLinear
     sp_linear_class = SequenceParallelColumnLinear
     dim = 0
@@ -270,6 +281,12 @@ class ColwiseParallel(ParallelStyle):
         if self.output_layouts is not None and self.output_layouts != Shard(-1):
             raise ValueError(f"ColwiseParallel: output_layouts={self.output_layouts!r} is not supported; its "
                              f"output is sharded on the features, Shard(-1)")
+        if not isinstance(self.save_gathered_input, bool):
+            raise ValueError(f"ColwiseParallel: save_gathered_input must be True or False, got "
+                             f"{self.save_gathered_input!r}")
+        if not self.save_gathered_input and sequence_dim is None:
+            raise ValueError("ColwiseParallel: save_gathered_input=False keeps a sequence shard of the input, so it "
+                             "needs a sequence-sharded input: input_layouts=Shard(d) (e.g. Shard(1))")
         object.__setattr__(self, "sequence_dim", sequence_dim)
 
     def check(self, module: nn.Module, path: str, tp: int) -> None:

@@ -42,6 +42,17 @@ embedding's output, a replicated head's input), where every rank computes the sa
     gather_from_sequence_parallel_region(tensor_parallel_output_grad=False)
                                                         forward: AllGather        backward: keep own chunk
 
+What a column-parallel layer keeps for backward is where the two implementations differ. PyTorch's
+(`ColwiseParallel(input_layouts=Shard(1))`: the AllGather, then the product) keeps the gathered input, the
+whole sequence, for its weight's gradient, as TP keeps its replicated input: SP then divides only what lies
+between the TP regions. Megatron-LM's (`LinearWithGradAccumulationAndAsyncCommunication` with
+`sequence_parallel=True`) keeps only the input's shard and all-gathers it again in backward: one more
+AllGather per column-parallel layer and step, and every activation of the block divided by tp
+(Korthikanti et al.'s `sbh/t (34 + 5as/h)`). `all_gather_linear` is that layer:
+
+    all_gather_linear   forward: AllGather, product, keep the shard
+                        backward: AllGather again (the weight's gradient), ReduceScatter (the input's)
+
 The sequence is dim 1 of a (batch, seq, hidden) tensor, PyTorch's `Shard(1)` (Megatron keeps (seq, batch,
 hidden) and shards dim 0, which needs no copy: fsdp_mini's collectives work on dim 0, so another dim is
 moved to the front and back). Its length must be a multiple of the group's size: the error says so before
@@ -51,6 +62,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from fsdp_mini import collectives as C
 from fsdp_mini.collective_calls import scope
@@ -59,7 +71,10 @@ __all__ = ["copy_to_tensor_model_parallel_region", "reduce_from_tensor_model_par
            "CopyToTensorParallelRegion", "ReduceFromTensorParallelRegion", "TP_LABEL",
            "gather_from_sequence_parallel_region", "reduce_scatter_to_sequence_parallel_region",
            "scatter_to_sequence_parallel_region", "GatherFromSequenceParallelRegion",
-           "ReduceScatterToSequenceParallelRegion", "ScatterToSequenceParallelRegion"]
+           "ReduceScatterToSequenceParallelRegion", "ScatterToSequenceParallelRegion", "AllGatherLinear",
+           "all_gather_linear", "GATHERED_AGAIN"]
+
+GATHERED_AGAIN = "gathered again"  # the CommLog label's suffix of all_gather_linear's backward AllGather
 
 TP_LABEL = "tensor parallel"  # every TP AllReduce's CommLog label starts with it: "tensor parallel attn.proj"
 
@@ -216,3 +231,38 @@ def scatter_to_sequence_parallel_region(x: torch.Tensor, group, label: str = TP_
     """A replicated `x`'s chunk of the sequence for this rank (no communication); AllGather in backward."""
     d = _sequence_dim(x, dim, _group_size_and_rank(group)[0])
     return ScatterToSequenceParallelRegion.apply(x, group, label, d)
+
+
+class AllGatherLinear(torch.autograd.Function):
+    """Megatron-LM's column-parallel product under sequence parallelism: the input's shard all-gathered, times
+    this rank's rows of the weight; autograd keeps the shard, not the whole sequence. Backward gathers the
+    sequence again for the weight's gradient (its CommLog label ends in `GATHERED_AGAIN`) and reduce-scatters
+    the input's gradient, a partial sum over the ranks' rows, to this rank's positions."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, group, label, dim):
+        ctx.group, ctx.label, ctx.dim, ctx.has_bias = group, label, dim, bias is not None
+        # the shard, 1/tp of what the gathered input would keep; nothing when the weight is frozen (as F.linear)
+        ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, weight)
+        return F.linear(_all_gather(x, dim, group, label), weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        grad_x = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[1]:
+            whole = _all_gather(x, ctx.dim, ctx.group, f"{ctx.label} {GATHERED_AGAIN}")
+            grad_weight = grad.reshape(-1, grad.shape[-1]).t() @ whole.reshape(-1, whole.shape[-1])
+        if ctx.needs_input_grad[0]:
+            grad_x = _reduce_scatter(grad @ weight, ctx.dim, ctx.group, ctx.label)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_bias = grad.reshape(-1, grad.shape[-1]).sum(0)
+        return grad_x, grad_weight, grad_bias, None, None, None
+
+
+def all_gather_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, group,
+                      label: str = TP_LABEL, dim: int = 1) -> torch.Tensor:
+    """`F.linear` of the whole sequence from this rank's shard `x` (AllGather along `dim`), keeping only the shard
+    for backward, which gathers it again: Megatron-LM's sequence-parallel column-parallel layer."""
+    d = _sequence_dim(x, dim, _group_size_and_rank(group)[0])
+    return AllGatherLinear.apply(x, weight, bias, group, label, d)
