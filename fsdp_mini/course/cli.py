@@ -15,7 +15,7 @@ from fsdp_mini.course.planner.arguments import LAYOUT_DEFAULTS
 from fsdp_mini.course.planner.hardware import GPUS
 from fsdp_mini.course.planner.hf_config import ARCHITECTURES
 from fsdp_mini.course.planner.models import MODELS
-from fsdp_mini.course.planner.layout import Checkpointing
+from fsdp_mini.course.planner.layout import SP_VARIANTS, Checkpointing
 
 # The subcommands that start ranks import torch and the library where they run: `plan`, `fit` and `diagnose`
 # answer without loading torch (`plan` in well under 2 s).
@@ -122,6 +122,12 @@ def diagnose_cmd(args) -> int:
     return 1 if verdict.startswith("no flight records") else 0
 
 
+def _sp_label(layout) -> str:
+    if not layout.sp:
+        return ""
+    return " (SP, Megatron's: shards kept)" if layout.sp_variant == "megatron" else " (SP)"
+
+
 def plan_cmd(args) -> int:
     """Memory per GPU and step time of one layout (`fsdp_mini.course.planner`), or with --compare every layout
     of the same GPUs and global batch, ranked."""
@@ -131,6 +137,8 @@ def plan_cmd(args) -> int:
     from fsdp_mini.course.planner.compare import compare, describe
 
     model, gpu = resolve_model(args.model), resolve_gpu(args.gpu)
+    if args.sp_variant != "pytorch" and not args.sp:
+        raise ValueError(f"--sp-variant {args.sp_variant} is a kind of sequence parallelism: add --sp (and --tp > 1)")
     layout = planner.Layout(**{name: getattr(args, name) for name in LAYOUT_FLAGS})
     if args.model not in MODELS:
         # a config file's learned position table bounds --seq; a preset keeps what `plan` and the site's calculator
@@ -163,7 +171,7 @@ def plan_cmd(args) -> int:
         return 0
     m, t = result.memory, result.time
     print(f"{model.name} ({model.params:,} parameters) on {args.gpus} x {gpu.name}: "
-          f"FSDP {layout.dp_shard} x HSDP {layout.dp_replicate} x TP {layout.tp}{' (SP)' if layout.sp else ''} "
+          f"FSDP {layout.dp_shard} x HSDP {layout.dp_replicate} x TP {layout.tp}{_sp_label(layout)} "
           f"x CP {layout.cp}, {layout.local_batch} x {layout.seq} tokens per data-parallel rank, AC {layout.ac.value}"
           + (", float8" if layout.float8 else "") + (", compiled" if layout.compile else ""))
     print("\nmemory per GPU                                                         GiB")
@@ -260,6 +268,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                                                                                "(dp-replicate x tp x cp))")
     p.add_argument("--tp", type=int, default=D["tp"], help="tensor-parallel degree")
     p.add_argument("--sp", action="store_true", help="sequence parallelism with TP")
+    p.add_argument("--sp-variant", default=D["sp_variant"], choices=SP_VARIANTS,
+                   help="with --sp, what its column-parallel layers keep for backward: the gathered input (pytorch) "
+                        "or its shard, all-gathered again in backward (megatron: less memory, one more AllGather "
+                        "per layer)")
     p.add_argument("--cp", type=int, default=D["cp"], help="context-parallel degree (ring attention over the sequence)")
     p.add_argument("--seq", type=int, required=True, help="tokens per sequence (the whole sequence: CP splits it)")
     p.add_argument("--local-batch", type=int, required=True, help="sequences per data-parallel rank (its TP and CP "

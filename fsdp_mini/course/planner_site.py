@@ -20,7 +20,7 @@ from fsdp_mini.course.planner.memory import ALLOCATOR_OVERHEAD, MEMORY_ERROR_BAN
 from fsdp_mini.course.planner.step_time import (ATTENTION_BACKWARD_RATIO, COMPILED_LOSS_BYTES_PER_LOGIT,
                                                 FSDP_COPY_BYTES_PER_PARAM, LOSS_BYTES_PER_LOGIT,
                                                 OPTIMIZER_BYTES_PER_PARAM)
-from fsdp_mini.course.planner.layout import Checkpointing, Layout
+from fsdp_mini.course.planner.layout import SP_VARIANTS, Checkpointing, Layout
 from fsdp_mini.course.planner.validation import CALIBRATION_ROWS
 
 __all__ = ["site_data", "data_script"]
@@ -45,6 +45,7 @@ def site_data() -> dict:
         "gpus": {name: _fields(g) for name, g in GPUS.items()},
         "calibration": _fields(CALIBRATION),
         "checkpointing": [c.value for c in Checkpointing],
+        "sp_variants": list(SP_VARIANTS),
         "layout_defaults": {f.name: (f.default.value if isinstance(f.default, Checkpointing) else f.default)
                             for f in dataclasses.fields(Layout) if f.default is not dataclasses.MISSING},
         "model_defaults": {f.name: f.default for f in dataclasses.fields(next(iter(MODELS.values())))

@@ -83,11 +83,18 @@ def test_tp_sp_cp_split_what_they_split():
     base = Layout(gpus=8, seq=8192, local_batch=1)
     tokens = 8192
     by = lambda split: sum(x.bytes_per_token for x in items if x.split == split) * tokens
-    assert saved_bytes(items, base, tokens) == by("tp") + by("sp") + by("full")
+    assert by("gathered") == 2 * 2 * m.hidden * tokens  # the two norms' outputs, the column-parallel inputs
+    assert saved_bytes(items, base, tokens) == by("tp") + by("sp") + by("gathered") + by("full")
     tp = Layout(gpus=8, seq=8192, local_batch=1, tp=4)
-    assert saved_bytes(items, tp, tokens) == by("tp") / 4 + by("sp") + by("full")
+    assert saved_bytes(items, tp, tokens) == by("tp") / 4 + by("sp") + by("gathered") + by("full")
     sp = Layout(gpus=8, seq=8192, local_batch=1, tp=4, sp=True)
-    assert saved_bytes(items, sp, tokens) == (by("tp") + by("sp")) / 4 + by("full")
+    assert saved_bytes(items, sp, tokens) == (by("tp") + by("sp")) / 4 + by("gathered") + by("full")
+    # Megatron-LM's SP keeps the column-parallel layers' inputs as shards too: everything divided by tp
+    megatron = Layout(gpus=8, seq=8192, local_batch=1, tp=4, sp=True, sp_variant="megatron")
+    assert saved_bytes(items, megatron, tokens) == (by("tp") + by("sp") + by("gathered")) / 4 + by("full")
+    assert Layout(gpus=8, seq=8192, local_batch=1, tp=4, sp_variant="megatron").sp_variant == "megatron"
+    with pytest.raises(ValueError, match="--sp-variant 'nemo' must be one of pytorch, megatron"):
+        Layout(gpus=8, seq=8192, local_batch=1, tp=4, sp=True, sp_variant="nemo")
     assert Layout(gpus=8, seq=8192, local_batch=1, cp=4).tokens_per_gpu == tokens // 4
 
 
@@ -262,6 +269,22 @@ def test_plan_table_and_every_flag():
     assert "peak reserved" in out.stdout and "tokens/s per GPU" in out.stdout and "compile:" in out.stdout
 
 
+def test_plan_sp_variant_megatron_keeps_less_and_sends_more():
+    """`--sp-variant megatron`: the column-parallel inputs kept as shards (activations divided by tp), one more
+    AllGather of each in backward (TP's exposed time grows by the two gathers)."""
+    base = ["plan", "--model", "llama3-70b", "--gpu", "h100-sxm", "--gpus", "64", "--tp", "8", "--sp", "--seq",
+            "8192", "--local-batch", "8", "--micro-batches", "8", "--ac", "none", "--json"]
+    pytorch, megatron = (json.loads(run(*base, *extra).stdout) for extra in ([], ["--sp-variant", "megatron"]))
+    assert (pytorch["layout"]["sp_variant"], megatron["layout"]["sp_variant"]) == ("pytorch", "megatron")
+    m, h, tokens = get_model("llama3-70b"), 8192, 8192
+    gathered = 2 * 2 * h * tokens * m.layers / GiB  # both norms' outputs of every block, bf16
+    kept = pytorch["memory"]["activations: blocks"] - megatron["memory"]["activations: blocks"]
+    assert kept == pytest.approx(gathered * (1 - 1 / 8))
+    tp = "TP collectives (exposed)"
+    assert megatron["step_parts_s"][tp] > pytorch["step_parts_s"][tp]
+    assert "SP, Megatron's: shards kept" in run(*base[:-1], "--sp-variant", "megatron").stdout
+
+
 def test_plan_compare_prints_a_ranking():
     out = run(*ROW, "--compare")
     assert out.returncode == 0, out.stderr
@@ -273,6 +296,7 @@ def test_plan_compare_prints_a_ranking():
     (["--model", "nope"], "unknown model 'nope'"),
     (["--gpu", "nope"], "unknown GPU 'nope'"),
     (["--cp", "4", "--seq", "8190"], "--cp 4 does not divide --seq 8190"),
+    (["--sp-variant", "megatron"], "--sp-variant megatron is a kind of sequence parallelism: add --sp"),
 ])
 def test_plan_bad_input_is_a_usage_error_naming_the_value(args, message):
     argv = list(ROW)

@@ -29,6 +29,10 @@ CASES = [
     ("gpt2-medium", "h200", dict(gpus=16, seq=2048, local_batch=4, cp=2, gpus_per_node=4, ac="selective-layer")),
     ("llama3-8b", "h100-sxm", dict(gpus=16, seq=8192, local_batch=3, cp=2, dp_replicate=2, ac="none")),
     ("llama3-8b", "a100-80gb", dict(gpus=8, seq=8192, local_batch=4, tp=2, ac="none")),
+    ("llama3-70b", "h100-sxm", dict(gpus=64, seq=8192, local_batch=8, micro_batches=8, tp=8, sp=True,
+                                    sp_variant="megatron", ac="none")),
+    ("gpt2-medium", "a100-80gb", dict(gpus=16, seq=1024, local_batch=8, tp=4, sp=True, sp_variant="megatron",
+                                      ac="selective-op")),
 ]
 RUN = r"""
 const core = require(process.argv[2]);

@@ -17,9 +17,10 @@ this is the same count extended to the models the planner knows, in 16-bit train
   additions save nothing.
 
 Each tensor carries where tensor parallelism puts it: `"tp"` (split over TP ranks: heads, the MLP's width),
-`"sp"` (the residual stream: split only under sequence parallelism), `"full"` (the input of a
-column-parallel layer, which PyTorch's sequence parallelism all-gathers and autograd keeps whole, and the
-partial sums a row-parallel layer returns), `"sp-only"` (exists only under sequence parallelism, split over
+`"sp"` (the residual stream: split only under sequence parallelism), `"gathered"` (the input of a
+column-parallel layer: PyTorch's sequence parallelism all-gathers it and autograd keeps it whole, Megatron-LM's
+keeps its 1/tp shard and all-gathers it again in backward, `Layout.sp_variant`), `"full"` (the partial sums a
+row-parallel layer returns), `"sp-only"` (exists only under sequence parallelism, split over
 TP ranks: the ReduceScatter outputs that op-level checkpointing saves). Context parallelism splits every
 tensor by its tokens.
 
@@ -48,7 +49,7 @@ class Saved:
 
     name: str
     bytes_per_token: float
-    split: str  # "tp", "sp" or "full"
+    split: str  # "tp", "sp", "gathered", "full" or "sp-only"
 
 
 def norm_saved(model: ModelSpec, name: str, element_bytes: int = 2, compile: bool = False) -> list[Saved]:
@@ -61,7 +62,7 @@ def norm_saved(model: ModelSpec, name: str, element_bytes: int = 2, compile: boo
     else:
         inner = [Saved(f"{name} input in fp32", 4 * h, "sp"), Saved(f"{name} 1/rms", 4, "sp"),
                  Saved(f"{name} normalized (x weight's input)", element_bytes * h, "sp")]
-    return inner + [Saved(f"{name} output (linear layers' input)", element_bytes * h, "full")]
+    return inner + [Saved(f"{name} output (linear layers' input)", element_bytes * h, "gathered")]
 
 
 def _attention(model: ModelSpec, e: int) -> list[Saved]:

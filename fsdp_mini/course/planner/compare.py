@@ -42,7 +42,8 @@ def describe(layout: Layout) -> str:
     if layout.dp_replicate > 1:
         parts.insert(0, f"HSDP {layout.dp_replicate}x")
     if layout.tp > 1:
-        parts.append(f"TP {layout.tp}{'+SP' if layout.sp else ''}")
+        sp = ("+SP (Megatron)" if layout.sp_variant == "megatron" else "+SP") if layout.sp else ""
+        parts.append(f"TP {layout.tp}{sp}")
     if layout.cp > 1:
         parts.append(f"CP {layout.cp}")
     micro = f" in {layout.micro_batches} micro-batches" if layout.micro_batches > 1 else ""

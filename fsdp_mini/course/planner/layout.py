@@ -18,7 +18,7 @@ from enum import Enum
 from fsdp_mini.course.planner.hardware import GPU
 from fsdp_mini.course.planner.models import ModelSpec
 
-__all__ = ["Checkpointing", "Layout"]
+__all__ = ["Checkpointing", "Layout", "SP_VARIANTS"]
 
 
 class Checkpointing(str, Enum):
@@ -41,6 +41,10 @@ def _positive(name: str, value) -> int:
     return value
 
 
+SP_VARIANTS = ("pytorch", "megatron")
+"""How SP's column-parallel layers keep their input: gathered (PyTorch) or as the shard, gathered again (Megatron-LM)."""
+
+
 @dataclass(frozen=True)
 class Layout:
     """Degrees and switches of one run. `prefetch`: FSDP units gathered ahead of the one computing (1, as
@@ -48,7 +52,10 @@ class Layout:
     AllGather of their weights in float8, torchtitan's `enable_fsdp_float8_all_gather`); `compile`:
     torch.compile of each block; `compile_loss`: torch.compile of the loss too (torchtitan compiles it with
     `--training.compile` since 2025; its December 2024 code left it eager, "compiling loss function causes CUDA
-    errors"); `cpu_offload`: sharded states and the optimizer step on the host."""
+    errors"); `cpu_offload`: sharded states and the optimizer step on the host; `sp_variant`: how sequence
+    parallelism's column-parallel layers keep their input for backward, "pytorch" (the gathered whole, PyTorch's
+    `ColwiseParallel(input_layouts=Shard(1))`) or "megatron" (the shard, all-gathered again in backward:
+    Megatron-LM, fsdp_mini's `save_gathered_input=False`); it matters only with `sp`."""
 
     gpus: int
     seq: int
@@ -57,6 +64,7 @@ class Layout:
     dp_replicate: int = 1
     tp: int = 1
     sp: bool = False
+    sp_variant: str = "pytorch"
     cp: int = 1
     micro_batches: int = 1
     ac: Checkpointing = Checkpointing.NONE
@@ -82,6 +90,8 @@ class Layout:
         if self.gpus > self.gpus_per_node and self.gpus % self.gpus_per_node:
             raise ValueError(f"--gpus {self.gpus} is not a whole number of nodes of --gpus-per-node "
                              f"{self.gpus_per_node}")
+        if self.sp_variant not in SP_VARIANTS:
+            raise ValueError(f"--sp-variant {self.sp_variant!r} must be one of {', '.join(SP_VARIANTS)}")
         if self.sp and self.tp == 1:
             raise ValueError("--sp needs --tp > 1: sequence parallelism splits what TP replicates")
         if self.seq % self.cp:

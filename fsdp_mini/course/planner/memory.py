@@ -72,7 +72,8 @@ def saved_bytes(items: list[Saved], layout: Layout, tokens: int) -> float:
     for item in items:
         if item.split == "sp-only" and not layout.sp:
             continue
-        split = layout.tp if item.split in ("tp", "sp-only") or (item.split == "sp" and layout.sp) else 1
+        split = layout.tp if item.split in ("tp", "sp-only") or (item.split == "sp" and layout.sp) or (
+            item.split == "gathered" and layout.sp and layout.sp_variant == "megatron") else 1
         total += item.bytes_per_token * tokens / split
     return total
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from fsdp_mini.course.planner.arguments import (BOOLEAN_FLAGS, LAYOUT_DEFAULTS, LAYOUT_FLAGS, REQUIRED_FLAGS,
                                                 resolve_gpu, resolve_model)
 from fsdp_mini.course.planner.fitting import MeasuredRun
-from fsdp_mini.course.planner.layout import Checkpointing, Layout
+from fsdp_mini.course.planner.layout import SP_VARIANTS, Checkpointing, Layout
 
 __all__ = ["COLUMNS", "REQUIRED_COLUMNS", "read_runs"]
 
@@ -38,6 +38,10 @@ def _value(column: str, text: str, where: str):
             return text.lower() in _TRUE
         if column == "ac":
             return Checkpointing(text).value
+        if column == "sp_variant":
+            if text not in SP_VARIANTS:
+                raise ValueError
+            return text
         if column in MEASURED:
             value = float(text)
             if not value > 0:
@@ -47,6 +51,7 @@ def _value(column: str, text: str, where: str):
     except ValueError:
         kind = ("true or false" if column in BOOLEAN_FLAGS else
                 "one of " + ", ".join(c.value for c in Checkpointing) if column == "ac" else
+                "one of " + ", ".join(SP_VARIANTS) if column == "sp_variant" else
                 "a positive number" if column in MEASURED else "an integer")
         raise ValueError(f"{where}: {column}={text!r} must be {kind}") from None
 

@@ -21,7 +21,8 @@ Per micro-batch, per GPU (T tokens: micro-batch x seq / cp; TP ranks each see al
 * Collectives, alpha-beta rings (`fsdp_mini.course.cost`) on the link their group uses (`group_link`):
   FSDP's AllGather (bf16, or float8) and ReduceScatter (fp32) of each block per micro-batch and the root's
   once; HSDP's AllReduce of the gradient shard; TP's two AllReduces per block and direction (with SP a
-  ReduceScatter and an AllGather each), repeated by recomputation; CP's ring passing K and V (forward) and
+  ReduceScatter and an AllGather each, and with Megatron-LM's variant two more AllGathers in backward, of the
+  inputs its column-parallel layers kept as shards), repeated by recomputation; CP's ring passing K and V (forward) and
   K, V, dK, dV (backward) in cp - 1 steps.
 
 Overlap, as FSDP2 runs it: a block's AllGather hides behind the previous block's forward (prefetch),
@@ -181,13 +182,15 @@ def step_time(model: ModelSpec, gpu: GPU, layout: Layout, calibration: Calibrati
     act_bytes = 2 * T * model.hidden  # one activation of the TP group's tokens, bf16
     tp_alpha, tp_bw = group_link(tp, 1, gpu, layout.gpus_per_node, c.network_fraction)
     if tp == 1:
-        tp_f = tp_recomputed = 0.0
+        tp_f = tp_b = tp_recomputed = 0.0
     elif layout.sp:
         gather = 2 * ring_all_gather(act_bytes, tp, tp_alpha, tp_bw)
-        tp_f = gather + 2 * ring_reduce_scatter(act_bytes, tp, tp_alpha, tp_bw)
+        tp_f = tp_b = gather + 2 * ring_reduce_scatter(act_bytes, tp, tp_alpha, tp_bw)
+        if layout.sp_variant == "megatron":  # the column-parallel inputs, kept as shards, gathered again
+            tp_b += gather
         tp_recomputed = gather  # op-level checkpointing saves the ReduceScatters' outputs
     else:
-        tp_f = tp_recomputed = 2 * ring_all_reduce(act_bytes, tp, tp_alpha, tp_bw)
+        tp_f = tp_b = tp_recomputed = 2 * ring_all_reduce(act_bytes, tp, tp_alpha, tp_bw)
     cp_alpha, cp_bw = group_link(cp, tp, gpu, layout.gpus_per_node, c.network_fraction)
     kv_chunk = 2 * 2 * T * model.kv_dim / tp  # k and v of this rank's tokens, bf16
     cp_ring_f = (cp - 1) * (cp_alpha + kv_chunk / cp_bw) if cp > 1 else 0.0
@@ -195,7 +198,7 @@ def step_time(model: ModelSpec, gpu: GPU, layout: Layout, calibration: Calibrati
     cp_b = max(0.0, 2 * cp_ring_f - ATTENTION_BACKWARD_RATIO * attn_f * (cp - 1) / cp)
 
     forward = mm_f + attn_f + elem_f + tp_f + cp_f
-    backward = 2 * mm_f + ATTENTION_BACKWARD_RATIO * attn_f + 2 * elem_f + tp_f + cp_b
+    backward = 2 * mm_f + ATTENTION_BACKWARD_RATIO * attn_f + 2 * elem_f + tp_b + cp_b
     n_ckpt = checkpointed_blocks(L, layout.ac, layout.ac_every)
     if layout.ac == Checkpointing.SELECTIVE_OP:
         recompute = recomputed_mm + elem_f + tp_recomputed
@@ -253,7 +256,7 @@ def step_time(model: ModelSpec, gpu: GPU, layout: Layout, calibration: Calibrati
         "memory-bound ops (norms, rotary, SwiGLU, loss)": m * (L * 3 * elem_f + loss),
         "FSDP copy-in / copy-out": m * L * fsdp_copies,
         "recomputation": m * L * recompute * recompute_share,
-        "TP collectives (exposed)": m * L * 2 * tp_f,
+        "TP collectives (exposed)": m * L * (tp_f + tp_b),
         "CP ring (exposed)": m * L * (cp_f + cp_b),
         "FSDP AllGather (exposed)": m * fwd_exposed,
         "FSDP ReduceScatter / HSDP AllReduce (exposed)": m * bwd_exposed,

@@ -103,6 +103,7 @@
       var inner = l.dp_replicate * l.tp * l.cp;
       if (l.gpus % inner) fail("gpus_inner", {gpus: l.gpus, r: l.dp_replicate, tp: l.tp, cp: l.cp, inner: inner});
       if (l.gpus > l.gpus_per_node && l.gpus % l.gpus_per_node) fail("gpus_nodes", {gpus: l.gpus, gpn: l.gpus_per_node});
+      if (D.sp_variants.indexOf(l.sp_variant) < 0) fail("sp_variant", {v: pyRepr(l.sp_variant), all: D.sp_variants.join(", ")});
       if (l.sp && l.tp === 1) fail("sp_tp", {});
       if (l.seq % l.cp) fail("cp_seq", {cp: l.cp, seq: l.seq});
       if (l.cp > 1 && l.seq % (2 * l.cp)) fail("seq_chunks", {seq: l.seq, chunks: 2 * l.cp});
@@ -123,13 +124,13 @@
     }
 
     // --- activations.py ----------------------------------------------------------------------------------
-    // a saved tensor: [bytes per token, split]; split "tp", "sp", "full" or "sp-only"
+    // a saved tensor: [bytes per token, split]; split "tp", "sp", "gathered", "full" or "sp-only"
     function normSaved(model, e, compile) {
       var h = model.hidden, inner;
       if (model.norm === "layernorm") inner = [[e * h, "sp"], [8, "sp"]];
       else if (compile) inner = [[e * h, "sp"], [4, "sp"]];
       else inner = [[4 * h, "sp"], [4, "sp"], [e * h, "sp"]];
-      return inner.concat([[e * h, "full"]]);
+      return inner.concat([[e * h, "gathered"]]);
     }
     function attentionSaved(model, e) {
       var h = model.hidden;
@@ -180,7 +181,8 @@
       var total = 0.0;
       items.forEach(function (item) {
         if (item[1] === "sp-only" && !l.sp) return;
-        var split = item[1] === "tp" || item[1] === "sp-only" || (item[1] === "sp" && l.sp) ? l.tp : 1;
+        var split = item[1] === "tp" || item[1] === "sp-only" || (item[1] === "sp" && l.sp) ||
+          (item[1] === "gathered" && l.sp && l.sp_variant === "megatron") ? l.tp : 1;
         total += item[0] * tokens / split;
       });
       return total;
@@ -278,15 +280,16 @@
 
       var actBytes = 2 * T * model.hidden;
       var tl = groupLink(tp, 1, gpu, l.gpus_per_node, c.network_fraction);
-      var tpF, tpRecomputed;
+      var tpF, tpB, tpRecomputed;
       if (tp === 1) {
-        tpF = tpRecomputed = 0.0;
+        tpF = tpB = tpRecomputed = 0.0;
       } else if (l.sp) {
         var gather = 2 * ringAllGather(actBytes, tp, tl[0], tl[1]);
-        tpF = gather + 2 * ringReduceScatter(actBytes, tp, tl[0], tl[1]);
+        tpF = tpB = gather + 2 * ringReduceScatter(actBytes, tp, tl[0], tl[1]);
+        if (l.sp_variant === "megatron") tpB += gather;
         tpRecomputed = gather;
       } else {
-        tpF = tpRecomputed = 2 * ringAllReduce(actBytes, tp, tl[0], tl[1]);
+        tpF = tpB = tpRecomputed = 2 * ringAllReduce(actBytes, tp, tl[0], tl[1]);
       }
       var cl = groupLink(cp, tp, gpu, l.gpus_per_node, c.network_fraction);
       var kvChunk = 2 * 2 * T * model.kv_dim / tp;
@@ -295,7 +298,7 @@
       var cpB = Math.max(0.0, 2 * cpRingF - R * attnF * (cp - 1) / cp);
 
       var forward = mmF + attnF + elemF + tpF + cpF;
-      var backward = 2 * mmF + R * attnF + 2 * elemF + tpF + cpB;
+      var backward = 2 * mmF + R * attnF + 2 * elemF + tpB + cpB;
       var nCkpt = checkpointedBlocks(L, l.ac, l.ac_every);
       var recompute;
       if (l.ac === SELECTIVE_OP) recompute = recomputedMm + elemF + tpRecomputed;
@@ -348,7 +351,7 @@
         m * (L * 3 * elemF + loss),
         m * L * fsdpCopies,
         m * L * recompute * recomputeShare,
-        m * L * 2 * tpF,
+        m * L * (tpF + tpB),
         m * L * (cpF + cpB),
         m * fwdExposed,
         m * bwdExposed,
@@ -359,7 +362,7 @@
               timeline: {micro_batches: m, optimizer: optimizer, fwd_wait: fwdExposed, bwd_wait: bwdExposed,
                          forward: [L * mmF, L * attnF, L * elemF, L * tpF, L * cpF],
                          head: [3 * headF, loss],
-                         backward: [L * 2 * mmF, L * R * attnF, L * 2 * elemF, L * tpF, L * cpB,
+                         backward: [L * 2 * mmF, L * R * attnF, L * 2 * elemF, L * tpB, L * cpB,
                                     L * recompute * recomputeShare, L * fsdpCopies],
                          gathers: agRoot + L * ag, reductions: L * (rs + ar) + rsRoot + arRoot}};
     }
@@ -379,7 +382,7 @@
     function describe(l) {
       var parts = ["FSDP " + l.dp_shard];
       if (l.dp_replicate > 1) parts.unshift("HSDP " + l.dp_replicate + "x");
-      if (l.tp > 1) parts.push("TP " + l.tp + (l.sp ? "+SP" : ""));
+      if (l.tp > 1) parts.push("TP " + l.tp + (l.sp ? (l.sp_variant === "megatron" ? "+SP (Megatron)" : "+SP") : ""));
       if (l.cp > 1) parts.push("CP " + l.cp);
       var micro = l.micro_batches > 1 ? " in " + l.micro_batches + " micro-batches" : "";
       return parts.join(" ") + ", batch " + l.local_batch + micro + ", AC " + l.ac;
@@ -461,7 +464,8 @@
       return {
         model: p.model.name, gpu: p.gpu.name, params: p.model.params,
         layout: {gpus: l.gpus, gpus_per_node: l.gpus_per_node, dp_replicate: l.dp_replicate, dp_shard: l.dp_shard,
-                 tp: l.tp, sp: l.sp, cp: l.cp, seq: l.seq, local_batch: l.local_batch, micro_batches: l.micro_batches,
+                 tp: l.tp, sp: l.sp, sp_variant: l.sp_variant, cp: l.cp, seq: l.seq, local_batch: l.local_batch,
+                 micro_batches: l.micro_batches,
                  ac: l.ac, float8: l.float8, compile: l.compile, compile_loss: l.compile_loss},
         memory_gib: m.peak_reserved / C.GiB, memory_allocated_gib: m.peak_allocated / C.GiB,
         memory_capacity_gib: m.capacity / C.GiB, memory: memory, memory_peak_moment: MOMENTS[m.moment],
