@@ -25,7 +25,7 @@ __all__ = ["StepProbe", "tp_or_sp_step", "describe", "watch_placements"]
 class StepProbe:
     """One training step of the course GPT on a TP group, as one rank saw it."""
 
-    parallelism: str  # "TP", "TP + SP" (PyTorch's: the gathered input kept) or "TP + SP, shards kept" (Megatron's)
+    parallelism: str  # "TP", "TP + SP (PyTorch)" (the gathered inputs kept) or "TP + SP (Megatron)" (their shards)
     sent: list[CommRecord]  # every collective CommLog recorded, forward and backward
     kept_by_norms: int  # bytes the LayerNorms saved for backward
     kept_by_rest: int  # bytes everything else saved for backward
@@ -62,7 +62,7 @@ def tp_or_sp_step(cfg: GPTConfig, batch_size: int, sequence_parallel: bool, tp: 
         with SavedActivations(exclude=model.parameters()) as the_rest:
             loss = model(*make_batch(cfg, batch_size))
         loss.backward()
-    name = "TP" if not sequence_parallel else "TP + SP" if save_gathered_input else "TP + SP, shards kept"
+    name = "TP" if not sequence_parallel else "TP + SP (PyTorch)" if save_gathered_input else "TP + SP (Megatron)"
     return StepProbe(name, list(log.records), sum(kept_by_norms), the_rest.nbytes)
 
 
