@@ -278,6 +278,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                                                                   "ranks share them)")
     p.add_argument("--micro-batches", type=int, default=D["micro_batches"], help="gradient-accumulation steps the "
                                                                                   "local batch is split into")
+    p.add_argument("--tp-overlap", action="store_true", help="with --tp > 1, overlap each column-parallel layer's "
+                   "backward collectives with its weight-gradient product, as Megatron-LM does")
+    p.add_argument("--no-sync", action="store_true", help="with --micro-batches > 1, reduce-scatter the gradients "
+                   "once a step, not once per micro-batch (FSDP2's set_requires_gradient_sync(False); unsharded fp32 "
+                   "gradients accumulate)")
     p.add_argument("--ac", default=D["ac"].value, choices=[c.value for c in Checkpointing],
                    help="activation checkpointing (selective-layer: every 2nd block)")
     p.add_argument("--float8", action="store_true", help="float8 linears (compute and FSDP AllGather)")

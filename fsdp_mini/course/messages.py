@@ -807,9 +807,12 @@ LESSON_12 = {
     "micro_batch_count": ("micro-batches", "микробатчей"),
     "fits_from_gpus": ("fits from", "помещается с"),
     "micro_batches_there": ("micro-batches there", "микробатчей при этом"),
-    "crossing_searched": ("{model}, the micro-batches chosen (for each layout and cluster the fastest number that fits):",
-                          "{model}, микробатчи выбраны (для каждой раскладки и кластера — самое быстрое число из тех,"
-                          " при которых она помещается):"),
+    "crossing_searched": ("{model}, the micro-batches chosen (for each layout and cluster the fastest that fits even "
+                          "at the top of the memory error, with or without a gradient sync per micro-batch and TP's "
+                          "backward overlap):",
+                          "{model}, микробатчи выбраны (для каждой раскладки и кластера — самый быстрый вариант из тех, "
+                          "что помещаются даже с верхней погрешностью оценки памяти, с синхронизацией градиентов на "
+                          "каждом микробатче или без неё и с перекрытием backward TP или без него):"),
     "tp_wins_from_gpus": ("TP from", "TP с"),
     "one_sequence_no_recomputation": ("one sequence per micro-batch, no recomputation, 512 GPUs:",
                                       "одна последовательность на микробатч, без пересчёта, 512 GPU:"),
@@ -854,10 +857,10 @@ LESSON_13 = {
     "fitting_layouts": ("\nlayouts of these GPUs and this batch that fit: {n}; the fastest: {layout}, AC {ac}",
                         "\nраскладок этих GPU с этим батчем, которые помещаются: {n}; самая быстрая: {layout},"
                         " чекпоинтинг {ac}"),
-    "tp8_slower": ("TP 8 + SP with full AC trains {slower:.0%} slower; its TP collectives (never hidden) take"
+    "tp8_slower": ("TP 8 + SP with full AC, nothing overlapped, trains {slower:.0%} slower; its TP collectives take"
                    " {exposed:.0%} of its step",
-                   "TP 8 + SP с полным чекпоинтингом обучает на {slower:.0%} медленнее; его коллективные операции"
-                   " TP (не скрытые) занимают {exposed:.0%} шага"),
+                   "TP 8 + SP с полным чекпоинтингом и без перекрытия обучает на {slower:.0%} медленнее; его"
+                   " коллективные операции TP занимают {exposed:.0%} шага"),
     "llama405_alone": ("Llama-3-405B, FSDP over 256 H100s, 1 sequence of 8,192 tokens per GPU, full AC:",
                        "Llama-3-405B, FSDP на 256 H100, 1 последовательность из 8\u202f192 токенов на GPU,"
                        " полный чекпоинтинг:"),
@@ -876,12 +879,14 @@ LESSON_13 = {
                              " ranks may be at most {sequences}",
                              "Llama-3-70B на 256 H100, 16 последовательностей по 131\u202f072 токена за шаг:"
                              " рангов по данным может быть не больше {sequences}"),
-    "search_space": ("searched: {n} layouts (HSDP replicas {replicas}; TP {tp}, with and without SP; CP {cp};"
-                     " {modes} checkpointing modes; micro-batches {micro}): {verdicts[fits]} fit,"
+    "search_space": ("searched: {n} layouts (HSDP replicas {replicas}; TP {tp}, with and without SP, with and"
+                     " without its backward overlap; CP {cp}; {modes} checkpointing modes; micro-batches {micro},"
+                     " with and without a gradient sync on each): {verdicts[fits]} fit,"
                      " {verdicts[undecided]} undecided, {verdicts[does not fit]} do not fit",
                      "в переборе {n} {n:раскладка|раскладки|раскладок} (реплик HSDP {replicas}; TP {tp}, с SP и"
-                     " без; CP {cp};"
-                     " {modes} режима чекпоинтинга; микробатчей {micro}): помещаются {verdicts[fits]},"
+                     " без, с перекрытием backward и без; CP {cp};"
+                     " {modes} режима чекпоинтинга; микробатчей {micro}, с синхронизацией градиентов на каждом и"
+                     " без): помещаются {verdicts[fits]},"
                      " неясно — {verdicts[undecided]}, не помещаются {verdicts[does not fit]}"),
     "micro_batches_of_step": ("{m} {m:micro-batch|micro-batches|micro-batches}",
                           "{m} {m:микробатч|микробатча|микробатчей}"),

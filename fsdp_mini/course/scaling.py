@@ -561,10 +561,12 @@ class PlannerRow:
 def planner_comparison(models: Sequence[TransformerShape] = (LLAMA2_7B, LLAMA2_70B),
                        gpu_counts: Sequence[int] = GPU_COUNTS[3:], layouts: dict = PLANNER_LAYOUTS,
                        global_batch: int = GLOBAL_BATCH_TOKENS, seq: int = SEQUENCE_LENGTH,
-                       micro_batches: int = 1, ac: str = "full", gpu: str = "h100-sxm") -> list[PlannerRow]:
+                       micro_batches: int = 1, ac: str = "full", gpu: str = "h100-sxm", no_sync: bool = False,
+                       tp_overlap: bool = False) -> list[PlannerRow]:
     """Every layout of `layouts` for every model and GPU count, at a fixed global batch of `global_batch`
     tokens in sequences of `seq`, each data-parallel rank's sequences in `micro_batches` micro-batches,
-    checkpointing `ac` ("none", "selective-op", "selective-layer", "full"), on `gpu` (a planner preset)."""
+    checkpointing `ac` ("none", "selective-op", "selective-layer", "full"), on `gpu` (a planner preset).
+    `no_sync` (with several micro-batches) and `tp_overlap` (with TP): the planner's switches of those names."""
     if global_batch % seq:
         raise ValueError(f"global_batch={global_batch} is not a whole number of sequences of {seq}")
     sequences = global_batch // seq
@@ -579,7 +581,8 @@ def planner_comparison(models: Sequence[TransformerShape] = (LLAMA2_7B, LLAMA2_7
                 result = None
                 if sequences % dp == 0 and (sequences // dp) % micro_batches == 0:
                     layout = Layout(gpus=gpus, seq=seq, local_batch=sequences // dp, micro_batches=micro_batches,
-                                    ac=ac, tp=tp, sp=sp, dp_replicate=replicas)
+                                    ac=ac, tp=tp, sp=sp, dp_replicate=replicas,
+                                    no_sync=no_sync and micro_batches > 1, tp_overlap=tp_overlap and tp > 1)
                     result = planner_plan(spec, get_gpu(gpu), layout)
                 rows.append(PlannerRow(model.name, gpus, name, micro_batches, ac, result))
     return rows
@@ -589,14 +592,19 @@ def searched_comparison(models: Sequence[TransformerShape] = (LLAMA2_7B, LLAMA2_
                         gpu_counts: Sequence[int] = GPU_COUNTS[3:], layouts: dict = PLANNER_LAYOUTS,
                         ac: str = "full", gpu: str = "h100-sxm") -> list[PlannerRow]:
     """`planner_comparison` with the micro-batches chosen, not given: for each model, GPU count and layout, the
-    fastest number of micro-batches (of those that divide the local batch) that fits, as a practitioner picks
-    gradient accumulation; where none fits, one micro-batch (the row then does not fit either)."""
+    fastest that fits of every number of micro-batches (of those that divide the local batch), each with and
+    without a gradient sync per micro-batch (`no_sync`), and with and without TP's backward overlap (`tp_overlap`),
+    as a practitioner picks them: of the options that fit even at the top of the planner's memory error
+    (`fit_verdict` "fits"), else of those that fit by its count; where none fits, one micro-batch as given (the row
+    then does not fit either)."""
     sequences = GLOBAL_BATCH_TOKENS // SEQUENCE_LENGTH
-    tried = [planner_comparison(models, gpu_counts, layouts, micro_batches=2 ** k, ac=ac, gpu=gpu)
-             for k in range(sequences.bit_length())]
+    tried = [planner_comparison(models, gpu_counts, layouts, micro_batches=2 ** k, ac=ac, gpu=gpu, no_sync=no_sync,
+                                tp_overlap=overlap)
+             for k in range(sequences.bit_length()) for no_sync in (False, True) for overlap in (False, True)]
     out = []
     for options in zip(*tried):  # the same (model, GPU count, layout) under 1, 2, 4, ... micro-batches
-        fitting = [r for r in options if r.fits]
+        sure = [r for r in options if r.fits and r.result.memory.fit_verdict == "fits"]
+        fitting = sure or [r for r in options if r.fits]  # within the memory error only where nothing is sure
         out.append(max(fitting, key=lambda r: r.mfu) if fitting else options[0])
     return out
 

@@ -2,6 +2,7 @@
 against what autograd saves, memory terms against hand computations, the published rows within tolerance, the
 fitted constants refitted, and the `plan` subcommand's flags, JSON, ranking and errors."""
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -215,6 +216,54 @@ def test_compare_finds_what_fits_with_more_micro_batches():
     assert ranked[0].plan.memory.fit_verdict == "fits" and ranked[0].plan.layout.micro_batches > 1
     given = compare(model, gpu, Layout(gpus=64, seq=32768, local_batch=8, tp=8, sp=True, micro_batches=8))
     assert any(c.plan.layout.tp == 1 and c.plan.layout.cp == 1 for c in given)  # FSDP alone is still tried
+    # every number of micro-batches above one is tried with and without a gradient sync per micro-batch
+    layouts = {c.plan.layout for c in ranked}
+    assert any(x.no_sync for x in layouts) and not any(x.no_sync for x in layouts if x.micro_batches == 1)
+    assert all(replace(x, no_sync=not x.no_sync) in layouts for x in layouts if x.micro_batches > 1)
+
+
+def test_tp_overlap_hides_each_column_parallel_layers_backward_collective_behind_its_weight_gradient():
+    """Megatron-LM's TP backward: the AllReduce of each column-parallel layer's input gradient (qkv's, the MLP's
+    first) runs beside that layer's weight-gradient product, 2 x h x width x T / tp FLOPs, and waits only for what
+    the product does not cover; the row-parallel side gains nothing."""
+    from fsdp_mini.course.cost import ring_all_reduce
+    from fsdp_mini.course.planner.calibration import CALIBRATION
+    from fsdp_mini.course.planner.step_time import group_link
+
+    m, gpu = get_model("llama3-70b"), get_gpu("h100-sxm")
+    kw = dict(gpus=64, seq=8192, local_batch=8, tp=8, ac="none")
+    plain, over = (plan(m, gpu, Layout(**kw, tp_overlap=flag)) for flag in (False, True))
+    tokens, tp = 8 * 8192, 8
+    alpha, bandwidth = group_link(tp, 1, gpu, 8, CALIBRATION.network_fraction)
+    all_reduce = ring_all_reduce(2 * tokens * m.hidden, tp, alpha, bandwidth)
+    peak = gpu.bf16_flops * CALIBRATION.matmul_fraction
+    products = [2 * m.hidden * w / tp * tokens / peak for w in (m.hidden + 2 * m.kv_dim, 2 * m.ffn)]
+    hidden = sum(min(all_reduce, p) for p in products)
+    assert 0 < hidden < 2 * all_reduce  # partly: at this batch a product is shorter than the AllReduce
+    key = "TP collectives (exposed)"
+    assert plain.time.parts[key] - over.time.parts[key] == pytest.approx(m.layers * hidden)
+    assert plain.time.step_s - over.time.step_s == pytest.approx(m.layers * hidden)
+    with pytest.raises(ValueError, match="--tp-overlap needs --tp > 1"):
+        Layout(gpus=64, seq=8192, local_batch=1, tp_overlap=True)
+
+
+def test_no_sync_reduce_scatters_once_a_step_and_keeps_every_unsharded_gradient_in_fp32():
+    """FSDP2's set_requires_gradient_sync(False) on all but the last micro-batch: those micro-batches leave out
+    the ReduceScatters (and HSDP's AllReduces), and every unit's unsharded gradient accumulates in the reduce dtype,
+    fp32, until the last one: 4 bytes per parameter (over TP) on every GPU."""
+    m, gpu = get_model("llama3-8b"), get_gpu("h100-sxm")
+    kwargs = dict(gpus=64, seq=8192, local_batch=4, micro_batches=4, dp_replicate=2, ac="full")
+    sync, no = (plan(m, gpu, Layout(**kwargs, no_sync=flag)) for flag in (False, True))
+    key = "unsharded gradients accumulated (no sync, fp32)"
+    assert key not in sync.memory.terms and no.memory.terms[key] == 4 * m.params
+    assert no.memory.peak_allocated - sync.memory.peak_allocated == pytest.approx(4 * m.params)
+    reductions = "FSDP ReduceScatter / HSDP AllReduce (exposed)"
+    assert no.time.parts[reductions] < sync.time.parts[reductions]
+    other = [k for k in sync.time.parts if k != reductions]
+    assert all(no.time.parts[k] == sync.time.parts[k] for k in other)
+    assert no.time.step_s == pytest.approx(sync.time.step_s - sync.time.parts[reductions] + no.time.parts[reductions])
+    with pytest.raises(ValueError, match="--no-sync needs --micro-batches > 1"):
+        Layout(gpus=64, seq=8192, local_batch=4, no_sync=True)
 
 
 @pytest.mark.parametrize("kwargs, message", [

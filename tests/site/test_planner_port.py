@@ -31,6 +31,13 @@ CASES = [
     ("llama3-8b", "a100-80gb", dict(gpus=8, seq=8192, local_batch=4, tp=2, ac="none")),
     ("llama3-70b", "h100-sxm", dict(gpus=64, seq=8192, local_batch=8, micro_batches=8, tp=8, sp=True,
                                     sp_variant="megatron", ac="none")),
+    ("llama3-70b", "h100-sxm", dict(gpus=64, seq=32768, local_batch=8, micro_batches=8, no_sync=True, tp=8, sp=True,
+                                    tp_overlap=True, ac="full")),
+    ("gpt2-medium", "h100-sxm", dict(gpus=8, seq=1024, local_batch=8, tp=4, sp=True, sp_variant="megatron",
+                                     tp_overlap=True, ac="none")),
+    ("llama3-8b", "a100-80gb", dict(gpus=16, seq=8192, local_batch=2, tp=2, tp_overlap=True, ac="selective-op")),
+    ("llama2-7b", "a100-80gb", dict(gpus=16, seq=4096, local_batch=4, micro_batches=2, no_sync=True,
+                                    dp_replicate=2, ac="selective-op")),
     ("gpt2-medium", "a100-80gb", dict(gpus=16, seq=1024, local_batch=8, tp=4, sp=True, sp_variant="megatron",
                                       ac="selective-op")),
 ]

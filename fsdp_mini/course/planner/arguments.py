@@ -17,7 +17,7 @@ from fsdp_mini.course.planner.models import MODELS, ModelSpec
 __all__ = ["LAYOUT_FLAGS", "BOOLEAN_FLAGS", "REQUIRED_FLAGS", "LAYOUT_DEFAULTS", "resolve_model", "resolve_gpu"]
 
 LAYOUT_FLAGS = ("gpus", "gpus_per_node", "dp_replicate", "tp", "sp", "sp_variant", "cp", "seq", "local_batch",
-                "micro_batches", "ac",
+                "micro_batches", "no_sync", "tp_overlap", "ac",
                 "float8", "compile", "compile_loss")
 """`Layout`'s fields that `plan` takes as flags (`--local-batch` is `local_batch`)."""
 LAYOUT_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Layout)

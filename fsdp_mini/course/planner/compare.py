@@ -17,6 +17,7 @@ exposed communication (which collectives), recomputation, or smaller matrix prod
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from itertools import product
 
 from fsdp_mini.course.planner import Plan, plan
 from fsdp_mini.course.planner.calibration import CALIBRATION, Calibration
@@ -43,10 +44,11 @@ def describe(layout: Layout) -> str:
         parts.insert(0, f"HSDP {layout.dp_replicate}x")
     if layout.tp > 1:
         sp = ("+SP (Megatron)" if layout.sp_variant == "megatron" else "+SP") if layout.sp else ""
-        parts.append(f"TP {layout.tp}{sp}")
+        parts.append(f"TP {layout.tp}{sp}{' overlapped' if layout.tp_overlap else ''}")
     if layout.cp > 1:
         parts.append(f"CP {layout.cp}")
     micro = f" in {layout.micro_batches} micro-batches" if layout.micro_batches > 1 else ""
+    micro += " (sync the last)" if layout.no_sync else ""
     return " ".join(parts) + f", batch {layout.local_batch}{micro}, AC {layout.ac.value}"
 
 
@@ -67,13 +69,16 @@ def candidates(model: ModelSpec, layout: Layout) -> list[Layout]:
                             continue
                         local = sequences // dp
                         for micro_batches in (m for m in range(1, local + 1) if local % m == 0):
-                            try:
-                                c = replace(layout, dp_replicate=replicate, tp=tp, sp=sp, cp=cp, ac=ac,
-                                            local_batch=local, micro_batches=micro_batches)
-                                model.check_tp(tp)
-                            except ValueError:
-                                continue
-                            out.append(c)
+                            for no_sync, overlap in product((False, True) if micro_batches > 1 else (False,),
+                                                            (False, True) if tp > 1 else (False,)):
+                                try:
+                                    c = replace(layout, dp_replicate=replicate, tp=tp, sp=sp, cp=cp, ac=ac,
+                                                local_batch=local, micro_batches=micro_batches, no_sync=no_sync,
+                                                tp_overlap=overlap)
+                                    model.check_tp(tp)
+                                except ValueError:
+                                    continue
+                                out.append(c)
     return out
 
 

@@ -55,7 +55,11 @@ class Layout:
     errors"); `cpu_offload`: sharded states and the optimizer step on the host; `sp_variant`: how sequence
     parallelism's column-parallel layers keep their input for backward, "pytorch" (the gathered whole, PyTorch's
     `ColwiseParallel(input_layouts=Shard(1))`) or "megatron" (the shard, all-gathered again in backward:
-    Megatron-LM, fsdp_mini's `save_gathered_input=False`); it matters only with `sp`."""
+    Megatron-LM, fsdp_mini's `save_gathered_input=False`); it matters only with `sp`; `no_sync`: gradient
+    accumulation without a ReduceScatter per micro-batch (FSDP2's `set_requires_gradient_sync(False)` on all but
+    the last micro-batch): the unsharded gradients accumulate in fp32 and are reduce-scattered once a step;
+    `tp_overlap`: TP's backward as Megatron-LM overlaps it, each column-parallel layer's input-gradient collective
+    (and under Megatron's SP its input's AllGather) beside that layer's weight-gradient product."""
 
     gpus: int
     seq: int
@@ -73,6 +77,8 @@ class Layout:
     compile: bool = False
     compile_loss: bool = False
     reshard_after_forward: bool = True
+    no_sync: bool = False
+    tp_overlap: bool = False
     cpu_offload: bool = False
     prefetch: int = 1
 
@@ -99,6 +105,11 @@ class Layout:
         if self.cp > 1 and self.seq % (2 * self.cp):
             raise ValueError(f"--seq {self.seq} must split into 2 x cp = {2 * self.cp} equal chunks: ring "
                              f"attention balances the causal mask with two chunks per CP rank")
+        if self.tp_overlap and self.tp == 1:
+            raise ValueError("--tp-overlap needs --tp > 1: it overlaps TP's backward collectives")
+        if self.no_sync and self.micro_batches == 1:
+            raise ValueError("--no-sync needs --micro-batches > 1: it skips the gradient sync of all micro-batches "
+                             "but the last")
         if self.local_batch % self.micro_batches:
             raise ValueError(f"--micro-batches {self.micro_batches} does not divide --local-batch {self.local_batch}")
         if self.sp and (self.seq // self.cp) % self.tp:

@@ -162,7 +162,12 @@ def memory_breakdown(model: ModelSpec, gpu: GPU, layout: Layout) -> MemoryBreakd
     terms["gradient buffers (block bf16 + fp32 for ReduceScatter, root bf16)"] = backward_buffers
     terms["checkpointed block rebuilt in backward"] = rebuilt
     terms["logits and loss (bf16 logits, fp32 copy, log_softmax)"] = loss
-    base = sum(terms[k] for k in STATE_BYTES) + root + blocks + terms["activations: final norm"]
+    # FSDP2 without gradient sync: every unit's unsharded gradient, upcast to the reduce dtype (fp32), accumulates
+    # from the first micro-batch's backward to the last's ReduceScatter (`to_accumulated_grad_if_needed`)
+    accumulated = 4 * model.params / tp if layout.no_sync else 0.0
+    if layout.no_sync:  # a term only where it exists: the tables of a synced step stay as they were
+        terms["unsharded gradients accumulated (no sync, fp32)"] = accumulated
+    base = sum(terms[k] for k in STATE_BYTES) + root + blocks + terms["activations: final norm"] + accumulated
     if forward_end >= backward_start:
         peak, moment = base + forward_end, "end of forward (the loss)"
     else:

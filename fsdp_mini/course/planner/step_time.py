@@ -22,8 +22,10 @@ Per micro-batch, per GPU (T tokens: micro-batch x seq / cp; TP ranks each see al
   FSDP's AllGather (bf16, or float8) and ReduceScatter (fp32) of each block per micro-batch and the root's
   once; HSDP's AllReduce of the gradient shard; TP's two AllReduces per block and direction (with SP a
   ReduceScatter and an AllGather each, and with Megatron-LM's variant two more AllGathers in backward, of the
-  inputs its column-parallel layers kept as shards), repeated by recomputation; CP's ring passing K and V (forward) and
-  K, V, dK, dV (backward) in cp - 1 steps.
+  inputs its column-parallel layers kept as shards), repeated by recomputation; with `tp_overlap` each
+  column-parallel layer's backward collectives (the input gradient's AllReduce or ReduceScatter, Megatron's
+  AllGather again) run beside that layer's weight-gradient product and wait only for what it does not cover;
+  CP's ring passing K and V (forward) and K, V, dK, dV (backward) in cp - 1 steps.
 
 Overlap, as FSDP2 runs it: a block's AllGather hides behind the previous block's forward (prefetch),
 its backward collectives (next AllGather, previous ReduceScatter, HSDP's AllReduce) behind the block's
@@ -191,6 +193,14 @@ def step_time(model: ModelSpec, gpu: GPU, layout: Layout, calibration: Calibrati
         tp_recomputed = gather  # op-level checkpointing saves the ReduceScatters' outputs
     else:
         tp_f = tp_b = tp_recomputed = 2 * ring_all_reduce(act_bytes, tp, tp_alpha, tp_bw)
+    if layout.tp_overlap:  # per column-parallel layer: its backward collectives beside its weight-gradient product
+        if layout.sp:
+            beside = ring_reduce_scatter(act_bytes, tp, tp_alpha, tp_bw) + (
+                ring_all_gather(act_bytes, tp, tp_alpha, tp_bw) if layout.sp_variant == "megatron" else 0.0)
+        else:
+            beside = ring_all_reduce(act_bytes, tp, tp_alpha, tp_bw)
+        in_widths = (model.hidden + 2 * model.kv_dim, (2 if model.mlp == "swiglu" else 1) * model.ffn)
+        tp_b -= sum(min(beside, 2 * model.hidden * width / tp * T / mm_peak) for width in in_widths)
     cp_alpha, cp_bw = group_link(cp, tp, gpu, layout.gpus_per_node, c.network_fraction)
     kv_chunk = 2 * 2 * T * model.kv_dim / tp  # k and v of this rank's tokens, bf16
     cp_ring_f = (cp - 1) * (cp_alpha + kv_chunk / cp_bw) if cp > 1 else 0.0
@@ -240,14 +250,21 @@ def step_time(model: ModelSpec, gpu: GPU, layout: Layout, calibration: Calibrati
     bwd_exposed = (L - 1) * (max(0.0, bwd_comm - block_backward) if hides else bwd_comm) + rs + ar + rs_root + ar_root
     compute = L * (forward + block_backward + fsdp_copies) + 3 * head_f + loss
     micro = compute + fwd_exposed + bwd_exposed
+    # without gradient sync, every micro-batch but the last leaves out the ReduceScatters (and HSDP's AllReduces):
+    # its backward hides only the next AllGather, and nothing waits at its end (the accumulation into fp32 moves
+    # about the bytes the ReduceScatter's copy-in would)
+    no_sync_exposed = (L - 1) * (max(0.0, (ag if layout.reshard_after_forward else 0.0) - block_backward) if hides
+                                 else (ag if layout.reshard_after_forward else 0.0))
 
     local_params = model.params / (tp * n)
     m = layout.micro_batches
+    unsynced = m - 1 if layout.no_sync else 0
+    saved_by_no_sync = unsynced * (no_sync_exposed - bwd_exposed)  # 0 when every micro-batch syncs
     optimizer = local_params * OPTIMIZER_BYTES_PER_PARAM / hbm
     pcie = 0.0
     if layout.cpu_offload:  # the step on the host, the shard's parameters and gradients over PCIe
         optimizer, pcie = cpu_offload_time(local_params, gpu, layout)
-    step = m * micro + optimizer + pcie
+    step = m * micro + saved_by_no_sync + optimizer + pcie
     tokens_per_gpu = layout.tokens_per_step / layout.gpus
     rate = tokens_per_gpu / step
     parts = {
@@ -259,7 +276,7 @@ def step_time(model: ModelSpec, gpu: GPU, layout: Layout, calibration: Calibrati
         "TP collectives (exposed)": m * L * (tp_f + tp_b),
         "CP ring (exposed)": m * L * (cp_f + cp_b),
         "FSDP AllGather (exposed)": m * fwd_exposed,
-        "FSDP ReduceScatter / HSDP AllReduce (exposed)": m * bwd_exposed,
+        "FSDP ReduceScatter / HSDP AllReduce (exposed)": m * bwd_exposed + saved_by_no_sync,
         "optimizer step": optimizer,
     }
     if layout.cpu_offload:

@@ -87,6 +87,7 @@ RU_NAMES = {
         "буферы градиентов (блок bf16 + fp32 для ReduceScatter, корневой юнит bf16)",
     "checkpointed block rebuilt in backward": "блок, пересчитанный в backward",
     "logits and loss (bf16 logits, fp32 copy, log_softmax)": "логиты и лосс (логиты bf16, копия fp32, log_softmax)",
+    "unsharded gradients accumulated (no sync, fp32)": "полные градиенты, накопленные без синхронизации (fp32)",
     "matmuls (blocks and head)": "матричные произведения (блоки и голова)",
     "attention": "внимание",
     "memory-bound ops (norms, rotary, SwiGLU, loss)": "операции, упирающиеся в память (нормализации, RoPE, SwiGLU, лосс)",
@@ -111,15 +112,18 @@ def term_name(key: str) -> str:
 
 
 def layout_label(layout) -> str:
-    """A layout's degrees in one short label: "FSDP 256", "FSDP 64 × TP 4 + SP", "HSDP 2 × FSDP 16 × CP 2"."""
+    """A layout's degrees in one short label: "FSDP 256", "FSDP 64 × TP 4 + SP", "HSDP 2 × FSDP 16 × CP 2"; TP's
+    backward overlap and Megatron-LM's SP variant named after TP, a step with one gradient sync at its end."""
     parts = [f"FSDP {layout.dp_shard}"]
     if layout.dp_replicate > 1:
         parts.insert(0, f"HSDP {layout.dp_replicate}")
     if layout.tp > 1:
-        parts.append(f"TP {layout.tp}" + (" + SP" if layout.sp else ""))
+        sp = (" + SP (Megatron)" if layout.sp_variant == "megatron" else " + SP") if layout.sp else ""
+        parts.append(f"TP {layout.tp}{sp}" + (tr(" overlapped", " с перекрытием") if layout.tp_overlap else ""))
     if layout.cp > 1:
         parts.append(f"CP {layout.cp}")
-    return " × ".join(parts)
+    return " × ".join(parts) + (tr(", one gradient sync", ", одна синхронизация градиентов") if layout.no_sync
+                                else "")
 
 
 def show_assumptions(gpu, calibration) -> None:

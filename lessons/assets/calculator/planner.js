@@ -107,6 +107,8 @@
       if (l.sp && l.tp === 1) fail("sp_tp", {});
       if (l.seq % l.cp) fail("cp_seq", {cp: l.cp, seq: l.seq});
       if (l.cp > 1 && l.seq % (2 * l.cp)) fail("seq_chunks", {seq: l.seq, chunks: 2 * l.cp});
+      if (l.tp_overlap && l.tp === 1) fail("tp_overlap", {});
+      if (l.no_sync && l.micro_batches === 1) fail("no_sync", {});
       if (l.local_batch % l.micro_batches) fail("micro", {m: l.micro_batches, b: l.local_batch});
       if (l.sp && floorDiv(l.seq, l.cp) % l.tp) fail("sp_tokens", {tp: l.tp, tokens: floorDiv(l.seq, l.cp)});
       l.dp_shard = floorDiv(l.gpus, l.dp_replicate * l.tp * l.cp);
@@ -212,8 +214,10 @@
       var lastCheckpointed = l.ac !== SELECTIVE_LAYER || model.layers % l.ac_every === 0;
       var lastSaved = perBlock[l.ac !== SELECTIVE_LAYER ? l.ac : (lastCheckpointed ? FULL : NONE)];
       var backwardStart = Math.max(inFlight, kept) + rootBytes + Math.max(rebuilt, unit * 6 - lastSaved);
-      var values = states.concat([rootBytes, blocks, finalNorm, Math.max(inFlight, kept), backwardBuffers, rebuilt, loss]);
-      var base = states.reduce(function (a, x) { return a + x; }, 0) + rootBytes + blocks + finalNorm;
+      var accumulated = l.no_sync ? 4 * model.params / tp : 0.0;  // FSDP2 without gradient sync: unsharded fp32 grads
+      var values = states.concat([rootBytes, blocks, finalNorm, Math.max(inFlight, kept), backwardBuffers, rebuilt, loss,
+                                  accumulated]);
+      var base = states.reduce(function (a, x) { return a + x; }, 0) + rootBytes + blocks + finalNorm + accumulated;
       var atForwardEnd = forwardEnd >= backwardStart;
       var peak = base + (atForwardEnd ? forwardEnd : backwardStart);
       var reserved = peak * C.ALLOCATOR_OVERHEAD;
@@ -291,6 +295,19 @@
       } else {
         tpF = tpB = tpRecomputed = 2 * ringAllReduce(actBytes, tp, tl[0], tl[1]);
       }
+      if (l.tp_overlap) {  // per column-parallel layer: its backward collectives beside its weight-gradient product
+        var beside;
+        if (l.sp) {
+          beside = ringReduceScatter(actBytes, tp, tl[0], tl[1]) +
+            (l.sp_variant === "megatron" ? ringAllGather(actBytes, tp, tl[0], tl[1]) : 0.0);
+        } else {
+          beside = ringAllReduce(actBytes, tp, tl[0], tl[1]);
+        }
+        var inWidths = [model.hidden + 2 * model.kv_dim, (model.mlp === "swiglu" ? 2 : 1) * model.ffn];
+        tpB -= inWidths.reduce(function (a, w) {
+          return a + Math.min(beside, 2 * model.hidden * w / tp * T / mmPeak);
+        }, 0);
+      }
       var cl = groupLink(cp, tp, gpu, l.gpus_per_node, c.network_fraction);
       var kvChunk = 2 * 2 * T * model.kv_dim / tp;
       var cpRingF = cp > 1 ? (cp - 1) * (cl[0] + kvChunk / cl[1]) : 0.0;
@@ -336,13 +353,17 @@
       var bwdExposed = (L - 1) * (hides ? Math.max(0.0, bwdComm - blockBackward) : bwdComm) + rs + ar + rsRoot + arRoot;
       var compute = L * (forward + blockBackward + fsdpCopies) + 3 * headF + loss;
       var micro = compute + fwdExposed + bwdExposed;
+      var agBackward = l.reshard_after_forward ? ag : 0.0;  // a micro-batch without gradient sync: no ReduceScatter
+      var noSyncExposed = (L - 1) * (hides ? Math.max(0.0, agBackward - blockBackward) : agBackward);
 
       var localParams = model.params / (tp * n);
       var optimizer = localParams * C.OPTIMIZER_BYTES_PER_PARAM / hbm;
       // CPU offload has no input on the page (nor a CLI flag): the Python planner prices it (cpu_offload_time)
       if (l.cpu_offload) throw new Error("CPU offload is priced by fsdp_mini.course.planner only");
       var m = l.micro_batches;
-      var step = m * micro + optimizer;
+      var unsynced = l.no_sync ? m - 1 : 0;
+      var savedByNoSync = unsynced * (noSyncExposed - bwdExposed);
+      var step = m * micro + savedByNoSync + optimizer;
       var tokensPerGpu = l.tokens_per_step / l.gpus;
       var rate = tokensPerGpu / step;
       var parts = [
@@ -354,7 +375,7 @@
         m * L * (tpF + tpB),
         m * L * (cpF + cpB),
         m * fwdExposed,
-        m * bwdExposed,
+        m * bwdExposed + savedByNoSync,
         optimizer,
       ];
       return {step_s: step, tokens_per_s_per_gpu: rate, mfu: mfu(model, gpu, l.seq, rate), parts: parts,
@@ -382,9 +403,11 @@
     function describe(l) {
       var parts = ["FSDP " + l.dp_shard];
       if (l.dp_replicate > 1) parts.unshift("HSDP " + l.dp_replicate + "x");
-      if (l.tp > 1) parts.push("TP " + l.tp + (l.sp ? (l.sp_variant === "megatron" ? "+SP (Megatron)" : "+SP") : ""));
+      if (l.tp > 1) parts.push("TP " + l.tp + (l.sp ? (l.sp_variant === "megatron" ? "+SP (Megatron)" : "+SP") : "") +
+                               (l.tp_overlap ? " overlapped" : ""));
       if (l.cp > 1) parts.push("CP " + l.cp);
       var micro = l.micro_batches > 1 ? " in " + l.micro_batches + " micro-batches" : "";
+      if (l.no_sync) micro += " (sync the last)";
       return parts.join(" ") + ", batch " + l.local_batch + micro + ", AC " + l.ac;
     }
     function candidates(model, l) {
@@ -403,14 +426,19 @@
                 var local = floorDiv(sequences, dp);
                 for (var micro = 1; micro <= local; micro++) {  // every number of micro-batches that divides it
                   if (local % micro) continue;
-                  try {
-                    var c = layout(Object.assign({}, l, {dp_replicate: replicate, tp: tp, sp: sp, cp: cp, ac: ac,
-                                                         local_batch: local, micro_batches: micro}));
-                    checkTp(model, tp);
-                    out.push(c);
-                  } catch (e) {
-                    if (!(e instanceof PlanError)) throw e;
-                  }
+                  (micro > 1 ? [false, true] : [false]).forEach(function (noSync) {
+                    (tp > 1 ? [false, true] : [false]).forEach(function (overlap) {
+                      try {
+                        var c = layout(Object.assign({}, l, {dp_replicate: replicate, tp: tp, sp: sp, cp: cp, ac: ac,
+                                                             local_batch: local, micro_batches: micro, no_sync: noSync,
+                                                             tp_overlap: overlap}));
+                        checkTp(model, tp);
+                        out.push(c);
+                      } catch (e) {
+                        if (!(e instanceof PlanError)) throw e;
+                      }
+                    });
+                  });
                 }
               });
             });
@@ -452,21 +480,25 @@
     var MEMORY_TERMS = Object.keys(C.STATE_BYTES).concat([
       "root unit gathered (bf16)", "activations: blocks", "activations: final norm", "blocks gathered in flight (bf16)",
       "gradient buffers (block bf16 + fp32 for ReduceScatter, root bf16)", "checkpointed block rebuilt in backward",
-      "logits and loss (bf16 logits, fp32 copy, log_softmax)"]);
+      "logits and loss (bf16 logits, fp32 copy, log_softmax)", "unsharded gradients accumulated (no sync, fp32)"]);
+    var NO_SYNC_TERM = MEMORY_TERMS[MEMORY_TERMS.length - 1];
     var STEP_PARTS = ["matmuls (blocks and head)", "attention", "memory-bound ops (norms, rotary, SwiGLU, loss)",
       "FSDP copy-in / copy-out", "recomputation", "TP collectives (exposed)", "CP ring (exposed)", "FSDP AllGather (exposed)",
       "FSDP ReduceScatter / HSDP AllReduce (exposed)", "optimizer step"];
     var MOMENTS = {forward: "end of forward (the loss)", backward: "start of backward"};
     function toDict(p) {
       var l = p.layout, m = p.memory, t = p.time, memory = {}, parts = {};
-      MEMORY_TERMS.forEach(function (k, i) { memory[k] = m.values[i] / C.GiB; });
+      MEMORY_TERMS.forEach(function (k, i) {
+        if (k !== NO_SYNC_TERM || l.no_sync) memory[k] = m.values[i] / C.GiB;  // as Python: only where it exists
+      });
       STEP_PARTS.forEach(function (k, i) { parts[k] = t.parts[i]; });
       return {
         model: p.model.name, gpu: p.gpu.name, params: p.model.params,
         layout: {gpus: l.gpus, gpus_per_node: l.gpus_per_node, dp_replicate: l.dp_replicate, dp_shard: l.dp_shard,
                  tp: l.tp, sp: l.sp, sp_variant: l.sp_variant, cp: l.cp, seq: l.seq, local_batch: l.local_batch,
                  micro_batches: l.micro_batches,
-                 ac: l.ac, float8: l.float8, compile: l.compile, compile_loss: l.compile_loss},
+                 ac: l.ac, float8: l.float8, compile: l.compile, compile_loss: l.compile_loss, no_sync: l.no_sync,
+                 tp_overlap: l.tp_overlap},
         memory_gib: m.peak_reserved / C.GiB, memory_allocated_gib: m.peak_allocated / C.GiB,
         memory_capacity_gib: m.capacity / C.GiB, memory: memory, memory_peak_moment: MOMENTS[m.moment],
         fits: m.fits, verdict: verdictOf(m),
