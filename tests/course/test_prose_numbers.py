@@ -9,7 +9,8 @@ written as that language writes numbers (31.1 and 8,192 in English; 31,1 and 8 1
 the prose needs and no cell prints is printed by the cell it comes from; one that is not computed at all (a
 datasheet's 80 GiB is printed by `show_assumptions`) has to be printed too, or said without a number.
 
-Lessons 11 and 12 are being rewritten; LESSONS lists the lessons held to this rule.
+LESSONS lists the lessons held to this rule (12 and 13, whose verdicts rest on the planner; the others state
+datasheet figures in prose).
 """
 import json
 import re
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2] / "lessons"
-LESSONS = ["13_planning_a_real_run.ipynb"]
+LESSONS = ["12_tensor_parallel.ipynb", "13_planning_a_real_run.ipynb"]
 
 _GROUP = "[\u202f\u00a0 ]"  # a Russian thousands separator as prose may write it; num() prints U+202F
 NUMBER = {"en": r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?",
