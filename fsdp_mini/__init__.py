@@ -17,7 +17,7 @@ ones before it; tests/library/test_layout.py checks the order):
      (a sharded gradient's norm and clipping by it, for both FSDP designs and ZeRO-1), runtime
      (init / finish: starting and ending a rank), run (`launch`: start N ranks and fail fast)
   3. the engines: fsdp/ (both FSDP designs and their shared mechanics: the core), parallel/ (DDP),
-     _composable/ (replicate), optim/ (ZeRO-1), tensor/parallel/ (TP, SP)
+     _composable/ (replicate), optim/ (ZeRO-1), tensor/parallel/ (TP, SP), pipelining/ (stages and schedules)
   4. around the engines: checkpoint/ (full state dicts, sharded DCP checkpoints), memory_ledger (a step's
      bytes by kind and phase), saved_activations, estimates (the ZeRO paper's arithmetic)
 

@@ -12,6 +12,10 @@ output elements, `ring_all_gather(output, input, group)` with output = n x input
 (`fsdp_mini.collective_calls`: CommLog, the flight recorder). Ops: SUM and AVG,
 and MAX for the all-reduces and the ring reduce-scatter (a gradient's infinity norm).
 
+Point to point, for pipeline stages: `send` / `recv` and `isend` / `irecv` (torch's names and arguments, the
+peer a global rank), logged as ops "send" (this rank sent the tensor's bytes) and "recv" (it sent none), their
+group the pair (source, destination), so that the flight recorder pairs a send with its receive.
+
 `async_op=True` returns a handle with `.wait()`, as torch does. Hand-written ops then run on one
 background thread per process, in issue order: like a GPU's communication stream, it lets the next
 unit's all-gather travel while this unit computes, and keeps every rank's ops in the same order.
@@ -30,7 +34,8 @@ from fsdp_mini.collective_calls import CollectiveCall
 from fsdp_mini.ring_model import ring_model_sent
 
 __all__ = ["ring_reduce_scatter", "ring_all_gather", "ring_all_reduce", "all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "IMPLS", "SUM", "AVG", "MAX",
-           "check_impl", "torch_all_gather_into_tensor", "torch_reduce_scatter_tensor"]
+           "check_impl", "torch_all_gather_into_tensor", "torch_reduce_scatter_tensor", "send", "recv", "isend",
+           "irecv"]
 
 SUM, AVG, MAX = dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MAX
 IMPLS = ("builtin", "ring")
@@ -310,3 +315,44 @@ def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor, group=None
                      sent=ring_model_sent("all_gather", output.numel(), output.element_size(), g.size))
     return _builtin(lambda: torch_all_gather_into_tensor(output, input, group=g.pg, async_op=True), None,
                     pending, async_op)
+
+
+# --- point to point -------------------------------------------------------------------------------------
+
+def _p2p(op: str, tensor: torch.Tensor, peer: int, group, async_op: bool):
+    g = _group(group)
+    world = dist.get_world_size()
+    if isinstance(peer, bool) or not isinstance(peer, int) or not 0 <= peer < world or peer == g.global_rank:
+        raise ValueError(f"{op}: peer {peer!r} must be another rank of the world's {world} (this is rank "
+                         f"{g.global_rank})")
+    if peer not in g.ranks:
+        raise ValueError(f"{op}: rank {peer} is not in the group of ranks {list(g.ranks)}")
+    nbytes = tensor.numel() * tensor.element_size()
+    pair = (g.global_rank, peer) if op == "send" else (peer, g.global_rank)
+    pending = CollectiveCall(op, "builtin", nbytes, 2, g.global_rank, sent=nbytes if op == "send" else 0,
+                             group=pair, tensors=(tensor,))
+    if op == "send":
+        call = lambda: dist.isend(tensor, dst=peer, group=g.pg)  # noqa: E731
+    else:
+        call = lambda: dist.irecv(tensor, src=peer, group=g.pg)  # noqa: E731
+    return _builtin(call, None, pending, async_op)
+
+
+def isend(tensor: torch.Tensor, dst: int, group=None) -> Work:
+    """`torch.distributed.isend`, logged: send `tensor` to global rank `dst`; `.wait()` on the handle."""
+    return _p2p("send", tensor, dst, group, async_op=True)
+
+
+def irecv(tensor: torch.Tensor, src: int, group=None) -> Work:
+    """`torch.distributed.irecv`, logged: receive into `tensor` from global rank `src`; `.wait()` on the handle."""
+    return _p2p("recv", tensor, src, group, async_op=True)
+
+
+def send(tensor: torch.Tensor, dst: int, group=None) -> None:
+    """`torch.distributed.send`, logged: blocks until the tensor has been sent."""
+    _p2p("send", tensor, dst, group, async_op=False)
+
+
+def recv(tensor: torch.Tensor, src: int, group=None) -> None:
+    """`torch.distributed.recv`, logged: blocks until `tensor` holds what `src` sent."""
+    _p2p("recv", tensor, src, group, async_op=False)

@@ -32,7 +32,7 @@ _lock = threading.Lock()
 
 @dataclass(frozen=True)
 class CommRecord:
-    op: str  # "all_reduce", "reduce_scatter" or "all_gather"
+    op: str  # "all_reduce", "reduce_scatter", "all_gather", or point to point "send" / "recv"
     impl: str  # "ring", "naive" (hand-written) or "builtin" (torch.distributed)
     nbytes: int  # S: the full tensor
     sent: int  # bytes this rank sent

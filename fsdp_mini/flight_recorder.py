@@ -65,7 +65,7 @@ __all__ = ["Entry", "FlightRecorder", "RECORDER", "find_divergence", "diagnose",
 CAPACITY = 64  # collectives kept per rank: a few steps of a small model; divergence shows up at once
 FLIGHT_DIR_ENV = "FSDP_MINI_FLIGHT_DIR"
 _OP_NAMES = {"all_reduce": "AllReduce", "reduce_scatter": "ReduceScatter", "all_gather": "AllGather",
-             "broadcast": "Broadcast"}
+             "broadcast": "Broadcast", "send": "Send", "recv": "Recv"}
 
 
 @dataclass(frozen=True)
@@ -82,8 +82,10 @@ class Entry:
     done: bool = False
 
     def signature(self) -> tuple:
-        """What ranks of a group must agree on at the same sequence number."""
-        return (self.op, self.shapes, self.dtype, self.label, self.phase)
+        """What ranks of a group must agree on at the same sequence number. A point-to-point pair's group is
+        (source, destination): its n-th send and its n-th receive agree when they move the same tensor."""
+        op = "send/recv" if self.op in ("send", "recv") else self.op
+        return (op, self.shapes, self.dtype, self.label, self.phase)
 
     def describe(self, with_shapes: bool = False) -> str:
         where = ", ".join(x for x in (self.label, self.phase) if x)

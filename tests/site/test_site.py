@@ -100,7 +100,7 @@ def test_home_pages_are_written_for_learners(site, lang):
     linked = {resolve(site_dir, home, href)[0] for href in re.findall(r'href="([^"#]+)', table)}
     assert linked & lessons == lessons, "the map misses a lesson"  # (its text also links the glossary)
     minutes = [re.search(r"≈ (\d+) (min|мин)", row) for row in rows[:len(NOTEBOOKS)]]
-    assert all(m and 5 <= int(m.group(1)) <= 200 for m in minutes), rows  # lesson 12: 185
+    assert all(m and 5 <= int(m.group(1)) <= 200 for m in minutes), rows  # lesson 12: 190
     assert "make setup" in text and "jupyter lab" in text
     start = re.search(r'<a (?=[^>]*md-button--primary)[^>]*href="([^"]+)"', html)
     assert start and resolve(site_dir, home, start.group(1))[0] == page_path(site_dir, lang, NOTEBOOKS[0])

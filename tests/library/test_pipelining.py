@@ -1,0 +1,173 @@
+"""fsdp_mini.pipelining: stages and schedules equal one process and PyTorch's torch.distributed.pipelining, a script
+moves between the two by its import line, every hop is a logged send, and bad input is an error that names it."""
+from __future__ import annotations
+
+import copy
+import importlib
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from expect import error_text
+from fsdp_mini import CommLog, launch
+
+STEPS, BATCH, MICRO = 3, 8, 4
+TOL = dict(rtol=1e-5, atol=1e-6)
+
+
+def make_model() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 8), nn.GELU(), nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 8), nn.Tanh(),
+                         nn.Linear(8, 3))
+
+
+def cut(model: nn.Sequential, stages: int) -> list[nn.Module]:
+    return {2: [model[0:4], model[4:7]], 4: [model[0:2], model[2:4], model[4:6], model[6:7]]}[stages]
+
+
+def batch(step: int):
+    g = torch.Generator().manual_seed(100 + step)
+    return torch.randn(BATCH, 6, generator=g), torch.randn(BATCH, 3, generator=g)
+
+
+def optimizer(name: str, params):
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+    return torch.optim.AdamW(params, lr=1e-2, eps=1e-3, weight_decay=0.1)
+
+
+def one_process(opt_name: str):
+    model = make_model()
+    opt = optimizer(opt_name, model.parameters())
+    losses = []
+    for step in range(STEPS):
+        x, y = batch(step)
+        opt.zero_grad()
+        # the pipeline's loss: the mean over micro-batches of each micro-batch's mean
+        per_mb = [F.mse_loss(model(a), b) for a, b in zip(x.chunk(MICRO), y.chunk(MICRO))]
+        torch.stack(per_mb).mean().backward()
+        losses.append([v.item() for v in per_mb])
+        opt.step()
+    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def train(pipelining, schedule_name: str, opt_name: str, stages: int):
+    """The same script for torch.distributed.pipelining and fsdp_mini.pipelining: only `pipelining` differs."""
+    rank = dist.get_rank()
+    model = make_model()
+    part = cut(model, stages)[rank]
+    stage = pipelining.PipelineStage(part, rank, stages, torch.device("cpu"))
+    schedule = getattr(pipelining, schedule_name)(stage, MICRO, loss_fn=F.mse_loss)
+    opt = optimizer(opt_name, part.parameters())
+    losses = []
+    for step in range(STEPS):
+        x, y = batch(step)
+        opt.zero_grad()
+        got: list = []
+        if rank == 0:
+            schedule.step(x)
+        elif rank == stages - 1:
+            schedule.step(target=y, losses=got)
+        else:
+            schedule.step()
+        losses.append([v.item() for v in got])
+        opt.step()
+    names = {id(p): n for n, p in model.named_parameters()}
+    return losses, {names[id(p)]: p.detach().clone() for p in part.parameters()}
+
+
+def _ours(schedule_name, opt_name, stages):
+    return train(importlib.import_module("fsdp_mini.pipelining"), schedule_name, opt_name, stages)
+
+
+def _both(schedule_name, opt_name):
+    return (train(importlib.import_module("torch.distributed.pipelining"), schedule_name, opt_name, 2),
+            train(importlib.import_module("fsdp_mini.pipelining"), schedule_name, opt_name, 2))
+
+
+@pytest.mark.parametrize("stages", [2, 4])
+@pytest.mark.parametrize("schedule_name", ["ScheduleGPipe", "Schedule1F1B"])
+@pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
+def test_a_pipeline_trains_as_one_process(stages, schedule_name, opt_name, no_orphans):
+    losses, weights = one_process(opt_name)
+    results = launch(_ours, stages, (schedule_name, opt_name, stages), timeout=120)
+    flat = lambda steps: [v for step in steps for v in step]  # noqa: E731
+    assert flat(results[-1][0]) == pytest.approx(flat(losses), rel=1e-5)  # the last stage's per-micro-batch losses
+    got = {name: w for _, part in results for name, w in part.items()}
+    assert set(got) == set(weights)
+    for name, w in weights.items():
+        torch.testing.assert_close(got[name], w, **TOL)
+
+
+@pytest.mark.parametrize("schedule_name", ["ScheduleGPipe", "Schedule1F1B"])
+def test_the_same_script_on_pytorchs_pipelining_and_on_fsdp_mini_gives_the_same_training(schedule_name, no_orphans):
+    for torch_run, ours in launch(_both, 2, (schedule_name, "adamw"), timeout=120):
+        assert sum(ours[0], []) == pytest.approx(sum(torch_run[0], []), rel=1e-5)
+        for name, w in torch_run[1].items():
+            torch.testing.assert_close(ours[1][name], w, **TOL)
+
+
+def _logged_step():
+    from fsdp_mini.pipelining import PipelineStage, Schedule1F1B
+
+    rank = dist.get_rank()
+    part = cut(make_model(), 2)[rank]
+    schedule = Schedule1F1B(PipelineStage(part, rank, 2, "cpu"), MICRO, loss_fn=F.mse_loss)
+    x, y = batch(0)
+    logs = []
+    for _ in range(2):
+        with CommLog() as log:
+            schedule.step(x) if rank == 0 else schedule.step(target=y, losses=[])
+        logs.append([(r.op, r.label, r.nbytes, r.sent) for r in log.records])
+    return logs, schedule.pipeline_order()
+
+
+def test_every_hop_is_a_logged_send_and_the_first_step_sends_the_shape_once(no_orphans):
+    """Per step, stage 0 sends each micro-batch's activation (2 rows x 8 features, fp32) and receives its
+    gradient; stage 1 the reverse. The first step sends a header (the activation's shape) before the first one."""
+    (first0, second0), order0 = launch(_logged_step, 2, timeout=60)[0]
+    activation = 4 * (BATCH // MICRO) * 8
+    header = ("send", "pipeline stage 0 shape", 80, 80)
+    assert header in first0 and header not in second0  # records are in the order the calls completed
+    assert sorted(r for r in second0 if r[0] == "send") == [
+        ("send", f"pipeline stage 0 activation {k}", activation, activation) for k in range(MICRO)]
+    assert sorted(r[1] for r in second0 if r[0] == "recv") == [f"pipeline stage 0 gradient {k}" for k in range(MICRO)]
+    assert all(r[3] == 0 for r in second0 if r[0] == "recv")
+    assert order0 == [("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1), ("F", 3), ("B", 2), ("B", 3)]
+
+
+def _errors():
+    from fsdp_mini.pipelining import PipelineStage, ScheduleGPipe
+
+    rank = dist.get_rank()
+    part = nn.Linear(4, 4)
+    out = {"wrong_rank": error_text(lambda: PipelineStage(part, 1 - rank, 2, "cpu")),
+           "count": error_text(lambda: PipelineStage(part, rank, 3, "cpu")),
+           "index": error_text(lambda: PipelineStage(part, 2, 2, "cpu")),
+           "module": error_text(lambda: PipelineStage("layer", rank, 2, "cpu"), TypeError)}
+    stage = PipelineStage(part, rank, 2, "cpu")
+    out["micro"] = error_text(lambda: ScheduleGPipe(stage, 0))
+    schedule = ScheduleGPipe(stage, 3, loss_fn=F.mse_loss)
+    if rank == 0:
+        out["split"] = error_text(lambda: schedule.step(torch.randn(4, 4)))
+        out["no_input"] = error_text(lambda: schedule.step())
+    else:
+        out["no_target"] = error_text(lambda: schedule.step())
+        out["input_in_the_middle"] = error_text(lambda: schedule.step(torch.randn(3, 4), target=torch.randn(3, 4)))
+    return out
+
+
+def test_bad_input_is_an_error_naming_it_before_any_send(no_orphans):
+    first, last = launch(_errors, 2, timeout=60)
+    assert "stage 1 must run on rank 1 of its group, not on rank 0" in first["wrong_rank"]
+    assert "num_stages=3, but the group has 2 ranks" in first["count"]
+    assert "stage_index 2 must be in [0, num_stages=2)" in first["index"]
+    assert "PipelineStage needs an nn.Module, got str" in first["module"]
+    assert "n_microbatches must be an integer >= 1, got 0" in first["micro"]
+    assert "input 0's batch of 4 does not split into 3 equal micro-batches" in first["split"]
+    assert "the first stage's step needs the batch" in first["no_input"]
+    assert "the last stage computes the loss: schedule.step(target=y)" in last["no_target"]
+    assert "receives its input from the stage before" in last["input_in_the_middle"]
