@@ -79,7 +79,7 @@ class PipelineScheduleSingle:
                     if self._loss_fn is not None:
                         mb_losses[mb] = self._loss_fn(out, target_mbs[mb])
             else:
-                stage.backward_one_chunk(mb, loss=mb_losses.get(mb))
+                stage.backward_one_chunk(mb, loss=mb_losses.get(mb), last_backward=mb == m - 1)
         stage.wait_sends()
         stage.scale_grads(m if self.scale_grads else 1)
         if stage.is_last and losses is not None:

@@ -11,6 +11,11 @@ A receiving rank must know what it receives: on the first step each stage first 
 output's shape and dtype) before its first activation, as PyTorch infers shapes on its first step. Every later
 micro-batch must have that shape: a different one is an error on the sending rank, before it sends.
 
+A stage whose module is sharded by `fully_shard` (fsdp_mini's or PyTorch's: anything with FSDP2's switches) runs
+its micro-batches' backwards as PyTorch's stage does: all but the last without gradient sync and without
+resharding after backward (the unsharded gradients accumulate, the parameters stay gathered), the last with both,
+so each unit reduce-scatters once a step.
+
 Every send and receive is one of fsdp_mini's logged point-to-point calls (`fsdp_mini.collectives.isend`,
 `irecv`), labelled "pipeline stage i activation k" or "... gradient k", so CommLog shows the bytes of each
 hop and the flight recorder pairs each send with its receive.
@@ -126,10 +131,15 @@ class PipelineStage:
                 self._sends.append(C.isend(out.detach().contiguous(), self.next_rank, self.group))
         return out
 
-    def backward_one_chunk(self, mb: int, loss: torch.Tensor | None = None) -> None:
+    def backward_one_chunk(self, mb: int, loss: torch.Tensor | None = None, last_backward: bool = True) -> None:
         """Micro-batch `mb`'s backward: from `loss` on the last stage, from the gradient the stage after sends on
-        the others; the gradient of this stage's input is sent back (unless this is the first stage)."""
+        the others; the gradient of this stage's input is sent back (unless this is the first stage).
+        `last_backward`: the step's last one, where a sharded module reduces its gradients."""
         out, x = self._outputs.pop(mb), self._inputs.pop(mb)
+        if hasattr(self.submod, "set_requires_gradient_sync"):  # FSDP2's switches (fsdp_mini's or PyTorch's)
+            self.submod.set_is_last_backward(last_backward)
+            self.submod.set_reshard_after_backward(last_backward)
+            self.submod.set_requires_gradient_sync(last_backward)
         if self.is_last:
             if loss is None:
                 raise ValueError("the last stage's backward needs the micro-batch's loss: give the schedule a loss_fn")

@@ -54,6 +54,25 @@ def one_process(opt_name: str):
     return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+def one_process_halves():
+    """One process, as 2 data-parallel ranks of a pipeline with MICRO micro-batches see it (SGD): each rank's
+    half of the batch in MICRO micro-batches; the gradient is the mean over all of them. Returns each half's
+    per-micro-batch losses per step, and the final weights."""
+    model = make_model()
+    opt = optimizer("sgd", model.parameters())
+    halves = ([], [])
+    for step in range(STEPS):
+        x, y = batch(step)
+        opt.zero_grad()
+        per_mb = [[F.mse_loss(model(a), b) for a, b in zip(xh.chunk(MICRO), yh.chunk(MICRO))]
+                  for xh, yh in zip(x.chunk(2), y.chunk(2))]
+        torch.stack([v for half in per_mb for v in half]).mean().backward()
+        for half, values in zip(halves, per_mb):
+            half.append([v.item() for v in values])
+        opt.step()
+    return halves, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
 def train(pipelining, schedule_name: str, opt_name: str, stages: int):
     """The same script for torch.distributed.pipelining and fsdp_mini.pipelining: only `pipelining` differs."""
     rank = dist.get_rank()
@@ -171,3 +190,59 @@ def test_bad_input_is_an_error_naming_it_before_any_send(no_orphans):
     assert "the first stage's step needs the batch" in first["no_input"]
     assert "the last stage computes the loss: schedule.step(target=y)" in last["no_target"]
     assert "receives its input from the stage before" in last["input_in_the_middle"]
+
+
+def _sharded_stages(schedule_name):
+    """2 stages x 2 FSDP ranks: ranks 0, 1 hold stage 0 sharded between them, ranks 2, 3 stage 1; each pair of
+    ranks at the same place of their data-parallel groups forms a pipeline. Each data-parallel rank takes half
+    the batch."""
+    from fsdp_mini import fully_shard
+    from fsdp_mini.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    from fsdp_mini.tensor.parallel.parallelize import ParallelDims
+
+    mesh = ParallelDims(dp=2, tp=2, world_size=4).build_mesh("cpu")  # rows: stages, columns: data-parallel ranks
+    rank = dist.get_rank()
+    stage_index, dp_rank = divmod(rank, 2)
+    model = make_model()
+    part = cut(model, 2)[stage_index]
+    for layer in part:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh["tp"])  # the two ranks of this stage
+    fully_shard(part, mesh=mesh["tp"])
+    stage = PipelineStage(part, stage_index, 2, "cpu", group=mesh["dp"].get_group())
+    schedule = {"ScheduleGPipe": ScheduleGPipe, "Schedule1F1B": Schedule1F1B}[schedule_name](
+        stage, MICRO, loss_fn=F.mse_loss)
+    opt = optimizer("sgd", part.parameters())
+    logs, losses = [], []
+    for step in range(STEPS):
+        x, y = (t.chunk(2)[dp_rank] for t in batch(step))
+        opt.zero_grad()
+        got: list = []
+        with CommLog() as log:
+            schedule.step(x) if stage_index == 0 else schedule.step(target=y, losses=got)
+        logs.append(sorted((r.op, r.group_size) for r in log.records))
+        losses.append([v.item() for v in got])
+        opt.step()
+    from fsdp_mini.checkpoint.state_dict import full_state_dict
+    names = {id(p): n for n, p in model.named_parameters()}
+    return losses, {names[id(p)]: v for p, v in zip(part.parameters(), full_state_dict(part).values())}, logs[-1]
+
+
+@pytest.mark.parametrize("schedule_name", ["ScheduleGPipe", "Schedule1F1B"])
+def test_fully_shard_inside_each_stage_trains_as_one_process_and_reduces_once_a_step(schedule_name, no_orphans):
+    (half0, half1), weights = one_process_halves()
+    results = launch(_sharded_stages, 4, (schedule_name,), timeout=150)
+    got = {}
+    for _, part, _ in results:
+        got.update(part)
+    for name, w in weights.items():
+        torch.testing.assert_close(got[name], w, **TOL)
+    # each data-parallel rank's per-micro-batch losses: its half of the batch
+    assert sum(results[2][0], []) == pytest.approx(sum(half0, []), rel=1e-5)
+    assert sum(results[3][0], []) == pytest.approx(sum(half1, []), rel=1e-5)
+    ops = results[0][2]
+    units = 2  # stage 0's two Linear layers (its root holds no parameter of its own)
+    assert ops.count(("reduce_scatter", 2)) == units  # once a step, not once per micro-batch
+    # every forward gathers (and reshards after it); a backward gathers only what a forward freed, and keeps it
+    # for the next one (GPipe: one gather for all backwards): fewer than FSDP alone, 2 per unit and micro-batch
+    assert units * MICRO <= ops.count(("all_gather", 2)) < 2 * units * MICRO
