@@ -319,7 +319,7 @@ def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor, group=None
 
 # --- point to point -------------------------------------------------------------------------------------
 
-def _p2p(op: str, tensor: torch.Tensor, peer: int, group, async_op: bool):
+def _p2p(op: str, tensor: torch.Tensor, peer: int, group, async_op: bool, tag: int = 0):
     g = _group(group)
     world = dist.get_world_size()
     if isinstance(peer, bool) or not isinstance(peer, int) or not 0 <= peer < world or peer == g.global_rank:
@@ -332,27 +332,28 @@ def _p2p(op: str, tensor: torch.Tensor, peer: int, group, async_op: bool):
     pending = CollectiveCall(op, "builtin", nbytes, 2, g.global_rank, sent=nbytes if op == "send" else 0,
                              group=pair, tensors=(tensor,))
     if op == "send":
-        call = lambda: dist.isend(tensor, dst=peer, group=g.pg)  # noqa: E731
+        call = lambda: dist.isend(tensor, dst=peer, group=g.pg, tag=tag)  # noqa: E731
     else:
-        call = lambda: dist.irecv(tensor, src=peer, group=g.pg)  # noqa: E731
+        call = lambda: dist.irecv(tensor, src=peer, group=g.pg, tag=tag)  # noqa: E731
     return _builtin(call, None, pending, async_op)
 
 
-def isend(tensor: torch.Tensor, dst: int, group=None) -> Work:
-    """`torch.distributed.isend`, logged: send `tensor` to global rank `dst`; `.wait()` on the handle."""
-    return _p2p("send", tensor, dst, group, async_op=True)
+def isend(tensor: torch.Tensor, dst: int, group=None, tag: int = 0) -> Work:
+    """`torch.distributed.isend`, logged: send `tensor` to global rank `dst`; `.wait()` on the handle. A receive
+    takes the sends of its `tag` from that rank in the order they were sent."""
+    return _p2p("send", tensor, dst, group, async_op=True, tag=tag)
 
 
-def irecv(tensor: torch.Tensor, src: int, group=None) -> Work:
+def irecv(tensor: torch.Tensor, src: int, group=None, tag: int = 0) -> Work:
     """`torch.distributed.irecv`, logged: receive into `tensor` from global rank `src`; `.wait()` on the handle."""
-    return _p2p("recv", tensor, src, group, async_op=True)
+    return _p2p("recv", tensor, src, group, async_op=True, tag=tag)
 
 
-def send(tensor: torch.Tensor, dst: int, group=None) -> None:
+def send(tensor: torch.Tensor, dst: int, group=None, tag: int = 0) -> None:
     """`torch.distributed.send`, logged: blocks until the tensor has been sent."""
-    _p2p("send", tensor, dst, group, async_op=False)
+    _p2p("send", tensor, dst, group, async_op=False, tag=tag)
 
 
-def recv(tensor: torch.Tensor, src: int, group=None) -> None:
+def recv(tensor: torch.Tensor, src: int, group=None, tag: int = 0) -> None:
     """`torch.distributed.recv`, logged: blocks until `tensor` holds what `src` sent."""
-    _p2p("recv", tensor, src, group, async_op=False)
+    _p2p("recv", tensor, src, group, async_op=False, tag=tag)

@@ -98,7 +98,15 @@ class ScheduleGPipe(PipelineScheduleSingle):
 
 class Schedule1F1B(PipelineScheduleSingle):
     """One forward, one backward in turn after a warm-up (Narayanan et al., "PipeDream", 2019), as PyTorch
-    orders it: stage s warms up with min(m, p - s) forwards."""
+    orders it: stage s warms up with min(m, p - s) forwards. Fewer micro-batches than stages is an error, as in
+    PyTorch: the pipeline never fills."""
+
+    def __init__(self, stage: PipelineStage, n_microbatches: int, loss_fn: Callable | None = None,
+                 scale_grads: bool = True):
+        super().__init__(stage, n_microbatches, loss_fn, scale_grads)
+        if n_microbatches < stage.num_stages:
+            raise ValueError(f"Schedule1F1B needs at least as many micro-batches as stages: n_microbatches="
+                             f"{n_microbatches} < {stage.num_stages} stages")
 
     def pipeline_order(self) -> list[Action]:
         m, stage = self._n_microbatches, self._stage

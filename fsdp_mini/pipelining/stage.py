@@ -17,8 +17,8 @@ resharding after backward (the unsharded gradients accumulate, the parameters st
 so each unit reduce-scatters once a step.
 
 Every send and receive is one of fsdp_mini's logged point-to-point calls (`fsdp_mini.collectives.isend`,
-`irecv`), labelled "pipeline stage i activation k" or "... gradient k", so CommLog shows the bytes of each
-hop and the flight recorder pairs each send with its receive.
+`recv`), labelled alike on both ends ("pipeline stage 0 to 1 activation k", "pipeline stage 1 to 0 gradient k"),
+so CommLog shows the bytes of each hop and the flight recorder pairs each send with its receive.
 """
 from __future__ import annotations
 
@@ -76,8 +76,10 @@ class PipelineStage:
     def is_last(self) -> bool:
         return self.stage_index == self.num_stages - 1
 
-    def _label(self, what: str, mb: int) -> str:
-        return f"pipeline stage {self.stage_index} {what} {mb}"
+    @staticmethod
+    def _label(src: int, dst: int, what: str, mb: int | None = None) -> str:
+        """One label for a message at both of its ends: the stages it goes from and to, what it carries."""
+        return f"pipeline stage {src} to {dst} {what}" + ("" if mb is None else f" {mb}")
 
     # --- the header: what an activation's receiver allocates ------------------------------------------------
 
@@ -89,12 +91,12 @@ class PipelineStage:
         header[0] = out.dim()
         header[1:1 + out.dim()] = torch.tensor(out.shape)
         header[-1] = DTYPES.index(out.dtype)
-        with scope(f"pipeline stage {self.stage_index} shape"):
+        with scope(self._label(self.stage_index, self.stage_index + 1, "shape")):
             self._sends.append(C.isend(header, self.next_rank, self.group))
 
     def _recv_header(self) -> tuple[tuple[int, ...], torch.dtype]:
         header = torch.empty(_HEADER, dtype=torch.int64)
-        with scope(f"pipeline stage {self.stage_index - 1} shape"):
+        with scope(self._label(self.stage_index - 1, self.stage_index, "shape")):
             C.recv(header, self.prev_rank, self.group)
         ndim = int(header[0])
         return tuple(int(s) for s in header[1:1 + ndim]), DTYPES[int(header[-1])]
@@ -111,7 +113,7 @@ class PipelineStage:
                 self._in_meta = self._recv_header()
             shape, dtype = self._in_meta
             x = torch.empty(shape, dtype=dtype, device=self.device)
-            with scope(self._label("activation", mb)):
+            with scope(self._label(self.stage_index - 1, self.stage_index, "activation", mb)):
                 C.recv(x, self.prev_rank, self.group)
             inputs = (x.requires_grad_(dtype.is_floating_point),)
         out = self.submod(*inputs)
@@ -127,7 +129,7 @@ class PipelineStage:
                 raise ValueError(f"stage {self.stage_index} returned {meta[0]} {meta[1]} on micro-batch {mb}, but "
                                  f"{self._out_meta[0]} {self._out_meta[1]} before: every micro-batch's output must "
                                  f"have one shape (the next stage receives into a buffer of that size)")
-            with scope(self._label("activation", mb)):
+            with scope(self._label(self.stage_index, self.stage_index + 1, "activation", mb)):
                 self._sends.append(C.isend(out.detach().contiguous(), self.next_rank, self.group))
         return out
 
@@ -146,12 +148,12 @@ class PipelineStage:
             loss.backward()
         else:
             grad = torch.empty_like(out)
-            with scope(self._label("gradient", mb)):
+            with scope(self._label(self.stage_index + 1, self.stage_index, "gradient", mb)):
                 C.recv(grad, self.next_rank, self.group)
             out.backward(grad)
         if not self.is_first:
             grad_x = x.grad if x is not None and x.grad is not None else torch.zeros_like(x)
-            with scope(self._label("gradient", mb)):
+            with scope(self._label(self.stage_index, self.stage_index - 1, "gradient", mb)):
                 self._sends.append(C.isend(grad_x.contiguous(), self.prev_rank, self.group))
 
     # --- once a step ----------------------------------------------------------------------------------

@@ -149,11 +149,12 @@ def test_every_hop_is_a_logged_send_and_the_first_step_sends_the_shape_once(no_o
     gradient; stage 1 the reverse. The first step sends a header (the activation's shape) before the first one."""
     (first0, second0), order0 = launch(_logged_step, 2, timeout=60)[0]
     activation = 4 * (BATCH // MICRO) * 8
-    header = ("send", "pipeline stage 0 shape", 80, 80)
+    header = ("send", "pipeline stage 0 to 1 shape", 80, 80)
     assert header in first0 and header not in second0  # records are in the order the calls completed
     assert sorted(r for r in second0 if r[0] == "send") == [
-        ("send", f"pipeline stage 0 activation {k}", activation, activation) for k in range(MICRO)]
-    assert sorted(r[1] for r in second0 if r[0] == "recv") == [f"pipeline stage 0 gradient {k}" for k in range(MICRO)]
+        ("send", f"pipeline stage 0 to 1 activation {k}", activation, activation) for k in range(MICRO)]
+    assert sorted(r[1] for r in second0 if r[0] == "recv") == [
+        f"pipeline stage 1 to 0 gradient {k}" for k in range(MICRO)]
     assert all(r[3] == 0 for r in second0 if r[0] == "recv")
     assert order0 == [("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1), ("F", 3), ("B", 2), ("B", 3)]
 
@@ -169,6 +170,8 @@ def _errors():
            "module": error_text(lambda: PipelineStage("layer", rank, 2, "cpu"), TypeError)}
     stage = PipelineStage(part, rank, 2, "cpu")
     out["micro"] = error_text(lambda: ScheduleGPipe(stage, 0))
+    from fsdp_mini.pipelining import Schedule1F1B
+    out["fewer_than_stages"] = error_text(lambda: Schedule1F1B(stage, 1))
     schedule = ScheduleGPipe(stage, 3, loss_fn=F.mse_loss)
     if rank == 0:
         out["split"] = error_text(lambda: schedule.step(torch.randn(4, 4)))
@@ -186,6 +189,8 @@ def test_bad_input_is_an_error_naming_it_before_any_send(no_orphans):
     assert "stage_index 2 must be in [0, num_stages=2)" in first["index"]
     assert "PipelineStage needs an nn.Module, got str" in first["module"]
     assert "n_microbatches must be an integer >= 1, got 0" in first["micro"]
+    assert "Schedule1F1B needs at least as many micro-batches as stages: n_microbatches=1 < 2" in first[
+        "fewer_than_stages"]
     assert "input 0's batch of 4 does not split into 3 equal micro-batches" in first["split"]
     assert "the first stage's step needs the batch" in first["no_input"]
     assert "the last stage computes the loss: schedule.step(target=y)" in last["no_target"]
@@ -246,3 +251,23 @@ def test_fully_shard_inside_each_stage_trains_as_one_process_and_reduces_once_a_
     # every forward gathers (and reshards after it); a backward gathers only what a forward freed, and keeps it
     # for the next one (GPipe: one gather for all backwards): fewer than FSDP alone, 2 per unit and micro-batch
     assert units * MICRO <= ops.count(("all_gather", 2)) < 2 * units * MICRO
+
+
+def _recorded_step():
+    from fsdp_mini.flight_recorder import RECORDER
+
+    _logged_step()
+    return [e for e in RECORDER.entries() if e.op in ("send", "recv")]
+
+
+def test_the_flight_recorder_pairs_each_send_with_its_receive(no_orphans):
+    """A pipeline's sends and receives are point to point: ranks 0 and 1 issue different ops, and the flight
+    recorder, which compares ranks call by call, must see a send and its receive as the same call."""
+    from fsdp_mini.flight_recorder import find_divergence
+
+    entries = launch(_recorded_step, 2, timeout=60)
+    assert {e.op for e in entries[0]} == {"send", "recv"} and {e.group for e in entries[0]} == {(0, 1), (1, 0)}
+    assert find_divergence(dict(enumerate(entries))) is None
+    broken = dict(enumerate(entries))
+    broken[1] = [e for e in broken[1] if not e.label.endswith("activation 3")]  # a receive that never came
+    assert "pipeline stage 0 to 1 activation 3" in find_divergence(broken)
