@@ -91,7 +91,7 @@ def test_sequence_parallel_halves_what_the_layer_norms_keep_and_nothing_else():
     with_tp, with_sp = launch(_both_steps, tp, args=(cfg, batch), timeout=90)[0]
     per_norm = 4 * batch * cfg.block_size * (cfg.n_embd + 2)  # fp32 input, a mean and a 1/std a position
     norms = 2 * cfg.n_layer + 1
-    assert (with_tp.parallelism, with_sp.parallelism) == ("TP", "TP + SP")
+    assert (with_tp.parallelism, with_sp.parallelism) == ("TP", "TP + SP (PyTorch)")
     assert with_tp.kept_by_norms == norms * per_norm
     assert with_sp.kept_by_norms == norms * per_norm // tp
     assert with_sp.kept_by_rest == with_tp.kept_by_rest > 0
