@@ -64,15 +64,16 @@ class CollectiveCall:
     """One collective in flight: made when it is issued (its time, the caller's `scope` and phase are
     taken then, and every listener hears of it), counted up in `sent` while it sends, and told to
     `finish()` when it is complete. `group`: the group's global ranks; `tensors`: what it sends or
-    receives, shown to the listeners at issue (their shapes and dtype), not kept."""
+    receives, shown to the listeners at issue (their shapes and dtype), not kept. `channel`: a point-to-point
+    message's tag (0 for collectives): messages of one pair are matched in order within their channel."""
 
     __slots__ = ("op", "impl", "nbytes", "group_size", "rank", "group", "start", "label", "phase", "sent",
-                 "_notes")
+                 "channel", "_notes")
 
     def __init__(self, op: str, impl: str, nbytes: int, group_size: int, rank: int, sent: int = 0,
-                 group: tuple[int, ...] = (), tensors: tuple = ()):
+                 group: tuple[int, ...] = (), tensors: tuple = (), channel: int = 0):
         self.op, self.impl, self.nbytes, self.group_size, self.rank = op, impl, nbytes, group_size, rank
-        self.group, self.sent = group, sent
+        self.group, self.sent, self.channel = group, sent, channel
         self.start = time.time()
         self.label = getattr(_scope, "label", "")
         self.phase = "backward" if in_backward() else ("forward" if _forward[0] else "")

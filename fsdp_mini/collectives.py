@@ -330,7 +330,7 @@ def _p2p(op: str, tensor: torch.Tensor, peer: int, group, async_op: bool, tag: i
     nbytes = tensor.numel() * tensor.element_size()
     pair = (g.global_rank, peer) if op == "send" else (peer, g.global_rank)
     pending = CollectiveCall(op, "builtin", nbytes, 2, g.global_rank, sent=nbytes if op == "send" else 0,
-                             group=pair, tensors=(tensor,))
+                             group=pair, tensors=(tensor,), channel=tag)
     if op == "send":
         call = lambda: dist.isend(tensor, dst=peer, group=g.pg, tag=tag)  # noqa: E731
     else:

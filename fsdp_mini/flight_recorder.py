@@ -80,6 +80,7 @@ class Entry:
     label: str  # the caller's CommLog scope, e.g. an FSDP unit
     phase: str  # "forward", "backward" or ""
     done: bool = False
+    channel: int = 0  # a point-to-point message's tag: a pair's messages are numbered per channel
 
     def signature(self) -> tuple:
         """What ranks of a group must agree on at the same sequence number. A point-to-point pair's group is
@@ -219,20 +220,22 @@ class FlightRecorder:
 
     def issued(self, call: CollectiveCall, tensors: tuple) -> "_Token | None":
         """A call was issued (`fsdp_mini.collective_calls`' listener): record it."""
-        return self.issue(call.op, call.group, tensors, call.label, call.phase)
+        return self.issue(call.op, call.group, tensors, call.label, call.phase, call.channel)
 
     def completed(self, call: CollectiveCall, token: "_Token | None") -> None:
         self.complete(token)
 
-    def issue(self, op: str, group: tuple[int, ...], tensors, label: str, phase: str = "") -> "_Token | None":
+    def issue(self, op: str, group: tuple[int, ...], tensors, label: str, phase: str = "",
+              channel: int = 0) -> "_Token | None":
         """Record a collective at issue time; returns the token that `complete` takes. On the hot path
         of every collective, so it only stores plain values; `entries()` builds the `Entry` objects."""
         if not self.enabled:
             return None
         with self._lock:
-            seq = self._seq[group] = self._seq.get(group, 0) + 1
+            key = (group, channel)
+            seq = self._seq[key] = self._seq.get(key, 0) + 1
             token = _Token((seq, op, group, tuple(tuple(t.shape) for t in tensors),
-                            str(tensors[0].dtype)[6:] if tensors else "", label, phase),
+                            str(tensors[0].dtype)[6:] if tensors else "", label, phase, channel),
                            self._issued % self.capacity, self._issued)
             self._issued += 1
             self._entries.append(token)
@@ -249,8 +252,8 @@ class FlightRecorder:
             self._map[token.done_at:token.done_at + 5] = b"true "
 
     def _write(self, token: "_Token") -> None:
-        seq, op, group, shapes, dtype, label, phase = token.fields
-        data = (f'{{"n": {token.number}, "seq": {seq}, "op": "{op}", "group": {list(group)}, '
+        seq, op, group, shapes, dtype, label, phase, channel = token.fields
+        data = (f'{{"n": {token.number}, "seq": {seq}, "op": "{op}", "group": {list(group)}, "channel": {channel}, '
                 f'"shapes": {[list(s) for s in shapes]}, "dtype": "{dtype}", "label": {json.dumps(label)}, '
                 f'"phase": "{phase}", "done": false}}').encode()
         if len(data) < _SLOT:  # an entry too long to fit is left out of the file, not the memory
@@ -260,7 +263,7 @@ class FlightRecorder:
 
     def entries(self) -> list[Entry]:
         with self._lock:
-            return [Entry(*t.fields, done=t.done) for t in self._entries]
+            return [Entry(*t.fields[:7], done=t.done, channel=t.fields[7]) for t in self._entries]
 
     def reset(self) -> None:
         """Forget everything and detach (a forked rank starts from an empty record, not its parent's)."""
@@ -408,10 +411,10 @@ def find_divergence(records: dict[int, list[Entry]], world: int | None = None) -
     (default: the ranks with a record), to tell the whole world's group from a subgroup."""
     world = len(records) if world is None else world
     found: list[tuple[int, int, str]] = []
-    groups = {e.group for entries in records.values() for e in entries}
-    for group in groups:
+    groups = {(e.group, e.channel) for entries in records.values() for e in entries}
+    for group, channel in groups:
         members = [r for r in group if r in records]
-        by_rank = {r: {e.seq: e for e in records[r] if e.group == group} for r in members}
+        by_rank = {r: {e.seq: e for e in records[r] if (e.group, e.channel) == (group, channel)} for r in members}
         oldest = max((min(s) for s in by_rank.values() if s), default=1)  # older ones may have been dropped
         newest = max((max(s) for s in by_rank.values() if s), default=0)
         for seq in range(oldest, newest + 1):

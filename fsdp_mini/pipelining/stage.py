@@ -1,7 +1,8 @@
 """One pipeline stage: a rank's slice of the model, and the point-to-point sends that join it to its neighbours.
 
-PyTorch's `PipelineStage(submodule, stage_index, num_stages, device, group=None)`: stage i runs on rank i of
-`group` (the world by default). Per micro-batch, in forward it receives its input from the stage before (the first
+PyTorch's `PipelineStage(submodule, stage_index, num_stages, device, group=None)`: stage i runs on rank i mod n of
+the n ranks of `group` (the world by default): one stage per rank, or v per rank for an interleaved schedule (rank r
+holds stages r, r + n, ...). Per micro-batch, in forward it receives its input from the stage before (the first
 stage takes the schedule's micro-batch instead), runs its module and sends the output to the stage after; in
 backward it receives the gradient of that output from the stage after (the last stage starts from its loss),
 runs autograd through its module and sends the gradient of its input back. The sends are asynchronous (the
@@ -18,7 +19,9 @@ so each unit reduce-scatters once a step.
 
 Every send and receive is one of fsdp_mini's logged point-to-point calls (`fsdp_mini.collectives.isend`,
 `recv`), labelled alike on both ends ("pipeline stage 0 to 1 activation k", "pipeline stage 1 to 0 gradient k"),
-so CommLog shows the bytes of each hop and the flight recorder pairs each send with its receive.
+so CommLog shows the bytes of each hop and the flight recorder pairs each send with its receive. Each kind of
+message across each stage boundary has its own tag: when one pair of ranks carries several (activations one way
+and, interleaved, gradients of another boundary the same way), a receive takes the message it waits for.
 """
 from __future__ import annotations
 
@@ -52,15 +55,18 @@ class PipelineStage:
                                "torchrun first")
         pg = group if group is not None else dist.group.WORLD
         ranks = dist.get_process_group_ranks(pg)
-        if len(ranks) != num_stages:
-            raise ValueError(f"num_stages={num_stages}, but the group has {len(ranks)} ranks: one stage per rank")
-        if dist.get_rank(pg) != stage_index:
-            raise ValueError(f"stage {stage_index} must run on rank {stage_index} of its group, not on rank "
-                             f"{dist.get_rank(pg)}")
+        n = len(ranks)
+        if num_stages % n:
+            raise ValueError(f"num_stages={num_stages} is not a multiple of the group's {n} ranks: every rank holds "
+                             f"the same number of stages")
+        if dist.get_rank(pg) != stage_index % n:
+            raise ValueError(f"stage {stage_index} runs on rank {stage_index % n} of its group (stage_index mod {n}), "
+                             f"not on rank {dist.get_rank(pg)}")
         self.submod, self.stage_index, self.num_stages = submodule, stage_index, num_stages
         self.device, self.group = torch.device(device), pg
-        self.prev_rank = ranks[stage_index - 1] if stage_index > 0 else None
-        self.next_rank = ranks[stage_index + 1] if stage_index < num_stages - 1 else None
+        self.group_size = n
+        self.prev_rank = ranks[(stage_index - 1) % n] if stage_index > 0 else None
+        self.next_rank = ranks[(stage_index + 1) % n] if stage_index < num_stages - 1 else None
         self._in_meta: tuple[tuple[int, ...], torch.dtype] | None = None  # what the stage before sends
         self._out_meta: tuple[tuple[int, ...], torch.dtype] | None = None  # what this stage sends on
         self._inputs: dict[int, torch.Tensor] = {}
@@ -75,6 +81,11 @@ class PipelineStage:
     @property
     def is_last(self) -> bool:
         return self.stage_index == self.num_stages - 1
+
+    @staticmethod
+    def _tag(src: int, dst: int, what: str) -> int:
+        """The channel of one kind of message across one stage boundary (the same at both ends)."""
+        return 3 * min(src, dst) + ("shape", "activation", "gradient").index(what)
 
     @staticmethod
     def _label(src: int, dst: int, what: str, mb: int | None = None) -> str:
@@ -92,12 +103,13 @@ class PipelineStage:
         header[1:1 + out.dim()] = torch.tensor(out.shape)
         header[-1] = DTYPES.index(out.dtype)
         with scope(self._label(self.stage_index, self.stage_index + 1, "shape")):
-            self._sends.append(C.isend(header, self.next_rank, self.group))
+            self._sends.append(C.isend(header, self.next_rank, self.group,
+                                       tag=self._tag(self.stage_index, self.stage_index + 1, "shape")))
 
     def _recv_header(self) -> tuple[tuple[int, ...], torch.dtype]:
         header = torch.empty(_HEADER, dtype=torch.int64)
         with scope(self._label(self.stage_index - 1, self.stage_index, "shape")):
-            C.recv(header, self.prev_rank, self.group)
+            C.recv(header, self.prev_rank, self.group, tag=self._tag(self.stage_index - 1, self.stage_index, "shape"))
         ndim = int(header[0])
         return tuple(int(s) for s in header[1:1 + ndim]), DTYPES[int(header[-1])]
 
@@ -114,7 +126,8 @@ class PipelineStage:
             shape, dtype = self._in_meta
             x = torch.empty(shape, dtype=dtype, device=self.device)
             with scope(self._label(self.stage_index - 1, self.stage_index, "activation", mb)):
-                C.recv(x, self.prev_rank, self.group)
+                C.recv(x, self.prev_rank, self.group,
+                       tag=self._tag(self.stage_index - 1, self.stage_index, "activation"))
             inputs = (x.requires_grad_(dtype.is_floating_point),)
         out = self.submod(*inputs)
         if not isinstance(out, torch.Tensor):
@@ -130,7 +143,8 @@ class PipelineStage:
                                  f"{self._out_meta[0]} {self._out_meta[1]} before: every micro-batch's output must "
                                  f"have one shape (the next stage receives into a buffer of that size)")
             with scope(self._label(self.stage_index, self.stage_index + 1, "activation", mb)):
-                self._sends.append(C.isend(out.detach().contiguous(), self.next_rank, self.group))
+                self._sends.append(C.isend(out.detach().contiguous(), self.next_rank, self.group,
+                                           tag=self._tag(self.stage_index, self.stage_index + 1, "activation")))
         return out
 
     def backward_one_chunk(self, mb: int, loss: torch.Tensor | None = None, last_backward: bool = True) -> None:
@@ -149,12 +163,14 @@ class PipelineStage:
         else:
             grad = torch.empty_like(out)
             with scope(self._label(self.stage_index + 1, self.stage_index, "gradient", mb)):
-                C.recv(grad, self.next_rank, self.group)
+                C.recv(grad, self.next_rank, self.group,
+                       tag=self._tag(self.stage_index + 1, self.stage_index, "gradient"))
             out.backward(grad)
         if not self.is_first:
             grad_x = x.grad if x is not None and x.grad is not None else torch.zeros_like(x)
             with scope(self._label(self.stage_index, self.stage_index - 1, "gradient", mb)):
-                self._sends.append(C.isend(grad_x.contiguous(), self.prev_rank, self.group))
+                self._sends.append(C.isend(grad_x.contiguous(), self.prev_rank, self.group,
+                                           tag=self._tag(self.stage_index, self.stage_index - 1, "gradient")))
 
     # --- once a step ----------------------------------------------------------------------------------
 

@@ -172,6 +172,11 @@ def _errors():
     out["micro"] = error_text(lambda: ScheduleGPipe(stage, 0))
     from fsdp_mini.pipelining import Schedule1F1B
     out["fewer_than_stages"] = error_text(lambda: Schedule1F1B(stage, 1))
+    from fsdp_mini.pipelining import ScheduleInterleaved1F1B
+    two = [PipelineStage(nn.Linear(4, 4), i, 4, "cpu") for i in (rank, rank + 2)]
+    out["interleaved_micro"] = error_text(lambda: ScheduleInterleaved1F1B(two, 3))
+    out["interleaved_stages"] = error_text(lambda: ScheduleInterleaved1F1B(two[:1], 4))
+    out["single_on_two"] = error_text(lambda: ScheduleGPipe(two[0], 4))
     schedule = ScheduleGPipe(stage, 3, loss_fn=F.mse_loss)
     if rank == 0:
         out["split"] = error_text(lambda: schedule.step(torch.randn(4, 4)))
@@ -184,17 +189,20 @@ def _errors():
 
 def test_bad_input_is_an_error_naming_it_before_any_send(no_orphans):
     first, last = launch(_errors, 2, timeout=60)
-    assert "stage 1 must run on rank 1 of its group, not on rank 0" in first["wrong_rank"]
-    assert "num_stages=3, but the group has 2 ranks" in first["count"]
+    assert "stage 1 runs on rank 1 of its group (stage_index mod 2), not on rank 0" in first["wrong_rank"]
+    assert "num_stages=3 is not a multiple of the group's 2 ranks" in first["count"]
     assert "stage_index 2 must be in [0, num_stages=2)" in first["index"]
     assert "PipelineStage needs an nn.Module, got str" in first["module"]
     assert "n_microbatches must be an integer >= 1, got 0" in first["micro"]
     assert "Schedule1F1B needs at least as many micro-batches as stages: n_microbatches=1 < 2" in first[
         "fewer_than_stages"]
+    assert "n_microbatches=3 is not a multiple of 2" in first["interleaved_micro"]
+    assert "this rank holds stages [0, 2] of 4 (one in every 2), got [0]" in first["interleaved_stages"]
+    assert "ScheduleGPipe runs one stage per rank, but there are 4 stages on 2 ranks" in first["single_on_two"]
     assert "input 0's batch of 4 does not split into 3 equal micro-batches" in first["split"]
     assert "the first stage's step needs the batch" in first["no_input"]
     assert "the last stage computes the loss: schedule.step(target=y)" in last["no_target"]
-    assert "receives its input from the stage before" in last["input_in_the_middle"]
+    assert "stages [1] receive their input from the stage before" in last["input_in_the_middle"]
 
 
 def _sharded_stages(schedule_name):
@@ -271,3 +279,48 @@ def test_the_flight_recorder_pairs_each_send_with_its_receive(no_orphans):
     broken = dict(enumerate(entries))
     broken[1] = [e for e in broken[1] if not e.label.endswith("activation 3")]  # a receive that never came
     assert "pipeline stage 0 to 1 activation 3" in find_divergence(broken)
+
+
+def train_interleaved(pipelining, opt_name: str):
+    """Two ranks, two stages each (rank r holds stages r and r + 2 of 4): the same script for PyTorch and fsdp_mini."""
+    rank = dist.get_rank()
+    model = make_model()
+    parts = cut(model, 4)
+    stages = [pipelining.PipelineStage(parts[i], i, 4, torch.device("cpu")) for i in (rank, rank + 2)]
+    schedule = pipelining.ScheduleInterleaved1F1B(stages, MICRO, loss_fn=F.mse_loss)
+    params = [p for i in (rank, rank + 2) for p in parts[i].parameters()]
+    opt = optimizer(opt_name, params)
+    losses = []
+    for step in range(STEPS):
+        x, y = batch(step)
+        opt.zero_grad()
+        got: list = []
+        schedule.step(x) if rank == 0 else schedule.step(target=y, losses=got)
+        losses.append([v.item() for v in got])
+        opt.step()
+    names = {id(p): n for n, p in model.named_parameters()}
+    return losses, {names[id(p)]: p.detach().clone() for p in params}, getattr(schedule, "pipeline_order", None)
+
+
+def _interleaved_both(opt_name):
+    ours = train_interleaved(importlib.import_module("fsdp_mini.pipelining"), opt_name)
+    theirs = train_interleaved(importlib.import_module("torch.distributed.pipelining"), opt_name)
+    return ours[:2] + (ours[2](),), theirs[:2]
+
+
+@pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
+def test_interleaved_1f1b_trains_as_one_process_and_as_pytorchs(opt_name, no_orphans):
+    losses, weights = one_process(opt_name)
+    results = launch(_interleaved_both, 2, (opt_name,), timeout=150)
+    flat = lambda steps: [v for step in steps for v in step]  # noqa: E731
+    (ours_losses, _, _), (theirs_losses, _) = results[1]
+    assert flat(ours_losses) == pytest.approx(flat(losses), rel=1e-5)
+    assert flat(ours_losses) == pytest.approx(flat(theirs_losses), rel=1e-5)
+    for (_, ours, _), (_, theirs) in results:
+        for name, w in ours.items():
+            torch.testing.assert_close(w, weights[name], **TOL)
+            torch.testing.assert_close(w, theirs[name], **TOL)
+    # rank 0 warms up with (p - r - 1) x 2 + (v - 1) x p = 4 forwards: micro-batches 0, 1 of stage 0, then of stage 2
+    order0 = results[0][0][2]
+    assert order0[:4] == [("F", 0, 0), ("F", 0, 1), ("F", 2, 0), ("F", 2, 1)]
+    assert sorted(order0) == sorted([(k, s, mb) for k in "FB" for s in (0, 2) for mb in range(MICRO)])
