@@ -5,7 +5,8 @@ skipped by data-dependent control flow, one batch fewer, `state_dict()` on rank 
 then waits in a different one until a timeout. The stacks show where each rank waits, but not why. So
 every rank records the collectives it issues in a short ring buffer (as PyTorch's NCCL flight recorder
 does): per process group a sequence number, the op, the group's ranks, the tensors' shapes and dtype, and
-the caller's CommLog scope (the FSDP unit) and phase. Put side by side, the ranks' records name the first
+the caller's CommLog scope (the FSDP unit) and phase. A point-to-point message's group is its (source,
+destination) pair, numbered per channel (its tag), and its send and its receive count as the same call. Put side by side, the ranks' records name the first
 collective where they differ:
 
     rank 1 waits in AllGather #17 (blocks.2, forward) while ranks 0, 2, 3 wait in ReduceScatter #17
@@ -411,10 +412,11 @@ def find_divergence(records: dict[int, list[Entry]], world: int | None = None) -
     (default: the ranks with a record), to tell the whole world's group from a subgroup."""
     world = len(records) if world is None else world
     found: list[tuple[int, int, str]] = []
-    groups = {(e.group, e.channel) for entries in records.values() for e in entries}
-    for group, channel in groups:
+    channels = {(e.group, e.channel) for entries in records.values() for e in entries}  # p2p: one per tag
+    for group, channel in channels:
         members = [r for r in group if r in records]
-        by_rank = {r: {e.seq: e for e in records[r] if (e.group, e.channel) == (group, channel)} for r in members}
+        by_rank = {r: {e.seq: e for e in records[r] if (e.group, e.channel) == (group, channel)}
+                   for r in members}
         oldest = max((min(s) for s in by_rank.values() if s), default=1)  # older ones may have been dropped
         newest = max((max(s) for s in by_rank.values() if s), default=0)
         for seq in range(oldest, newest + 1):

@@ -902,15 +902,20 @@ def test_planner_equals_python(calculator_page, lang):
     tab.page.locator("#planner").screenshot(path=str(ARTIFACTS / f"planner-{lang}.png"))
     published = tab.page.text_content("#planner .pl-published")
     assert shown_number(2904, 0, lang) in published, published
-    for case in PLANNER_CASES:
+    # English: every case; Russian (what it adds is the language of the same numbers): the first seven, which
+    # hold every kind of row the page words differently
+    for case in PLANNER_CASES if lang == "en" else PLANNER_CASES[:7]:
         expected, ranked, error = python_planner(case)
         assert error is None, (case, error)
         set_planner(tab.page, case)
-        shown = read_planner(tab.page, full_ranking=lang == "en")  # every layout once; the port test: all
+        # every layout of the first cases once (the port test, tests/site/test_planner_port.py, compares all of
+        # every case): carrying the page's JSON of thousands of layouts is what takes the time
+        full = lang == "en" and PLANNER_CASES.index(case) < 4
+        shown = read_planner(tab.page, full_ranking=full)
         state = shown["state"]
         assert "error" not in state, (case, state.get("error"))
         assert state["plan"] == expected, case
-        if lang == "en":
+        if full:
             assert state["ranked"] == ranked, case
         else:
             assert state["ranked"] == ranked[:12] and state["ranked_count"] == len(ranked), case
@@ -948,7 +953,8 @@ def test_planner_equals_python(calculator_page, lang):
                 assert row[1] == described and row[5] == want["why"], (case, row)
             else:
                 assert row[1] == re.sub(r" in (\d+) micro-batches", r" в \1 микробатчах",
-                                        described.replace(", batch ", ", батч ")), row
+                                        described.replace(", batch ", ", батч ")).replace(
+                    " (sync the last)", " (синхронизация на последнем)").replace(" overlapped", " с перекрытием"), row
                 assert CYRILLIC.search(row[5]), row
         text = shown["text"]
         assert "undefined" not in text and "NaN" not in text, case

@@ -50,7 +50,8 @@
       why_text: {fastest: "fastest", short: "short by {v} GiB", as_fast: "as fast as the first (within 0.5 %)",
                  within_error: "over capacity within the memory error", undecided: "undecided: measure its memory first",
                  exposed: "communication exposed: {name} +{share} % of its step", part: "{name} +{share} % of its step"},
-      batch: "batch", micro_batches: " in $1 micro-batches", words: {tokens: ["token", "tokens", "tokens"], params: ["parameter", "parameters", "parameters"],
+      batch: "batch", micro_batches: " in $1 micro-batches", sync_last: " (sync the last)", overlapped: " overlapped",
+      words: {tokens: ["token", "tokens", "tokens"], params: ["parameter", "parameters", "parameters"],
                              sequences: ["sequence", "sequences", "sequences"]},
       err: {
         invalid_int: "argument {flag}: invalid int value: {value}",
@@ -117,7 +118,8 @@
       why_text: {fastest: "самая быстрая", short: "не хватает {v}\u00a0ГиБ", as_fast: "так же быстра, как первая (разница меньше 0,5\u00a0%)",
                  within_error: "с учётом погрешности оценки памяти не помещается", undecided: "неясно: сначала измерьте память",
                  exposed: "не скрыто за вычислениями: {name}, +{share}\u00a0% её шага", part: "{name}: +{share}\u00a0% её шага"},
-      batch: "батч", micro_batches: " в $1 микробатчах", words: {tokens: ["токен", "токена", "токенов"], params: ["параметр", "параметра", "параметров"],
+      batch: "батч", micro_batches: " в $1 микробатчах", sync_last: " (синхронизация на последнем)",
+      overlapped: " с перекрытием", words: {tokens: ["токен", "токена", "токенов"], params: ["параметр", "параметра", "параметров"],
                             sequences: ["последовательность", "последовательности", "последовательностей"]},
       err: {
         invalid_int: "аргумент {flag}: не целое число: {value}",
@@ -184,7 +186,8 @@
     return fill(t.why_text[name.indexOf("exposed") >= 0 ? "exposed" : "part"], {name: t.part_short[name], share: share});
   }
   function describe(l, t) {
-    return P.describe(l).replace(", batch ", ", " + t.batch + " ").replace(/ in (\d+) micro-batches/, t.micro_batches);
+    return P.describe(l).replace(", batch ", ", " + t.batch + " ").replace(/ in (\d+) micro-batches/, t.micro_batches)
+      .replace(" (sync the last)", t.sync_last).replace(" overlapped", t.overlapped);
   }
 
   // --- what the inputs say: a plan, or the first error Python would raise ---------------------------------
