@@ -265,6 +265,9 @@ def save_atomically(path: str | os.PathLike, write: Callable[[dcp.FileSystemWrit
     FileExistsError when `path` holds a checkpoint and not `overwrite`, or files that are not a checkpoint's."""
     path = Path(os.path.abspath(path))
     _check_target(path, overwrite)
+    # rank 0 rearranges the directory next (puts back an old checkpoint a crash left aside, drops leftovers): no
+    # rank may still be reading it, or it finds a directory vanish between looking and listing
+    dist.barrier()
     _on_rank0(lambda: _prepare(path), f"preparing to save {path}")
     _reached(SaveStep.BEFORE_DATA)
     writer = ChecksummingWriter(staging_path(path))
