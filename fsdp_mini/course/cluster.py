@@ -289,11 +289,10 @@ def step_communication(cluster: Cluster, strategy: StrategyLike, num_params: int
         if count == 0:
             continue
         alpha, bandwidth = cluster.link(group)  # NVLink, or the network on the group's cards per node
-        nbytes = numel * size
-        collectives.append(Collective(op=op, nbytes=nbytes, group_size=len(group), count=count,
-                                      crosses_nodes=cluster.spans_nodes(group),
+        nbytes, cards = numel * size, cluster.cards(group)
+        collectives.append(Collective(op=op, nbytes=nbytes, group_size=len(group), count=count, crosses_nodes=cards > 0,
                                       seconds=predict(op, nbytes, len(group), alpha, bandwidth),
-                                      sent=ring_model_sent(op, numel, size, len(group)), cards=cluster.cards(group)))
+                                      sent=ring_model_sent(op, numel, size, len(group)), cards=cards))
     return StepComm(strategy=strategy.name, shard_size=n, replicas=replicas, collectives=tuple(collectives))
 
 

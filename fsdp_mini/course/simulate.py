@@ -209,8 +209,7 @@ def extrapolate(cluster: Cluster, units: list[int], compute_s: float, strategies
                                 root_stays_gathered=True)
         out.append({"strategy": sc.strategy, "shard_size": sc.shard_size, "replicas": sc.replicas,
                     "comm_s": sc.seconds, "intra_s": sc.intra_seconds, "inter_s": sc.inter_seconds,
-                    "sent": sc.sent, "sent_inter": sc.sent_inter, "sent_network": sc.sent_network,
-                    "compute_s": compute_s,
+                    "sent": sc.sent, "sent_inter": sc.sent_inter, "compute_s": compute_s,
                     "serial_s": compute_s + sc.seconds, "overlapped_s": max(compute_s, sc.seconds)})
     return out
 

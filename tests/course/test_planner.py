@@ -237,6 +237,10 @@ def test_tp_overlap_hides_each_column_parallel_layers_backward_collective_behind
     alpha, bandwidth = group_link(tp, 1, gpu, 8, CALIBRATION.network_fraction)
     all_reduce = ring_all_reduce(2 * tokens * m.hidden, tp, alpha, bandwidth)
     peak = gpu.bf16_flops * CALIBRATION.matmul_fraction
+    from fsdp_mini.course.planner.activations import column_parallel_widths
+    assert column_parallel_widths(m) == [m.hidden + 2 * m.kv_dim, 2 * m.ffn]  # wq, wk, wv; w1, w3
+    gpt2 = get_model("gpt2")
+    assert column_parallel_widths(gpt2) == [3 * gpt2.hidden, gpt2.ffn]  # qkv; fc
     products = [2 * m.hidden * w / tp * tokens / peak for w in (m.hidden + 2 * m.kv_dim, 2 * m.ffn)]
     hidden = sum(min(all_reduce, p) for p in products)
     assert 0 < hidden < 2 * all_reduce  # partly: at this batch a product is shorter than the AllReduce

@@ -37,7 +37,7 @@ from fsdp_mini.course.planner.layout import Checkpointing
 from fsdp_mini.course.planner.models import ModelSpec
 
 __all__ = ["Saved", "norm_saved", "block_saved", "checkpointed_blocks", "loss_bytes_per_token",
-           "matmul_outputs", "recomputed_matmuls"]
+           "matmul_outputs", "column_parallel_widths", "recomputed_matmuls"]
 
 LOSS_FP32 = 4
 """Bytes of the fp32 logits and of log_softmax's fp32 output: torchtitan's loss upcasts the logits."""
@@ -96,6 +96,19 @@ def matmul_outputs(model: ModelSpec) -> list[tuple[str, int, str]]:
         return [("wq", h, "tp"), ("wk", kv, "tp"), ("wv", kv, "tp"), ("wo", h, "full"),
                 ("w1", f, "tp"), ("w3", f, "tp"), ("w2", h, "full")]
     return [("qkv", h + 2 * kv, "tp"), ("proj", h, "full"), ("fc", f, "tp"), ("fc_proj", h, "full")]
+
+
+def column_parallel_widths(model: ModelSpec) -> list[int]:
+    """The output width of each group of column-parallel products that read one input, in forward order (Llama:
+    wq, wk, wv, then w1, w3; GPT-2: qkv, then fc): `matmul_outputs`' runs of TP-split outputs."""
+    widths, run = [], 0
+    for _, width, split in matmul_outputs(model):
+        if split == "tp":
+            run += width
+        elif run:
+            widths.append(run)
+            run = 0
+    return widths + ([run] if run else [])
 
 
 def recomputed_matmuls(model: ModelSpec) -> list[str]:

@@ -38,7 +38,8 @@ from dataclasses import dataclass, field
 
 from fsdp_mini.course.cluster import ring_bandwidth
 from fsdp_mini.course.cost import ring_all_gather, ring_all_reduce, ring_reduce_scatter
-from fsdp_mini.course.planner.activations import checkpointed_blocks, matmul_outputs, recomputed_matmuls
+from fsdp_mini.course.planner.activations import (checkpointed_blocks, column_parallel_widths, matmul_outputs,
+                                                  recomputed_matmuls)
 from fsdp_mini.course.planner.calibration import CALIBRATION, Calibration
 from fsdp_mini.course.planner.hardware import GPU
 from fsdp_mini.course.planner.layout import Checkpointing, Layout
@@ -199,8 +200,7 @@ def step_time(model: ModelSpec, gpu: GPU, layout: Layout, calibration: Calibrati
                 ring_all_gather(act_bytes, tp, tp_alpha, tp_bw) if layout.sp_variant == "megatron" else 0.0)
         else:
             beside = ring_all_reduce(act_bytes, tp, tp_alpha, tp_bw)
-        in_widths = (model.hidden + 2 * model.kv_dim, (2 if model.mlp == "swiglu" else 1) * model.ffn)
-        tp_b -= sum(min(beside, 2 * model.hidden * width / tp * T / mm_peak) for width in in_widths)
+        tp_b -= sum(min(beside, 2 * model.hidden * width / tp * T / mm_peak) for width in column_parallel_widths(model))
     cp_alpha, cp_bw = group_link(cp, tp, gpu, layout.gpus_per_node, c.network_fraction)
     kv_chunk = 2 * 2 * T * model.kv_dim / tp  # k and v of this rank's tokens, bf16
     cp_ring_f = (cp - 1) * (cp_alpha + kv_chunk / cp_bw) if cp > 1 else 0.0
@@ -246,15 +246,15 @@ def step_time(model: ModelSpec, gpu: GPU, layout: Layout, calibration: Calibrati
     block_backward = backward + recompute * recompute_share
     hides = layout.prefetch > 0
     fwd_exposed = ag_root + ag + (L - 1) * (max(0.0, ag - forward) if hides else ag)
-    bwd_comm = (ag if layout.reshard_after_forward else 0.0) + rs + ar
+    ag_backward = ag if layout.reshard_after_forward else 0.0  # the backward's AllGather (none if kept gathered)
+    bwd_comm = ag_backward + rs + ar
     bwd_exposed = (L - 1) * (max(0.0, bwd_comm - block_backward) if hides else bwd_comm) + rs + ar + rs_root + ar_root
     compute = L * (forward + block_backward + fsdp_copies) + 3 * head_f + loss
     micro = compute + fwd_exposed + bwd_exposed
     # without gradient sync, every micro-batch but the last leaves out the ReduceScatters (and HSDP's AllReduces):
     # its backward hides only the next AllGather, and nothing waits at its end (the accumulation into fp32 moves
     # about the bytes the ReduceScatter's copy-in would)
-    no_sync_exposed = (L - 1) * (max(0.0, (ag if layout.reshard_after_forward else 0.0) - block_backward) if hides
-                                 else (ag if layout.reshard_after_forward else 0.0))
+    no_sync_exposed = (L - 1) * (max(0.0, ag_backward - block_backward) if hides else ag_backward)
 
     local_params = model.params / (tp * n)
     m = layout.micro_batches

@@ -153,6 +153,14 @@
       }
       return [["qkv", h + 2 * kv, "tp"], ["proj", h, "full"], ["fc", f, "tp"], ["fc_proj", h, "full"]];
     }
+    function columnParallelWidths(model) {  // runs of TP-split outputs that read one input
+      var widths = [], run = 0;
+      matmulOutputs(model).forEach(function (mm) {
+        if (mm[2] === "tp") run += mm[1];
+        else if (run) { widths.push(run); run = 0; }
+      });
+      return run ? widths.concat([run]) : widths;
+    }
     function recomputedMatmuls(model) {
       return matmulOutputs(model).filter(function (_, i) { return (i + 1) % 2 === 0; }).map(function (x) { return x[0]; });
     }
@@ -303,8 +311,7 @@
         } else {
           beside = ringAllReduce(actBytes, tp, tl[0], tl[1]);
         }
-        var inWidths = [model.hidden + 2 * model.kv_dim, (model.mlp === "swiglu" ? 2 : 1) * model.ffn];
-        tpB -= inWidths.reduce(function (a, w) {
+        tpB -= columnParallelWidths(model).reduce(function (a, w) {
           return a + Math.min(beside, 2 * model.hidden * w / tp * T / mmPeak);
         }, 0);
       }
@@ -349,11 +356,12 @@
       var blockBackward = backward + recompute * recomputeShare;
       var hides = l.prefetch > 0;
       var fwdExposed = agRoot + ag + (L - 1) * (hides ? Math.max(0.0, ag - forward) : ag);
-      var bwdComm = (l.reshard_after_forward ? ag : 0.0) + rs + ar;
+      var agBackward = l.reshard_after_forward ? ag : 0.0;  // the backward's AllGather (none if kept gathered)
+      var bwdComm = agBackward + rs + ar;
       var bwdExposed = (L - 1) * (hides ? Math.max(0.0, bwdComm - blockBackward) : bwdComm) + rs + ar + rsRoot + arRoot;
       var compute = L * (forward + blockBackward + fsdpCopies) + 3 * headF + loss;
       var micro = compute + fwdExposed + bwdExposed;
-      var agBackward = l.reshard_after_forward ? ag : 0.0;  // a micro-batch without gradient sync: no ReduceScatter
+      // a micro-batch without gradient sync: no ReduceScatter
       var noSyncExposed = (L - 1) * (hides ? Math.max(0.0, agBackward - blockBackward) : agBackward);
 
       var localParams = model.params / (tp * n);
